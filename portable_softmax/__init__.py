@@ -1,0 +1,30 @@
+"""portable_softmax: torch.softmax and torch.log_softmax from one Triton kernel source, for NVIDIA
+(CUDA), AMD (ROCm) and Huawei Ascend (NPU); CPU tensors run the same source through Triton's
+interpreter.
+
+    >>> import torch, portable_softmax
+    >>> portable_softmax.softmax(torch.randn(3, 5), dim=-1).sum(-1)
+"""
+from portable_softmax import vendors  # noqa: F401  (registers the built-in backends)
+from portable_softmax.backend import Backend, get_backend, register_backend, registered_backends
+from portable_softmax.device import device_info
+from portable_softmax.ops import DimensionError, log_softmax, softmax
+from portable_softmax.planner import LaunchPlan, plan_launch
+from portable_softmax.record import DeviceRecord, KernelResources
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "DeviceRecord",
+    "DimensionError",
+    "KernelResources",
+    "LaunchPlan",
+    "device_info",
+    "get_backend",
+    "log_softmax",
+    "plan_launch",
+    "register_backend",
+    "registered_backends",
+    "softmax",
+]

@@ -1,0 +1,108 @@
+"""The backend interface and registry.
+
+A backend is data plus three small functions: how to turn its driver's raw property dictionary
+into a :class:`DeviceRecord`, how many programs of a compiled kernel fit on one unit, and whether
+a grid sized that way is resident all at once. The kernel source never changes per backend.
+
+Built-in backends are registered by ``vendors.py``; others arrive as plugins through the
+``portable_softmax.backends`` entry-point group, each entry naming a :class:`Backend` instance or
+a callable returning one::
+
+    [project.entry-points."portable_softmax.backends"]
+    myaccel = "myaccel_softmax:backend"
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from portable_softmax.record import DeviceRecord, KernelResources
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "portable_softmax.backends"
+BACKEND_ENV = "PORTABLE_SOFTMAX_BACKEND"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way of running the kernels.
+
+    Attributes:
+        name: registry key, also ``DeviceRecord.backend``.
+        triton_target: what ``triton.runtime.driver.active.get_current_target().backend`` says when
+            this backend's driver is active (``cuda``, ``hip``, ``npu``); empty for the interpreter.
+        torch_device_type: the ``torch.device.type`` of tensors it serves (ROCm tensors are ``cuda``).
+        normalize: ``(raw_properties, target_arch, device_name) -> DeviceRecord``.
+        occupancy: ``(record, resources) -> programs per unit`` for a compiled kernel.
+        interpreted: kernels run through Triton's interpreter instead of being compiled.
+        cooperative_launch: launches that rely on residency may ask the driver to enforce it.
+    """
+
+    name: str
+    triton_target: str
+    torch_device_type: str
+    normalize: Callable[[Mapping[str, Any], Any, str], DeviceRecord]
+    occupancy: Callable[[DeviceRecord, KernelResources], int]
+    interpreted: bool = False
+    cooperative_launch: bool = False
+
+
+_REGISTRY: dict[str, Backend] = {}
+_plugins_loaded = False
+
+
+def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
+    """Add ``backend`` to the registry (``replace=True`` to override one of the same name)."""
+    if not isinstance(backend, Backend):
+        raise TypeError(f"register_backend expects a portable_softmax.Backend, got {type(backend).__name__}")
+    if backend.name in _REGISTRY and not replace:
+        raise ValueError(f"a backend named {backend.name!r} is already registered; pass replace=True to override it")
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry.load()
+            backend = loaded() if callable(loaded) and not isinstance(loaded, Backend) else loaded
+            register_backend(backend, replace=True)
+        except Exception:
+            logger.exception("could not load portable_softmax backend plugin %r", entry.name)
+
+
+def registered_backends() -> dict[str, Backend]:
+    """Every backend known now: built-ins and installed plugins."""
+    _load_plugins()
+    return dict(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    backends = registered_backends()
+    if name not in backends:
+        raise ValueError(f"unknown portable_softmax backend {name!r}; known backends: {', '.join(sorted(backends))}")
+    return backends[name]
+
+
+def forced_backend() -> Backend | None:
+    """The backend named by ``PORTABLE_SOFTMAX_BACKEND``, if set."""
+    name = os.environ.get(BACKEND_ENV, "").strip()
+    if not name:
+        return None
+    try:
+        return get_backend(name)
+    except ValueError as error:
+        raise ValueError(f"{BACKEND_ENV}={name!r}: {error}") from None

@@ -1,0 +1,25 @@
+"""Differences between the Triton versions users have (3.2 for triton-ascend, 3.6, 3.9), behind
+version checks."""
+from __future__ import annotations
+
+import triton
+from packaging.version import Version
+
+TRITON_VERSION = Version(Version(triton.__version__).base_version)
+
+# kernel[grid](..., launch_cooperative_grid=True) asks the driver to refuse a grid that is not
+# resident all at once, instead of letting waiting programs hang.
+COOPERATIVE_LAUNCH = TRITON_VERSION >= Version("3.3")
+
+# triton.compiler.ASTSource took ``constants=`` before it took ``constexprs=``.
+AST_SOURCE_CONSTEXPRS = TRITON_VERSION >= Version("3.3")
+
+
+def ast_source(fn, signature: dict, constexprs: dict):
+    """An ASTSource for ``fn`` with ``signature`` ({name: type or "constexpr"}) and constexpr values."""
+    if AST_SOURCE_CONSTEXPRS:
+        return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    names = list(signature)
+    constants = {names.index(name): value for name, value in constexprs.items()}
+    return triton.compiler.ASTSource(fn=fn, signature={k: v for k, v in signature.items() if k not in constexprs},
+                                     constants=constants)

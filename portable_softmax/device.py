@@ -1,0 +1,107 @@
+"""Which backend serves a tensor, and the normalized record of its device.
+
+The raw driver dictionaries are read here and nowhere else; records are cached per device.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional, Union
+
+import torch
+
+from portable_softmax.backend import Backend, forced_backend, registered_backends
+from portable_softmax.record import DeviceRecord
+
+DeviceLike = Union[torch.device, str, int, None]
+
+
+def _active_driver() -> Any:
+    import triton
+
+    try:
+        return triton.runtime.driver.active
+    except RuntimeError as error:  # "0 active drivers" on a machine without a GPU
+        raise RuntimeError(f"no Triton GPU driver is active on this machine ({error})") from None
+
+
+def _triton_target_name() -> str:
+    return _active_driver().get_current_target().backend
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return torch.device("npu", npu.current_device())
+    return torch.device("cpu")
+
+
+def as_device(device: DeviceLike) -> torch.device:
+    if device is None:
+        return _default_device()
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    device = torch.device(device)
+    if device.type != "cpu" and device.index is None:
+        module = getattr(torch, device.type, None)
+        index = module.current_device() if module is not None and hasattr(module, "current_device") else 0
+        device = torch.device(device.type, index)
+    return device
+
+
+def backend_for(device: DeviceLike) -> Backend:
+    """The backend that runs kernels on ``device``'s tensors (``PORTABLE_SOFTMAX_BACKEND`` wins)."""
+    device = as_device(device)
+    forced = forced_backend()
+    if forced is not None:
+        if forced.torch_device_type != device.type:
+            raise RuntimeError(f"PORTABLE_SOFTMAX_BACKEND={forced.name!r} serves {forced.torch_device_type!r} tensors, "
+                               f"not {device.type!r} ones")
+        return forced
+    backends = registered_backends()
+    candidates = [b for b in backends.values() if b.torch_device_type == device.type]
+    if not candidates:
+        served = sorted({b.torch_device_type for b in backends.values()})
+        raise RuntimeError(f"no portable_softmax backend serves {device.type!r} tensors; served device types: "
+                           f"{', '.join(served)} (backends: {', '.join(sorted(backends))})")
+    if len(candidates) == 1 and (candidates[0].interpreted or not candidates[0].triton_target):
+        return candidates[0]
+    target = _triton_target_name()
+    for backend in candidates:
+        if backend.triton_target == target:
+            return backend
+    raise RuntimeError(f"Triton's active driver is {target!r}, but no backend for {device.type!r} tensors uses it "
+                       f"(candidates: {', '.join(b.name for b in candidates)})")
+
+
+@functools.lru_cache(maxsize=None)
+def _record(backend_name: str, device_type: str, index: Optional[int]) -> DeviceRecord:
+    backend = registered_backends()[backend_name]
+    if backend.interpreted:
+        return backend.normalize({}, "cpu", "")
+    module = getattr(torch, device_type)
+    with module.device(index):
+        driver = _active_driver()
+        raw = driver.utils.get_device_properties(driver.get_current_device())
+        target = driver.get_current_target()
+        name = module.get_device_name(index)
+    return backend.normalize(raw, target.arch, name)
+
+
+def device_record(device: DeviceLike = None) -> DeviceRecord:
+    """The normalized record of ``device`` (default: the current accelerator, else the CPU)."""
+    device = as_device(device)
+    return _record(backend_for(device).name, device.type, device.index)
+
+
+def device_info(device: DeviceLike = None) -> dict[str, Any]:
+    """The normalized device record as a dictionary.
+
+    Args:
+        device: a torch device, string or CUDA index; default the current accelerator, else the CPU.
+
+    Raises:
+        RuntimeError: no backend serves the device.
+    """
+    return device_record(device).to_dict()

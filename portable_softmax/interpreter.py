@@ -1,0 +1,97 @@
+"""Running the kernel source on CPU tensors through Triton's interpreter, in an ordinary process.
+
+Triton decides between compiling and interpreting when a function is decorated, reading
+``TRITON_INTERPRET`` at that moment, and the standard library in ``triton.language`` (``tl.max``,
+``tl.sum``, ...) is decorated once, when triton is imported. So that CPU tensors work without the
+user setting anything, and GPU tensors keep working in the same process:
+
+* ``kernels.py`` is loaded a second time as ``portable_softmax.kernels_interpreted``, decorated
+  with the interpreter's ``InterpretedFunction``;
+* that copy sees ``triton.language`` through :func:`interpreted_language`, a view in which the
+  standard library's jit functions are interpreted ones;
+* :func:`restored_language` undoes the interpreter's patches of ``triton.language`` after each
+  launch: some Triton versions leave them in place, which breaks later GPU compilation.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import triton.language as _tl
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+kernel_decorator = InterpretedFunction
+
+
+class _InterpretedLanguage(types.ModuleType):
+    """``triton.language`` with its jit functions swapped for interpreted ones.
+
+    Other names are looked up on the real module at each use, because the interpreter patches
+    that module's builtins for the duration of a launch.
+    """
+
+    def __init__(self, interpreted: dict[str, InterpretedFunction]) -> None:
+        super().__init__("triton.language (interpreted)")
+        self._interpreted = interpreted
+
+    def __getattr__(self, name: str) -> Any:
+        found = self.__dict__["_interpreted"].get(name)
+        return found if found is not None else getattr(_tl, name)
+
+
+@functools.lru_cache(maxsize=None)
+def interpreted_language() -> types.ModuleType:
+    interpreted = {}
+    for name in dir(_tl):
+        value = getattr(_tl, name)
+        if isinstance(value, JITFunction):
+            function = InterpretedFunction(value.fn)
+            # Rewriting inspects the function's references; done here, outside any launch,
+            # it sees the unpatched language.
+            if hasattr(function, "rewrite"):
+                function.rewrite()
+            interpreted[name] = function
+    return _InterpretedLanguage(interpreted)
+
+
+@functools.lru_cache(maxsize=None)
+def interpreted_kernels() -> types.ModuleType:
+    """The kernel module, decorated for the interpreter (loaded once, on first CPU use)."""
+    from portable_softmax import kernels
+
+    spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", kernels.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _patched_namespaces() -> list[Any]:
+    namespaces = [_tl, _tl.core, _tl.math, _tl.tensor, _tl.dtype]
+    for optional in ("condition", "tensor_descriptor_base"):
+        if hasattr(_tl.core, optional):
+            namespaces.append(getattr(_tl.core, optional))
+    return namespaces
+
+
+@contextlib.contextmanager
+def restored_language() -> Iterator[None]:
+    """Put every attribute of the interpreter-patched namespaces back as it was on entry."""
+    saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
+    try:
+        yield
+    finally:
+        for namespace, before in saved:
+            now = vars(namespace)
+            for name in [n for n in now if n not in before]:
+                delattr(namespace, name)
+            for name, value in before.items():
+                if now.get(name, _MISSING) is not value:
+                    setattr(namespace, name, value)
+
+
+_MISSING = object()

@@ -1,0 +1,318 @@
+"""The softmax and log-softmax kernels: the one Triton source that every backend runs.
+
+Every kernel sees its tensors through the same row view: a row is one softmax vector of ``n_cols``
+elements ``col_stride`` apart; rows come in ``n_outer`` groups of ``rows_per_outer``, the group at
+``outer_stride`` and the row inside it at ``row_stride``. A softmax over the last dimension is one
+group (``outer_stride`` unused); a softmax over a middle dimension of a contiguous tensor is
+``n_outer`` groups whose rows are adjacent (``row_stride == 1``), which keeps tiles coalesced
+without a transposing copy. A *tile* is ``BLOCK_M`` adjacent rows of one group.
+
+Three ways to hold a row, chosen by the launch planner (``planner.py``):
+
+* ``*_tile``: each program loops over tiles and keeps a whole tile in registers: one read, one
+  write. Used whenever a row fits a program.
+* ``*_split``: a row is cut into ``CHUNKS`` chunks held by ``CHUNKS`` programs at once; they trade
+  partial results through a small global scratch and then write what they hold: still one read,
+  one write, for rows far larger than a program's registers. Waiting on a peer is only safe when
+  the whole grid is resident on the chip at once, which the planner guarantees by sizing the grid
+  from the device's occupancy, and only on backends that can promise residency.
+* ``*_loop``: a row is streamed in chunks twice (online max/sum, then normalise): 1.5x the
+  traffic of the others, but no program ever waits on another, so it is the path for backends
+  that cannot promise residency (the CPU interpreter, Ascend, unknown plugins).
+
+The same file is loaded twice: as ``portable_softmax.kernels`` for GPU compilation and as
+``portable_softmax.kernels_interpreted`` (see ``interpreter.py``) to run CPU tensors through
+Triton's interpreter; the lines under ``if __name__...`` pick the decorator for each.
+"""
+import triton
+import triton.language as tl
+
+if __name__.endswith("_interpreted"):
+    from portable_softmax.interpreter import interpreted_language, kernel_decorator as _jit
+
+    # The interpreter looks for triton.language itself among a kernel's globals.
+    _language = tl
+    tl = interpreted_language()
+else:
+    _jit = triton.jit
+
+LOG2E = tl.constexpr(1.4426950408889634)
+# An empty scratch slot. Packed partials can never equal it: NaN halves are canonicalised first.
+EMPTY_SLOT = tl.constexpr(-1)
+CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
+
+
+@_jit
+def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr):
+    """The group of ``tile`` and the in-group indices of its rows, with their validity mask."""
+    outer = tile // tiles_per_outer
+    rows = (tile - outer * tiles_per_outer) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tl.cast(outer, tl.int64), rows, rows < rows_per_outer
+
+
+@_jit
+def _load(ptr, outer, rows, outer_stride, row_stride, cols, col_stride, mask, OTHER: tl.constexpr,
+          CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Load a [rows, cols] block; round to ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
+    offs = (outer * outer_stride + rows.to(tl.int64) * row_stride)[:, None] + cols[None, :] * col_stride
+    v = tl.load(ptr + offs, mask=mask, other=OTHER).to(CAST_TY)
+    if ACC_FP64:
+        return v.to(tl.float64)
+    return v.to(tl.float32)
+
+
+@_jit
+def _store(ptr, outer, rows, outer_stride, row_stride, cols, col_stride, mask, value):
+    offs = (outer * outer_stride + rows.to(tl.int64) * row_stride)[:, None] + cols[None, :] * col_stride
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@_jit
+def _float_bits(v):
+    """The bits of fp32 ``v`` as int64 in [0, 2**32), NaN canonicalised."""
+    bits = tl.where(v != v, CANONICAL_NAN_BITS, v.to(tl.int32, bitcast=True))
+    return bits.to(tl.uint32).to(tl.int64)
+
+
+@_jit
+def _bits_float(bits):
+    """The fp32 held in the low 32 bits of int64 ``bits``."""
+    return bits.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@_jit
+def _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed,
+              CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Publish this chunk's packed partial of each row, wait for every chunk of the row, and
+    return all of them as a [BLOCK_M, CHUNKS_P2] int64 block (``EMPTY_SLOT`` where padded).
+
+    Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
+    shared datum, so no fence (which would drain this program's output stores) is needed. The
+    last program of a tile to read resets its slots, leaving the scratch clean for the next
+    launch (kernel boundaries order that reset before any later read).
+    """
+    tl.atomic_xchg(slot_ptr + row_ids * CHUNKS + chunk, packed, mask=row_mask, sem="relaxed")
+    peers = tl.arange(0, CHUNKS_P2)
+    peer_ptrs = slot_ptr + row_ids[:, None] * CHUNKS + peers[None, :]
+    peer_mask = row_mask[:, None] & (peers < CHUNKS)[None, :]
+    v = tl.load(peer_ptrs, mask=peer_mask, other=0, volatile=True)
+    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
+        v = tl.load(peer_ptrs, mask=peer_mask, other=0, volatile=True)
+    arrived = tl.atomic_add(done_ptr + tile, 1, sem="relaxed")
+    last = arrived == CHUNKS - 1
+    tl.store(peer_ptrs, tl.full([1, CHUNKS_P2], EMPTY_SLOT, tl.int64), mask=peer_mask & last)
+    tl.store(done_ptr + tile, 0, mask=last)
+    return tl.where(peer_mask, v, EMPTY_SLOT)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward: y = softmax(x) or log_softmax(x) along a row.
+# --------------------------------------------------------------------------------------------
+
+
+@_jit
+def softmax_forward_tile(
+    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        mask = row_mask[:, None] & col_mask[None, :]
+        # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
+        x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
+                  -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+        z = x - tl.max(x, 1)[:, None]
+        e = tl.exp2(z * LOG2E)
+        total = tl.sum(e, 1)
+        if LOG:
+            y = z - tl.log(total)[:, None]
+        else:
+            y = e * (1.0 / total)[:, None]
+        _store(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, y)
+
+
+@_jit
+def softmax_forward_split(
+    x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    LOG: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
+        tile = item // CHUNKS
+        chunk = item - tile * CHUNKS
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        cols = chunk * BLOCK_N + chunk_cols
+        mask = row_mask[:, None] & (cols < n_cols)[None, :]
+        x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
+                  -float("inf"), y_ptr.dtype.element_ty, False)
+        chunk_max = tl.max(x, 1)
+        # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
+        ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+        z = x - ref[:, None]
+        # One exponential per element: kept and rescaled once the row's maximum is known.
+        e = tl.exp2(z * LOG2E)
+        packed = (_float_bits(ref) << 32) | _float_bits(tl.sum(e, 1))
+        row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
+        present = v != EMPTY_SLOT
+        peer_ref = tl.where(present, _bits_float(v >> 32), -float("inf"))
+        peer_sum = tl.where(present, _bits_float(v), 0.0)
+        row_max = tl.max(peer_ref, 1)
+        total = tl.sum(peer_sum * tl.exp2((peer_ref - row_max[:, None]) * LOG2E), 1)
+        if LOG:
+            y = z + (ref - row_max - tl.log(total))[:, None]
+        else:
+            y = e * (tl.exp2((ref - row_max) * LOG2E) / total)[:, None]
+        _store(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, y)
+
+
+@_jit
+def softmax_forward_loop(
+    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        if ACC_FP64:
+            row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
+            total = tl.zeros([BLOCK_M], tl.float64)
+            ref = tl.zeros([BLOCK_M], tl.float64)
+        else:
+            row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            ref = tl.zeros([BLOCK_M], tl.float32)
+        # Online pass: keep the running maximum and the sum of exponentials relative to it.
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
+                      -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+            row_max = tl.maximum(row_max, tl.max(x, 1))
+            new_ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+            total = total * tl.exp2((ref - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
+            ref = new_ref
+        if LOG:
+            shift = ref + tl.log(total)
+        else:
+            inv_total = 1.0 / total
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
+                      -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+            if LOG:
+                y = x - shift[:, None]
+            else:
+                y = tl.exp2((x - ref[:, None]) * LOG2E) * inv_total[:, None]
+            _store(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, y)
+
+
+# --------------------------------------------------------------------------------------------
+# Backward: dx from the saved output y and the incoming gradient dy.
+#   softmax:     dx = y * (dy - sum(dy * y))
+#   log_softmax: dx = dy - exp(y) * sum(dy)
+# --------------------------------------------------------------------------------------------
+
+
+@_jit
+def _grad_terms(y, dy, LOG: tl.constexpr):
+    """The per-element term whose row sum the gradient needs."""
+    if LOG:
+        return dy
+    return dy * y
+
+
+@_jit
+def _grad(y, dy, row_sum, LOG: tl.constexpr):
+    if LOG:
+        return dy - tl.exp2(y * LOG2E) * row_sum[:, None]
+    return y * (dy - row_sum[:, None])
+
+
+@_jit
+def softmax_backward_tile(
+    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    dx_outer_stride, dx_row_stride, dx_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        mask = row_mask[:, None] & col_mask[None, :]
+        y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
+                  y_ptr.dtype.element_ty, ACC_FP64)
+        dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
+                   dy_ptr.dtype.element_ty, ACC_FP64)
+        row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
+        dx = _grad(y, dy, row_sum, LOG)
+        _store(dx_ptr, outer, rows, dx_outer_stride, dx_row_stride, cols, dx_col_stride, mask, dx)
+
+
+@_jit
+def softmax_backward_split(
+    y_ptr, dy_ptr, dx_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    dx_outer_stride, dx_row_stride, dx_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+    LOG: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        tile = item // CHUNKS
+        chunk = item - tile * CHUNKS
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        cols = chunk * BLOCK_N + chunk_cols
+        mask = row_mask[:, None] & (cols < n_cols)[None, :]
+        y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
+                  y_ptr.dtype.element_ty, False)
+        dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
+                   dy_ptr.dtype.element_ty, False)
+        row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
+        v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
+        row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
+        dx = _grad(y, dy, row_sum, LOG)
+        _store(dx_ptr, outer, rows, dx_outer_stride, dx_row_stride, cols, dx_col_stride, mask, dx)
+
+
+@_jit
+def softmax_backward_loop(
+    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    dx_outer_stride, dx_row_stride, dx_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        if ACC_FP64:
+            row_sum = tl.zeros([BLOCK_M], tl.float64)
+        else:
+            row_sum = tl.zeros([BLOCK_M], tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
+                      y_ptr.dtype.element_ty, ACC_FP64)
+            dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
+                       dy_ptr.dtype.element_ty, ACC_FP64)
+            row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
+                      y_ptr.dtype.element_ty, ACC_FP64)
+            dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
+                       dy_ptr.dtype.element_ty, ACC_FP64)
+            _store(dx_ptr, outer, rows, dx_outer_stride, dx_row_stride, cols, dx_col_stride, mask,
+                   _grad(y, dy, row_sum, LOG))

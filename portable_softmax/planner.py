@@ -1,0 +1,199 @@
+"""Launch planning: a pure function of the device record, the compiled kernel's resource use and
+the problem size. No torch, no driver calls, no globals: every recorded chip can be planned for on
+a machine without it.
+
+Three regimes (see ``kernels.py``):
+
+* ``tile``: rows short enough for one program; several short rows share a tile.
+* ``split``: a long row, or too few rows to fill the chip, cut into chunks held by co-resident
+  programs. Needs ``record.residency_guaranteed`` and float32 accumulation.
+* ``loop``: stream the row twice; never waits on another program, so it is always safe.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from portable_softmax.backend import get_backend
+from portable_softmax.record import DeviceRecord, KernelResources
+from portable_softmax.tuning import Tuning, tuning_for
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+MAX_SPLIT_CHUNKS = 1024
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The compile-time choices: what a compiled kernel is specialised on, besides its arguments."""
+
+    regime: str
+    block_m: int
+    block_n: int
+    chunks: int
+    num_warps: int
+    num_stages: int = 1
+
+    @property
+    def chunks_p2(self) -> int:
+        return _next_power_of_2(self.chunks)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A complete launch: the kernel configuration, the grid and why."""
+
+    backend: str
+    regime: str
+    block_m: int
+    block_n: int
+    chunks: int
+    num_warps: int
+    num_stages: int
+    programs: int
+    occupancy: int
+    tiles: int
+    items: int
+    rows_per_program: int
+    reason: str
+
+    @property
+    def config(self) -> KernelConfig:
+        return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+ResourceSource = Union[KernelResources, Callable[[KernelConfig], KernelResources], None]
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _warps(elements: int, per_thread: int, record: DeviceRecord, tuning: Tuning) -> int:
+    lanes = max(record.warp_size, 1)
+    warps = _next_power_of_2(max(1, elements // (per_thread * lanes)))
+    return max(1, min(warps, tuning.max_warps))
+
+
+def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: bool = False) -> KernelResources:
+    """A register and shared-memory guess for a config, for planning without a compiler."""
+    lanes = max(record.warp_size, 1) * config.num_warps
+    per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
+    if config.regime == "loop":
+        per_thread = _cdiv(per_thread, 2)
+    registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
+    shared = 4 * config.block_m * config.num_warps * (2 if config.regime == "split" else 1)
+    return KernelResources(registers=registers, shared_memory=shared, num_warps=config.num_warps)
+
+
+def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
+                  rows_per_group: Optional[int] = None, allow_split: bool = True) -> KernelConfig:
+    """The regime and block shape for a problem, from the record's tuning table."""
+    tuning = tuning_for(record)
+    rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    fp64 = dtype == "float64"
+    width = _next_power_of_2(n_cols)
+    row_limit = tuning.row_elements // (2 if backward else 1) // (2 if fp64 else 1)
+    can_split = allow_split and record.residency_guaranteed and not fp64
+    if width <= row_limit:
+        block_m = max(1, min(tuning.tile_elements // width, _next_power_of_2(rows_per_group)))
+        tiles = _cdiv(n_rows, block_m)
+        if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
+            return _split_config(record, tuning, n_cols, backward)
+        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning))
+    if can_split:
+        return _split_config(record, tuning, n_cols, backward)
+    chunk = min(tuning.loop_chunk, width)
+    return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning))
+
+
+def _split_config(record: DeviceRecord, tuning: Tuning, n_cols: int, backward: bool) -> KernelConfig:
+    widest = tuning.split_chunk // (2 if backward else 1)
+    chunks = _cdiv(n_cols, widest)
+    # The narrowest power of two that still needs no more chunks: odd rows (50257) waste less.
+    block_n = _next_power_of_2(_cdiv(n_cols, chunks))
+    chunks = _cdiv(n_cols, block_n)
+    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning))
+
+
+def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool) -> KernelResources:
+    if source is None:
+        return estimate_resources(record, config, backward)
+    if isinstance(source, KernelResources):
+        return source
+    return source(config)
+
+
+def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
+                rows_per_group: Optional[int] = None, resources: ResourceSource = None,
+                programs: Optional[int] = None, allow_split: bool = True) -> LaunchPlan:
+    """Plan one launch.
+
+    Args:
+        record: the device.
+        n_rows: rows in all groups together; n_cols: the softmax length.
+        dtype: torch dtype name of the data (``float32``, ``bfloat16``, ``float16``, ``float64``).
+        backward: plan the backward kernel (two inputs per element).
+        rows_per_group: rows per group of the row view (defaults to ``n_rows``).
+        resources: the compiled kernel's use, or a function from config to it; estimated if None.
+        programs: a forced grid size (``PORTABLE_SOFTMAX_PROGRAMS``); checked for safety.
+        allow_split: False rules the split path out (e.g. no scratch can be allocated now).
+
+    Returns:
+        The plan. Raises ValueError if ``programs`` would break the split path's residency.
+    """
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
+                           allow_split=allow_split)
+    plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs)
+    if plan is None:
+        config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
+                               allow_split=False)
+        plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs,
+                     note="split path does not fit resident; ")
+    return plan
+
+
+def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
+          forced: Optional[int], note: str = "") -> Optional[LaunchPlan]:
+    tuning = tuning_for(record)
+    occupancy = get_backend(record.backend).occupancy(record, kernel)
+    groups = _cdiv(n_rows, max(rows_per_group, 1))
+    tiles = groups * _cdiv(rows_per_group, config.block_m)
+    items = tiles * config.chunks
+    cap = min(record.grid_limit, tuning.max_programs)
+    if config.regime == "split":
+        per_unit = min(occupancy, tuning.split_programs_per_unit)
+        resident = record.compute_units * per_unit
+        programs = min(items, resident)
+        programs -= programs % config.chunks
+        if programs < config.chunks:
+            return None
+        if forced is not None:
+            if forced % config.chunks or forced > resident:
+                raise ValueError(
+                    f"PORTABLE_SOFTMAX_PROGRAMS={forced} is unsafe for the split-row path: it must be a multiple of "
+                    f"{config.chunks} (chunks per row) and at most {resident} (programs resident at once)")
+            programs = forced
+        reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
+                  f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
+    else:
+        programs = min(tiles, max(1, record.compute_units * max(occupancy, 1)), cap)
+        if forced is not None:
+            programs = min(forced, cap)
+        shape = f"{config.block_m} rows x {config.block_n}" if config.regime == "tile" else f"chunks of {config.block_n}"
+        reason = f"{note}{config.regime}: {shape}; {occupancy} programs/unit over {record.compute_units} units"
+    programs = max(1, programs)
+    rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
+    return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason)

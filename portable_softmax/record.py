@@ -1,0 +1,63 @@
+"""The normalized device record and the resource use of a compiled kernel: the planner's inputs."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One device, in the same terms whatever its vendor.
+
+    Built only by a backend's ``normalize`` from the driver's raw property dictionary; fields the
+    driver does not report are ``None`` rather than guesses.
+
+    Attributes:
+        backend: registry name of the backend serving the device (``cuda``, ``hip``, ``npu``,
+            ``interpreter`` or a plugin's name).
+        name: human-readable device name.
+        arch: architecture string (``sm_90``, ``gfx942``, ``Ascend910B3``, ``cpu``).
+        warp_size: threads per warp / wavefront; 0 where the notion does not apply (Ascend).
+        compute_units: SMs, CUs, or Ascend vector cores: the units persistent programs fill.
+        registers_per_unit: 32-bit registers per unit, as the occupancy rule counts them.
+        shared_memory_per_unit: bytes of shared memory / LDS per unit (the unified buffer on Ascend).
+        max_threads_per_unit: resident-thread limit per unit.
+        max_programs_per_unit: resident-program (thread block) limit per unit.
+        grid_limit: the most programs one launch may have along axis 0.
+        supports_fp64: whether kernels may compute in float64 there.
+        supports_bf16: whether bfloat16 tensors are supported there.
+        residency_guaranteed: whether a grid sized from occupancy is resident all at once, so
+            programs may wait on each other (the split-row path).
+    """
+
+    backend: str
+    name: str
+    arch: str
+    warp_size: int
+    compute_units: int
+    registers_per_unit: Optional[int]
+    shared_memory_per_unit: Optional[int]
+    max_threads_per_unit: Optional[int]
+    max_programs_per_unit: Optional[int]
+    grid_limit: int
+    supports_fp64: bool
+    supports_bf16: bool
+    residency_guaranteed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What one program of a compiled kernel occupies on its unit.
+
+    ``registers`` is per thread and ``shared_memory`` in bytes; 0 means "not reported" (Ascend
+    kernels report no registers; the interpreter reports nothing).
+    """
+
+    registers: int
+    shared_memory: int
+    num_warps: int
+    spills: int = 0

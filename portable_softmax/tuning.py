@@ -1,0 +1,59 @@
+"""Tuning tables: the per-target numbers the planner reads, kept as data.
+
+Keys are ``(backend, arch)`` with ``arch = "*"`` as the backend's default. Values were chosen from
+measurements recorded in ``benchmarks/NOTES.md``; a new target gets its backend's defaults until
+someone measures it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from portable_softmax.record import DeviceRecord
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Attributes:
+        tile_elements: elements a program holds per tile when rows are short (rows are packed
+            into one tile until it holds this many).
+        row_elements: the longest row one program holds whole in registers (forward); backward
+            holds two tensors, so half of it.
+        elements_per_thread: sets num_warps for a tile: tile elements / (this x warp size).
+        max_warps: upper bound on num_warps.
+        split_chunk: the widest chunk a program holds in the split-row path (forward; halved
+            for backward).
+        split_elements_per_thread: as elements_per_thread, for split chunks.
+        split_programs_per_unit: cap on resident programs per unit in the split-row path.
+        split_min_cols: shortest row worth splitting when there are too few rows to fill the chip.
+        loop_chunk: chunk width of the streaming (two-read) path.
+        max_programs: cap on the persistent grid (the interpreter gains nothing from more).
+    """
+
+    tile_elements: int = 4096
+    row_elements: int = 16384
+    elements_per_thread: int = 16
+    max_warps: int = 16
+    split_chunk: int = 8192
+    split_elements_per_thread: int = 32
+    split_programs_per_unit: int = 16
+    split_min_cols: int = 8192
+    loop_chunk: int = 4096
+    max_programs: int = 2**31 - 1
+
+
+_DEFAULT = Tuning()
+
+TUNING: dict[tuple[str, str], Tuning] = {
+    ("cuda", "*"): _DEFAULT,
+    ("hip", "*"): _DEFAULT,
+    # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
+    # program per vector core.
+    ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1),
+    # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
+    ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
+                                  max_warps=1, max_programs=4),
+}
+
+
+def tuning_for(record: DeviceRecord) -> Tuning:
+    return TUNING.get((record.backend, record.arch)) or TUNING.get((record.backend, "*"), _DEFAULT)
