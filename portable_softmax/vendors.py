@@ -29,9 +29,10 @@ CUDA_REGISTER_ALLOCATION_UNIT = 256
 CUDA_SHARED_MEMORY_RESERVED_PER_BLOCK = 1024
 CUDA_GRID_LIMIT = 2**31 - 1
 
-# CDNA chips give a wave up to 512 VGPRs (regular plus accumulation registers), twice what
-# ``regsPerBlock`` says; the Triton tutorial's occupancy rule counts them.
-HIP_DOUBLE_REGISTER_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
+# CDNA CUs hold 512 VGPRs per lane per SIMD (architectural plus accumulation registers):
+# 4 x 64 x 512 = 131072. ROCm 6+ reports that in ``regsPerBlock``; older ROCm reported half, which
+# the Triton tutorial doubles. Taking the larger of the two is right for both.
+HIP_REGISTERS_PER_CU = {"gfx90a": 131072, "gfx940": 131072, "gfx941": 131072, "gfx942": 131072, "gfx950": 131072}
 HIP_GRID_LIMIT = 2**31 - 1
 
 # triton-ascend reports core counts only; the rest is per chip family.
@@ -89,9 +90,7 @@ def _hip_arch(raw: Mapping[str, Any], arch: Any) -> str:
 
 def _hip_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecord:
     gfx = _hip_arch(raw, arch)
-    registers = int(raw["max_num_regs"])
-    if gfx in HIP_DOUBLE_REGISTER_ARCHS:
-        registers *= 2
+    registers = max(int(raw["max_num_regs"]), HIP_REGISTERS_PER_CU.get(gfx, 0))
     return DeviceRecord(
         backend="hip",
         name=name,

@@ -1,0 +1,98 @@
+"""The ``portable-softmax`` command.
+
+    portable-softmax                    the main job: device record, plans, correctness, timing
+    portable-softmax info [--json]      the present device's normalized record
+    portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Optional, Sequence
+
+from portable_softmax.device import device_record
+from portable_softmax.planner import DTYPE_BYTES, plan_launch
+from portable_softmax.profiles import profile_names, profile_record
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        rows, cols = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 4096x50257, got {text!r}") from None
+    if rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r} must be positive")
+    return rows, cols
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from portable_softmax import selfcheck
+
+    return 0 if selfcheck.run(args.device) else 1
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    record = device_record(args.device).to_dict()
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        for key, value in record.items():
+            print(f"{key:>24}: {value}")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    record = profile_record(args.profile) if args.profile else device_record(args.device)
+    rows, cols = args.shape
+    plan = plan_launch(record, rows, cols, args.dtype, backward=args.backward)
+    if args.json:
+        print(json.dumps({"device": record.to_dict(), "shape": [rows, cols], "dtype": args.dtype,
+                          "backward": args.backward, **plan.to_dict()}, indent=2))
+    else:
+        print(f"{record.name} ({record.backend}, {record.arch}, {record.compute_units} units): "
+              f"{rows}x{cols} {args.dtype} {'backward' if args.backward else 'forward'}")
+        for key, value in plan.to_dict().items():
+            print(f"{key:>18}: {value}")
+        print("(registers estimated: pass through `portable-softmax compile` for a compiled kernel's counts)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="portable-softmax", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log launch decisions")
+    parser.add_argument("--device", help="torch device (default: the current accelerator, else cpu)")
+    parser.set_defaults(func=_cmd_check)
+    commands = parser.add_subparsers(dest="command")
+
+    check = commands.add_parser("check", help="the main job (also the default)")
+    check.set_defaults(func=_cmd_check)
+
+    info = commands.add_parser("info", help="print the present device's normalized record")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=_cmd_info)
+
+    plan = commands.add_parser("plan", help="print the launch plan for a shape on a recorded chip or this device")
+    plan.add_argument("--profile", choices=profile_names(), help="a recorded chip (default: the present device)")
+    plan.add_argument("--shape", type=_shape, required=True, help="rows x columns, e.g. 4096x50257")
+    plan.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
+    plan.add_argument("--backward", action="store_true")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=_cmd_plan)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, RuntimeError) as error:
+        print(f"portable-softmax: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Recorded property sets of real chips (``profiles/*.json``), for planning without the chip.
+
+Each file holds what ``triton.runtime.driver.active.utils.get_device_properties`` returned on the
+chip (its raw, vendor-specific key set) and the Triton target; the record is built by the same
+backend ``normalize`` that serves a live device, so the device layer is tested on real key sets.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+from portable_softmax.backend import get_backend
+from portable_softmax.record import DeviceRecord
+
+
+@functools.lru_cache(maxsize=None)
+def _profiles() -> dict[str, dict[str, Any]]:
+    found = {}
+    for entry in resources.files("portable_softmax").joinpath("profiles").iterdir():
+        if entry.name.endswith(".json"):
+            data = json.loads(entry.read_text())
+            found[data["name"]] = data
+    return found
+
+
+def profile_names() -> list[str]:
+    return sorted(_profiles())
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    """The raw profile: name, description, target, properties."""
+    profiles = _profiles()
+    if name not in profiles:
+        raise ValueError(f"unknown device profile {name!r}; recorded profiles: {', '.join(sorted(profiles))}")
+    return profiles[name]
+
+
+def profile_record(name: str) -> DeviceRecord:
+    """The normalized record of a recorded chip."""
+    profile = load_profile(name)
+    target = profile["target"]
+    return get_backend(target["backend"]).normalize(profile["properties"], target["arch"], profile["description"])
