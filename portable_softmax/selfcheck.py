@@ -35,8 +35,14 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return (value - reference).norm().item() / (norm if norm else 1.0)
 
 
-def tolerance(dtype: torch.dtype, torch_error: float) -> float:
-    return max(ERROR_FACTOR * torch_error, ERROR_FLOOR[dtype])
+# Triton's interpreter converts float32 to bfloat16 by truncation, not round-to-nearest as GPUs
+# do, which about doubles bfloat16 errors on CPU tensors.
+INTERPRETER_BF16_FACTOR = 2.0
+
+
+def tolerance(dtype: torch.dtype, torch_error: float, device: str = "cuda") -> float:
+    factor = INTERPRETER_BF16_FACTOR if dtype == torch.bfloat16 and torch.device(device).type == "cpu" else 1.0
+    return factor * max(ERROR_FACTOR * torch_error, ERROR_FLOOR[dtype])
 
 
 @dataclass
@@ -69,14 +75,14 @@ def check_case(shape: tuple, dtype: torch.dtype, device: torch.device, log: bool
     results = []
     error, torch_error = relative_error(y, reference), relative_error(torch_y, reference)
     results.append(CaseResult(shape, str(dtype)[6:], name, "forward", error, torch_error,
-                              error <= tolerance(dtype, torch_error)))
+                              error <= tolerance(dtype, torch_error, device)))
     dy = torch.randn_like(y)
     grad = torch.autograd.grad(y, x, dy)[0]
     torch_grad = torch.autograd.grad(theirs(x, -1), x, dy)[0]
     grad_reference = _grad_reference(x.detach(), dy, log)
     error, torch_error = relative_error(grad, grad_reference), relative_error(torch_grad, grad_reference)
     results.append(CaseResult(shape, str(dtype)[6:], name, "backward", error, torch_error,
-                              error <= tolerance(dtype, torch_error)))
+                              error <= tolerance(dtype, torch_error, device)))
     return results
 
 

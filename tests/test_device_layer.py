@@ -1,0 +1,144 @@
+"""Device layer and planner over recorded chips: no hardware needed."""
+from __future__ import annotations
+
+import pytest
+
+import portable_softmax
+from portable_softmax import vendors
+from portable_softmax.backend import get_backend
+from portable_softmax.planner import plan_launch, select_config
+from portable_softmax.profiles import load_profile, profile_names, profile_record
+from portable_softmax.record import KernelResources
+
+REQUIRED_PROFILES = {"h100", "a100", "mi300x", "mi250x", "rx7900xtx", "ascend910b"}
+# Labelled with the path each exercises on a GPU with residency.
+SHAPES = [
+    (32768, 256),     # tile, many rows per tile
+    (4096, 4096),     # tile, one row per tile
+    (1823, 781),      # tile, odd width
+    (16384, 65536),   # split: row longer than a program holds
+    (4096, 50257),    # split, odd width
+    (32, 128256),     # split: few rows
+    (1, 1),           # one element
+]
+
+
+def test_required_profiles_are_recorded():
+    assert REQUIRED_PROFILES <= set(profile_names())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_PROFILES))
+def test_profile_normalizes_from_its_raw_key_set(name):
+    profile = load_profile(name)
+    raw, record = profile["properties"], profile_record(name)
+    backend = profile["target"]["backend"]
+    assert record.backend == backend and record.compute_units > 0
+    if backend == "cuda":
+        assert "max_threads_per_sm" not in raw  # CUDA's driver does not report it ...
+        assert record.max_threads_per_unit in (1024, 1536, 2048)  # ... the arch table does
+        assert record.arch == f"sm_{profile['target']['arch']}" and record.warp_size == 32
+        assert record.residency_guaranteed
+    elif backend == "hip":
+        assert record.arch.startswith("gfx") and ":" not in record.arch
+        assert record.max_threads_per_unit == raw["max_threads_per_sm"]
+        assert record.residency_guaranteed
+    else:
+        assert record.warp_size == 0 and record.grid_limit == 65535
+        assert record.compute_units == raw["num_vectorcore"]
+        assert record.shared_memory_per_unit != raw.get("max_shared_mem")  # the placeholder is not used
+        assert not record.supports_fp64 and not record.residency_guaranteed
+
+
+def test_cdna_register_file_counts_once():
+    mi300x, rdna = profile_record("mi300x"), profile_record("rx7900xtx")
+    assert mi300x.registers_per_unit == 131072
+    assert rdna.warp_size == 32
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_PROFILES))
+@pytest.mark.parametrize("rows,cols", SHAPES)
+@pytest.mark.parametrize("backward", [False, True])
+def test_plan_stays_within_what_the_chip_holds(name, rows, cols, backward):
+    record = profile_record(name)
+    plan = plan_launch(record, rows, cols, "bfloat16", backward=backward)
+    assert 1 <= plan.programs <= record.grid_limit
+    assert plan.block_n & (plan.block_n - 1) == 0 and plan.block_m >= 1
+    if plan.regime == "split":
+        assert record.residency_guaranteed
+        assert plan.programs % plan.chunks == 0
+        assert plan.programs <= record.compute_units * plan.occupancy
+        assert plan.chunks * plan.block_n >= cols > (plan.chunks - 1) * plan.block_n
+    elif plan.regime == "tile":
+        assert plan.block_n >= cols
+        assert plan.programs <= max(record.compute_units * max(plan.occupancy, 1), 1)
+    else:
+        assert plan.regime == "loop"
+    if record.backend == "npu":
+        assert plan.regime != "split" and plan.programs <= min(record.compute_units, 65535)
+
+
+def test_long_rows_split_on_residency_and_stream_elsewhere():
+    assert plan_launch(profile_record("h100"), 4096, 262144, "float32").regime == "split"
+    assert plan_launch(profile_record("ascend910b"), 4096, 262144, "float32").regime == "loop"
+    interpreter = get_backend("interpreter").normalize({}, "cpu", "cpu")
+    assert plan_launch(interpreter, 4, 262144, "float32").regime == "loop"
+    assert plan_launch(profile_record("h100"), 64, 262144, "float64").regime == "loop"
+
+
+def test_odd_widths_pad_to_the_narrowest_chunk():
+    config = select_config(profile_record("h100"), 4096, 50257, "bfloat16")
+    assert config.regime == "split"
+    assert config.chunks * config.block_n - 50257 < config.block_n
+
+
+@pytest.mark.parametrize("registers,shared", [(0, 0), (32, 0), (0, 4096), (255, 200000)])
+def test_occupancy_guards(registers, shared):
+    for name in ("h100", "mi300x"):
+        record = profile_record(name)
+        occupancy = get_backend(record.backend).occupancy(record, KernelResources(registers, shared, 4))
+        assert occupancy >= 0
+        if registers == 0 and shared == 0:
+            assert occupancy >= 1
+
+
+def test_cuda_occupancy_from_registers_and_shared_memory():
+    h100 = profile_record("h100")
+    occupancy = vendors.CUDA.occupancy
+    # 64 registers x 32 lanes = 2048 per warp; 8 warps = 16384 per block: 4 blocks in 65536.
+    assert occupancy(h100, KernelResources(64, 0, 8)) == 4
+    # 255 registers round up to 256: one 8-warp block needs all 65536.
+    assert occupancy(h100, KernelResources(255, 0, 8)) == 1
+    # Shared memory bounds it too (1 KiB reserved per block).
+    assert occupancy(h100, KernelResources(32, 100 * 1024, 4)) == 2
+    # The thread limit (2048 on sm_90) bounds tiny kernels.
+    assert occupancy(h100, KernelResources(16, 0, 4)) == 16
+
+
+def test_unsafe_forced_program_count_is_refused():
+    h100 = profile_record("h100")
+    plan = plan_launch(h100, 4096, 262144, "float32")
+    with pytest.raises(ValueError, match="unsafe for the split-row path"):
+        plan_launch(h100, 4096, 262144, "float32", programs=plan.programs + 1)
+    assert plan_launch(h100, 4096, 1024, "float32", programs=7).programs == 7
+
+
+def test_backend_override_names_the_known_backends(monkeypatch):
+    monkeypatch.setenv("PORTABLE_SOFTMAX_BACKEND", "nosuch")
+    with pytest.raises(ValueError, match="cuda, hip, interpreter, npu"):
+        portable_softmax.device_info("cpu")
+
+
+def test_cpu_record_without_a_gpu_driver():
+    info = portable_softmax.device_info("cpu")
+    assert info["backend"] == "interpreter" and not info["residency_guaranteed"]
+
+
+def test_cli_plan_json_for_recorded_chips(capsys):
+    from portable_softmax.cli import main
+    import json
+
+    for name in sorted(REQUIRED_PROFILES):
+        assert main(["plan", "--profile", name, "--shape", "4096x50257", "--dtype", "bfloat16", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert {"backend", "programs", "block_m", "block_n", "num_warps", "regime"} <= set(out)
+        assert out["backend"] == profile_record(name).backend

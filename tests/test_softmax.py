@@ -1,0 +1,236 @@
+"""Kernel results against torch, on every device present (the CPU runs them through Triton's
+interpreter). Errors are relative errors of the whole tensor against torch in float64, judged
+against torch's own error on the same input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import portable_softmax as ps
+from portable_softmax import launch, ops, tuning
+from portable_softmax.selfcheck import relative_error, tolerance
+
+FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
+FUNCTION_IDS = ["softmax", "log_softmax"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [
+    (1823, 781),   # tile: many rows per tile, odd width
+    (3, 50257),    # tile (interpreter) / split (GPU): odd vocabulary size
+    (2, 70000),    # loop (interpreter) / split (GPU): longer than a program holds
+    (5, 1),        # one-element rows
+    (1, 1),
+    (17, 16),      # rows fewer than a tile holds
+]
+
+
+def _check(ours: torch.Tensor, theirs: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> None:
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    error, torch_error = relative_error(ours, reference), relative_error(theirs, reference)
+    assert error <= tolerance(dtype, torch_error, str(ours.device)), f"error {error:.2e} vs torch's {torch_error:.2e}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_forward_matches_torch(device, shape, dtype, fns):
+    ours, theirs = fns
+    x = (torch.randn(shape, device=device) * 4).to(dtype)
+    _check(ours(x, -1), theirs(x, -1), theirs(x.double(), -1), dtype)
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
+def test_any_dim_of_a_3d_tensor(device, fns, dim):
+    ours, theirs = fns
+    x = torch.randn(6, 35, 9, device=device)
+    _check(ours(x, dim), theirs(x, dim), theirs(x.double(), dim), torch.float32)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.t(),                         # transposed
+    lambda x: x[:, ::3],                     # strided columns
+    lambda x: x[::2],                        # strided rows
+    lambda x: x.t()[5:40, 3:],               # offset transposed view
+    lambda x: x[:, :1].expand(-1, 300),      # stride-0 columns
+    lambda x: x.reshape(4, 100, 300)[:, ::2, ::3].permute(2, 0, 1),  # two row groups
+    lambda x: x.reshape(4, 10, 10, 300)[:, ::3, ::2, ::5].permute(3, 0, 1, 2),  # three: copied first
+], ids=["transposed", "strided_cols", "strided_rows", "offset_view", "expanded", "two_groups", "three_groups"])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_non_contiguous_inputs(device, make, dim):
+    x = make(torch.randn(400, 300, device=device))
+    _check(ps.softmax(x, dim), torch.softmax(x, dim), torch.softmax(x.double(), dim), torch.float32)
+
+
+def test_rank_zero_and_empty(device):
+    scalar = torch.tensor(3.0, device=device)
+    assert ps.softmax(scalar, 0).item() == 1.0 and ps.log_softmax(scalar, -1).item() == 0.0
+    for shape, dim in [((0, 5), -1), ((5, 0), -1), ((5, 0), 0), ((2, 0, 3), 1)]:
+        x = torch.randn(shape, device=device)
+        y = ps.softmax(x, dim)
+        assert y.shape == x.shape and y.dtype == x.dtype
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(torch.float16, torch.float32), (torch.float32, torch.bfloat16),
+                                                (torch.bfloat16, torch.float64)])
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_dtype_argument_casts_first(device, in_dtype, out_dtype, fns):
+    ours, theirs = fns
+    x = (torch.randn(33, 257, device=device) * 3).to(in_dtype)
+    y = ours(x, -1, dtype=out_dtype)
+    assert y.dtype == out_dtype
+    _check(y, theirs(x, -1, dtype=out_dtype), theirs(x.to(out_dtype).double(), -1), out_dtype)
+
+
+def _special_rows(dtype: torch.dtype, device: str) -> torch.Tensor:
+    inf, nan = float("inf"), float("nan")
+    big = 6e4 if dtype == torch.float16 else 1e4
+    rows = [
+        [1.0, inf, 2.0, 3.0],
+        [-inf, -inf, -inf, -inf],
+        [nan, 1.0, 2.0, 3.0],
+        [big, big - 1, -big, 0.0],
+        [-inf, 1.0, -inf, 2.0],
+        [big, big, big, big],
+    ]
+    return torch.tensor(rows, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_special_values_behave_as_torch(device, dtype, fns):
+    ours, theirs = fns
+    x = _special_rows(dtype, device)
+    expected = theirs(x.float(), -1).to(dtype)
+    got = ours(x, -1)
+    assert torch.equal(got.isnan(), expected.isnan()), (got, expected)
+    assert torch.equal(got.isinf(), expected.isinf()), (got, expected)
+    finite = expected.isfinite()
+    torch.testing.assert_close(got[finite].float(), expected[finite].float(), rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_backward_matches_torch(device, fns, dim, dtype):
+    ours, theirs = fns
+    x = (torch.randn(97, 301, device=device) * 3).to(dtype).requires_grad_()
+    dy = torch.randn(97, 301, device=device).to(dtype)
+    grad = torch.autograd.grad(ours(x, dim), x, dy)[0]
+    torch_grad = torch.autograd.grad(theirs(x, dim), x, dy)[0]
+    xd = x.detach().double().requires_grad_()
+    reference = torch.autograd.grad(theirs(xd, dim), xd, dy.double())[0]
+    assert grad.dtype == x.dtype
+    _check(grad, torch_grad, reference, dtype)
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_gradcheck_and_double_backward(device, fns):
+    ours, _ = fns
+    if not ps.device_info(device)["supports_fp64"]:
+        pytest.skip("float64 unsupported on this device")
+    x = torch.randn(4, 7, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ours(t, 1), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: ours(t, 0), (x,))
+
+
+def test_dtype_argument_gradient_is_in_the_input_dtype(device):
+    x = torch.randn(8, 40, device=device, dtype=torch.float16, requires_grad=True)
+    ps.softmax(x, -1, dtype=torch.float32).sum().backward()
+    assert x.grad.dtype == torch.float16
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (lambda d: torch.arange(6, device=d).reshape(2, 3), TypeError, "torch.int64"),
+    (lambda d: torch.ones(2, 3, dtype=torch.bool, device=d), TypeError, "torch.bool"),
+    (lambda d: torch.ones(2, 3, dtype=torch.complex64, device=d), TypeError, "complex64"),
+    (lambda d: [[1.0, 2.0]], TypeError, "torch.Tensor"),
+])
+def test_bad_inputs_raise_clear_errors(device, bad, error, match):
+    with pytest.raises(error, match=match):
+        ps.softmax(bad(device), -1)
+
+
+def test_bad_arguments_raise_clear_errors(device):
+    x = torch.randn(2, 3, device=device)
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        ps.softmax(x, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        ps.log_softmax(x, -3)
+    with pytest.raises(TypeError, match="dtype must be"):
+        ps.softmax(x, -1, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        ps.softmax(x, 1.0)
+
+
+def test_unserved_device_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match="no portable_softmax backend serves 'meta'"):
+        ps.softmax(torch.empty(2, 3, device="meta"), -1)
+
+
+def _force(monkeypatch, regime: str, device: str) -> None:
+    """Shrink the current backend's tuning so small problems take ``regime``."""
+    record = ps.device_info(device)
+    if regime == "split" and not record["residency_guaranteed"]:
+        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
+    key = (record["backend"], "*")
+    base = tuning.TUNING[key]
+    small = {"tile": dict(tile_elements=256),
+             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30),
+             "loop": dict(row_elements=64, loop_chunk=128)}[regime]
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
+    if regime == "loop":
+        real_plan = launch.plan_launch
+        monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
+
+
+@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("cols", [1, 129, 1000])
+def test_every_regime_writes_every_element(device, monkeypatch, regime, log, cols):
+    """Launch each path directly into a NaN-poisoned output and check every element."""
+    _force(monkeypatch, regime, device)
+    x = torch.randn(37, cols, device=device) * 3
+    y = torch.full_like(x, float("nan"))
+    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    if cols > 64:  # narrower rows fit a tile whatever is forced
+        assert plan.regime == regime
+    reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+    assert not y.isnan().any()
+    assert relative_error(y, reference) < 1e-5
+    dy = torch.randn_like(x)
+    dx = torch.full_like(x, float("nan"))
+    yd = reference.float()
+    plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(x.shape), 1, yd, dy, dx), log)
+    xd = x.double().requires_grad_()
+    grad = torch.autograd.grad((torch.log_softmax if log else torch.softmax)(xd, -1), xd, dy.double())[0]
+    assert not dx.isnan().any()
+    assert relative_error(dx, grad) < 1e-5
+
+
+def test_alignment_specializations_do_not_share_a_kernel(device):
+    """A kernel specialised for 16-aligned rows must not serve a 781-wide bf16 row (this crashed
+    the tutorial's cache with 'misaligned address')."""
+    for cols in (1024, 781, 1024, 783):
+        x = torch.randn(64, cols, device=device, dtype=torch.bfloat16)
+        _check(ps.softmax(x, -1), torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
+    assert launch._specialization((x[:, 1:],)) != launch._specialization((x,))
+
+
+def test_cpu_launch_leaves_gpu_compilation_working():
+    """The interpreter patches triton.language during a CPU launch; compiling for a GPU target
+    afterwards in the same process must still work."""
+    from triton.backends.compiler import GPUTarget
+    import triton
+
+    from portable_softmax import compat, kernels
+
+    ps.softmax(torch.randn(4, 33), -1)
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_tiles": "i32", "tiles_per_outer": "i32",
+                 "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
+                 "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
+                 "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
+                 "ACC_FP64": "constexpr"}
+    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False}
+    compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
+                              target=GPUTarget("cuda", 90, 32))
+    assert "cubin" in compiled.asm
