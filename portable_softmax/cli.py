@@ -3,6 +3,7 @@
     portable-softmax                    the main job: device record, plans, correctness, timing
     portable-softmax info [--json]      the present device's normalized record
     portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
+    portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...]
 """
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from portable_softmax import selfcheck
 
     return 0 if selfcheck.run(args.device) else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from portable_softmax import bench
+
+    return bench.main(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -81,6 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--backward", action="store_true")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
+
+    bench = commands.add_parser("bench", help="bandwidth vs x.clone() for us and the peers (GPU)")
+    bench.add_argument("--M", type=int, help="rows (with --N: one shape instead of the sweep)")
+    bench.add_argument("--N", type=int, help="columns")
+    bench.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
+    bench.add_argument("--backward", action="store_true", help="also time the backward kernels")
+    bench.add_argument("--peers", nargs="+", default=["torch", "compile", "liger", "flaggems"],
+                       help="implementations to time beside ours (those not importable are skipped)")
+    bench.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, milliseconds")
+    bench.add_argument("--rep", "--iters", dest="rep", type=int, default=100, help="do_bench repetition, milliseconds")
+    bench.add_argument("--profile-only", action="store_true", help="one forward call, for ncu")
+    bench.add_argument("--out", default="bench-results", help="folder for the JSON and PNG")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -1,0 +1,188 @@
+"""``portable-softmax bench``: achieved bandwidth against the copy limit, with the peers side by side.
+
+Softmax is memory-bound: forward reads x and writes y (2·M·N·bytes), backward reads y and dy and
+writes dx (3·M·N·bytes). Each figure is that byte count over the median time from
+``triton.testing.do_bench``, divided by the bandwidth of ``x.clone()`` measured in the same run on
+the same device: the fraction of copy. Results go to a table, a JSON file and a PNG plot.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+import portable_softmax
+from portable_softmax import ops
+from portable_softmax.device import as_device, device_record
+from portable_softmax.selfcheck import relative_error
+
+logger = logging.getLogger(__name__)
+
+SHAPES = [(32768, 256), (32768, 1024), (32768, 4096), (16384, 16384), (16384, 32768), (16384, 65536),
+          (8192, 131072), (4096, 262144), (4096, 50257), (4096, 151936), (32, 128256), (1, 128256)]
+Timed = tuple[Callable[[torch.Tensor], torch.Tensor], Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]]
+
+
+def _peers(wanted: set[str]) -> dict[str, Timed]:
+    peers: dict[str, Timed] = {
+        "ours": (lambda x: portable_softmax.softmax(x, -1),
+                 lambda y, dy: ops._backward(y, dy, y.dim() - 1, y.dtype, False)),
+        "torch": (lambda x: torch.softmax(x, -1), lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
+    }
+    if "compile" in wanted:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = 256
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 256
+        peers["compile"] = (torch.compile(lambda x: torch.softmax(x, -1), dynamic=False),
+                            torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False))
+    if "liger" in wanted:
+        try:
+            from liger_kernel.ops import softmax as liger
+
+            peers["liger"] = (lambda x: liger._softmax_forward(x)[0], None)
+        except ImportError as error:
+            logger.warning("liger unavailable: %s", error)
+    if "flaggems" in wanted:
+        try:
+            from flag_gems.ops.softmax import softmax as gems, softmax_backward as gems_backward
+
+            peers["flaggems"] = (lambda x: gems(x, -1, False), lambda y, dy: gems_backward(dy, y, -1, y.dtype))
+        except ImportError as error:
+            logger.warning("flaggems unavailable: %s", error)
+    return {name: timed for name, timed in peers.items() if name in wanted}
+
+
+def _progress(items: list, enabled: bool):
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+
+        return tqdm(items, file=sys.stderr, leave=False)
+    except ImportError:
+        return items
+
+
+def run(shapes: list[tuple[int, int]], dtypes: list[torch.dtype], peers: set[str], backward: bool,
+        warmup_ms: int, rep_ms: int, device: Optional[str] = None, progress: bool = True) -> dict[str, Any]:
+    """Time every implementation on every case. Returns the JSON-ready results."""
+    from triton.testing import do_bench
+
+    device = as_device(device)
+    if device.type == "cpu":
+        raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use `portable-softmax`)")
+    import triton
+
+    record = device_record(device)
+    implementations = _peers(peers | {"ours"})
+    rows = []
+    cases = [(shape, dtype) for dtype in dtypes for shape in shapes]
+    for (m, n), dtype in _progress(cases, progress):
+        x = torch.randn(m, n, device=device, dtype=dtype) * 3
+        size = x.element_size()
+        copy_ms = do_bench(lambda: x.clone(), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        copy_gbs = 2 * m * n * size / copy_ms / 1e6
+        reference = torch.softmax(x.double(), -1)
+        dy = torch.randn_like(x)
+        for name, (forward, backward_fn) in implementations.items():
+            row: dict[str, Any] = {"impl": name, "dtype": str(dtype)[6:], "M": m, "N": n, "copy_GBs": copy_gbs}
+            try:
+                y = forward(x)
+                row["relerr"] = relative_error(y, reference)
+                ms = do_bench(lambda: forward(x), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+                row.update(fwd_ms=ms, fwd_GBs=2 * m * n * size / ms / 1e6)
+                row["fwd_frac"] = row["fwd_GBs"] / copy_gbs
+                if backward and backward_fn is not None:
+                    ms = do_bench(lambda: backward_fn(y, dy), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+                    row.update(bwd_ms=ms, bwd_GBs=3 * m * n * size / ms / 1e6)
+                    row["bwd_frac"] = row["bwd_GBs"] / copy_gbs
+            except Exception as error:  # a peer failing (OutOfResources, size limits) is a result
+                row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+            rows.append(row)
+        del x, dy, reference
+        torch.cuda.empty_cache()
+    return {"device": record.to_dict(), "device_name": record.name, "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "results": rows}
+
+
+def table(results: dict[str, Any]) -> str:
+    """Fraction of copy bandwidth per case, forward/backward, one column per implementation."""
+    rows = results["results"]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    lines = [f"{results['device_name']} | torch {results['torch']} | triton {results['triton']} | {results['date']}",
+             "fraction of x.clone() bandwidth, forward/backward (backward counts 3·M·N·bytes)",
+             f"{'dtype':>8} {'M x N':>14} {'copy GB/s':>9} " + " ".join(f"{i:>13}" for i in impls)]
+    cases = list(dict.fromkeys((r["dtype"], r["M"], r["N"]) for r in rows))
+    for dtype, m, n in cases:
+        cells = []
+        copy = ""
+        for impl in impls:
+            r = next((r for r in rows if (r["dtype"], r["M"], r["N"], r["impl"]) == (dtype, m, n, impl)), None)
+            if r is None or "error" in r:
+                cells.append(f"{'fail':>13}")
+                continue
+            copy = f"{r['copy_GBs']:9.0f}"
+            bwd = f"{r['bwd_frac']:.2f}" if "bwd_frac" in r else "  - "
+            cells.append(f"{r['fwd_frac']:>8.2f}/{bwd}")
+        lines.append(f"{dtype:>8} {f'{m}x{n}':>14} {copy:>9} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> Optional[Path]:
+    """Bandwidth against N, one line per implementation and dtype (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no plot")
+        return None
+    rows = [r for r in results["results"] if "fwd_GBs" in r]
+    figure, axis = plt.subplots(figsize=(9, 5))
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        for dtype in dict.fromkeys(r["dtype"] for r in rows):
+            points = sorted((r["N"], r["fwd_GBs"]) for r in rows if r["impl"] == impl and r["dtype"] == dtype
+                            and r["M"] > 64)
+            if points:
+                axis.plot(*zip(*points), marker="o", label=f"{impl} {dtype}")
+    copies = sorted({(r["N"], r["copy_GBs"]) for r in rows if r["M"] > 64})
+    axis.plot(*zip(*copies), linestyle="--", color="black", label="x.clone()")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("N (row length)")
+    axis.set_ylabel("forward GB/s (2·M·N·bytes / time)")
+    axis.set_title(f"softmax forward on {results['device_name']}")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    return path
+
+
+def main(args: Any) -> int:
+    shapes = [(args.M, args.N)] if args.M and args.N else SHAPES
+    dtypes = [getattr(torch, d) for d in args.dtype]
+    if args.profile_only:
+        x = torch.randn(shapes[0], device=as_device(args.device), dtype=dtypes[0])
+        portable_softmax.softmax(x, -1)
+        torch.cuda.synchronize()
+        return 0
+    results = run(shapes, dtypes, set(args.peers), args.backward, args.warmup, args.rep, args.device,
+                  progress=not args.no_progress)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / f"{stem}.png")
+    print(table(results))
+    print(f"\nwrote {out / stem}.json and .png")
+    return 0
