@@ -56,9 +56,12 @@ def _load(ptr, outer, rows, outer_stride, row_stride, cols, col_stride, mask, OT
     """Load a [rows, cols] block; round to ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
     offs = (outer * outer_stride + rows.to(tl.int64) * row_stride)[:, None] + cols[None, :] * col_stride
     v = tl.load(ptr + offs, mask=mask, other=OTHER).to(CAST_TY)
+    # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
-        return v.to(tl.float64)
-    return v.to(tl.float32)
+        v = v.to(tl.float64)
+    else:
+        v = v.to(tl.float32)
+    return v
 
 
 @_jit
