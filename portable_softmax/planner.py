@@ -107,17 +107,21 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
         block_m = max(1, min(tuning.tile_elements // width, _next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
-            return _split_config(record, tuning, n_cols, backward)
+            return _split_config(record, tuning, n_rows, n_cols, backward)
         return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning))
     if can_split:
-        return _split_config(record, tuning, n_cols, backward)
+        return _split_config(record, tuning, n_rows, n_cols, backward)
     chunk = min(tuning.loop_chunk, width)
     return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning))
 
 
-def _split_config(record: DeviceRecord, tuning: Tuning, n_cols: int, backward: bool) -> KernelConfig:
+def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int, backward: bool) -> KernelConfig:
     widest = tuning.split_chunk // (2 if backward else 1)
     chunks = _cdiv(n_cols, widest)
+    wanted = _cdiv(record.compute_units * tuning.split_fill_per_unit, n_rows)
+    if chunks < wanted:
+        # Few rows: narrower chunks put more of the chip to work on each row.
+        chunks = max(chunks, min(wanted, _cdiv(n_cols, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
     # The narrowest power of two that still needs no more chunks: odd rows (50257) waste less.
     block_n = _next_power_of_2(_cdiv(n_cols, chunks))
     chunks = _cdiv(n_cols, block_n)
@@ -188,7 +192,7 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
                   f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
     else:
-        programs = min(tiles, max(1, record.compute_units * max(occupancy, 1)), cap)
+        programs = min(tiles, max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves), cap)
         if forced is not None:
             programs = min(forced, cap)
         shape = f"{config.block_m} rows x {config.block_n}" if config.regime == "tile" else f"chunks of {config.block_n}"

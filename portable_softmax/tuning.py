@@ -25,6 +25,11 @@ class Tuning:
         split_elements_per_thread: as elements_per_thread, for split chunks.
         split_programs_per_unit: cap on resident programs per unit in the split-row path.
         split_min_cols: shortest row worth splitting when there are too few rows to fill the chip.
+        split_fill_per_unit: when rows are few, chunks are narrowed (down to split_min_chunk) until
+            there are this many programs per unit: few-row shapes are latency-bound.
+        split_min_chunk: the narrowest chunk.
+        tile_waves: the tile and loop grids hold at most this many times the resident programs
+            (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
     """
@@ -37,6 +42,9 @@ class Tuning:
     split_elements_per_thread: int = 32
     split_programs_per_unit: int = 16
     split_min_cols: int = 8192
+    split_fill_per_unit: int = 2
+    split_min_chunk: int = 1024
+    tile_waves: int = 1
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
 
