@@ -175,8 +175,33 @@ def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, lo
     return plan
 
 
+# Split launches the driver refused as not co-resident, keyed like the resources: the program
+# count it did accept. The occupancy rule is a model; the cooperative launch is the judge.
+_accepted_programs: dict[tuple, int] = {}
+
+
+def _is_residency_refusal(error: Exception) -> bool:
+    text = str(error).lower()
+    return "cooperative" in text and ("too many blocks" in text or "too large" in text)
+
+
 def _run(kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, args: tuple, constexprs: dict,
          options: dict) -> None:
+    if options.get("launch_cooperative_grid"):
+        key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), tuple(sorted(options.items())),
+               _specialization(args), record.name)
+        programs = min(plan.programs, _accepted_programs.get(key, plan.programs))
+        while True:
+            try:
+                kernel[(programs,)](*args, **constexprs, **options)
+                return
+            except RuntimeError as error:
+                smaller = programs - max(plan.chunks, programs // 8 // plan.chunks * plan.chunks)
+                if not _is_residency_refusal(error) or smaller < plan.chunks:
+                    raise
+                logger.warning("driver refused %d co-resident programs for %s; retrying with %d",
+                               programs, kernel.fn.__name__, smaller)
+                programs = _accepted_programs[key] = smaller
     if backend.interpreted:
         import numpy
 

@@ -1,8 +1,8 @@
 """Tuning tables: the per-target numbers the planner reads, kept as data.
 
-Keys are ``(backend, arch)`` with ``arch = "*"`` as the backend's default. Values were chosen from
-measurements recorded in ``benchmarks/NOTES.md``; a new target gets its backend's defaults until
-someone measures it.
+Keys are ``(backend, arch)`` with ``arch = "*"`` as the backend's default. The defaults were chosen
+from the H200 sweep recorded in ``benchmarks/NOTES.md`` (4-warp split chunks, a tile grid of up to 4
+resident waves); a new target gets its backend's defaults until someone measures it.
 """
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ class Tuning:
     elements_per_thread: int = 16
     max_warps: int = 16
     split_chunk: int = 8192
-    split_elements_per_thread: int = 32
+    split_elements_per_thread: int = 64
     split_programs_per_unit: int = 16
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
-    tile_waves: int = 1
+    tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
 
