@@ -89,10 +89,29 @@ def _record(backend_name: str, device_type: str, index: Optional[int]) -> Device
     return backend.normalize(raw, target.arch, name)
 
 
+def _record_or_error(device: torch.device) -> Union[DeviceRecord, Exception]:
+    """``device``'s record, or the error finding it, returned rather than raised (see below)."""
+    try:
+        return _record(backend_for(device).name, device.type, device.index)
+    except Exception as error:  # noqa: BLE001  (raised again by device_record)
+        return error
+
+
+# For torch.compile the record is a constant of the traced program: dynamo calls this function at
+# trace time and keeps its result instead of tracing into a backend's ``normalize`` (driver and os
+# calls it cannot trace, which would break the graph). This is what
+# ``torch.compiler.assume_constant_result`` does, without importing torch._dynamo (a second) here.
+# An error raised inside such a function would reach the user as dynamo's internal error, so it is
+# returned and raised by the caller, where dynamo falls back to eager and the user sees it as is.
+_record_or_error._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def device_record(device: DeviceLike = None) -> DeviceRecord:
     """The normalized record of ``device`` (default: the current accelerator, else the CPU)."""
-    device = as_device(device)
-    return _record(backend_for(device).name, device.type, device.index)
+    found = _record_or_error(as_device(device))
+    if isinstance(found, Exception):
+        raise found
+    return found
 
 
 def device_info(device: DeviceLike = None) -> dict[str, Any]:

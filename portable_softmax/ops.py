@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from portable_softmax import torch_ops
 from portable_softmax.device import device_record
 from portable_softmax.launch import RowView, run_backward, run_forward
 
@@ -143,6 +144,10 @@ class _Softmax(torch.autograd.Function):
 
 def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, name: str) -> torch.Tensor:
     dim, out_dtype = _validate(x, dim, dtype, name)
+    if torch_ops.AVAILABLE and torch_ops.compiling():
+        # Under torch.compile: the registered custom operator, which dynamo puts in the graph as
+        # one node (with its fake and autograd registrations) instead of breaking the graph.
+        return torch_ops.call(x, dim, out_dtype, log)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Softmax.apply(x, dim, out_dtype, log)
     return _forward(x, dim, out_dtype, log)

@@ -56,10 +56,10 @@ TUNING: dict[tuple[str, str], Tuning] = {
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.
-    ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1),
+    ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1),
     # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
     ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
-                                  max_warps=1, max_programs=4),
+                                  max_warps=1, max_programs=4, tile_waves=1),
 }
 
 

@@ -1,0 +1,238 @@
+"""torch.compile through portable_softmax: the custom operators of ``torch_ops.py``.
+
+A small module (Linear, softmax over the last dim, log_softmax over the first) must compile into
+one graph with no breaks, with portable_softmax's operators in it; run under the ``eager`` and
+``aot_eager`` backends (and ``inductor`` where a C++ compiler is present) with the same result
+as eager; and give torch's gradients, through the backward kernel. Shapes are tiny: on the CPU
+every kernel runs through Triton's interpreter.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import portable_softmax as ps
+from portable_softmax import ops, torch_ops
+
+pytestmark = pytest.mark.skipif(not torch_ops.AVAILABLE, reason="torch.library.custom_op needs torch >= 2.4")
+
+import torch._dynamo  # noqa: E402  (after the skip mark: older torch may lack parts of it)
+
+
+class Net(torch.nn.Module):
+    def __init__(self, softmax=ps.softmax, log_softmax=ps.log_softmax) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 6)
+        self.softmax, self.log_softmax = softmax, log_softmax
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.log_softmax(self.softmax(self.linear(x), dim=-1) * 3, dim=0)
+
+
+def _twins(device: str) -> tuple[Net, Net]:
+    """Ours and a copy with the same weights using torch.softmax / torch.log_softmax."""
+    ours = Net().to(device)
+    theirs = Net(torch.softmax, torch.log_softmax).to(device)
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts of the eager path's kernel entry points (ops._forward / ops._backward) per call."""
+    calls = {"forward": 0, "backward": 0}
+    forward, backward = ops._forward, ops._backward
+
+    def counted_forward(*args):
+        calls["forward"] += 1
+        return forward(*args)
+
+    def counted_backward(*args):
+        calls["backward"] += 1
+        return backward(*args)
+
+    monkeypatch.setattr(ops, "_forward", counted_forward)
+    monkeypatch.setattr(ops, "_backward", counted_backward)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_operators_are_registered_with_dim_dtype_and_log():
+    for name in ("softmax", "log_softmax"):
+        schema = str(getattr(torch.ops.portable_softmax, name).default._schema)
+        assert schema == f"portable_softmax::{name}(Tensor x, int dim, ScalarType dtype) -> Tensor"
+    schema = str(torch.ops.portable_softmax.softmax_backward.default._schema)
+    assert schema == ("portable_softmax::softmax_backward(Tensor y, Tensor dy, int dim, bool log, "
+                      "ScalarType grad_dtype) -> Tensor")
+
+
+def test_eager_calls_do_not_go_through_the_operators(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("eager call took the custom-operator path")
+
+    monkeypatch.setattr(torch_ops, "call", refuse)
+    x = torch.randn(3, 5, requires_grad=True)
+    ps.softmax(x, -1).sum().backward()
+    ps.log_softmax(x.detach(), 0)
+
+
+def test_no_graph_breaks(device):
+    ours, _ = _twins(device)
+    explanation = torch._dynamo.explain(ours)(torch.randn(4, 8, device=device))
+    assert explanation.graph_break_count == 0, [str(reason) for reason in explanation.break_reasons]
+    assert explanation.graph_count == 1
+    code = explanation.graphs[0].code
+    assert "torch.ops.portable_softmax.softmax.default" in code
+    assert "torch.ops.portable_softmax.log_softmax.default" in code
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_module_matches_eager_and_torch_gradients(device, backend, kernel_calls):
+    ours, theirs = _twins(device)
+    x = torch.randn(4, 8, device=device)
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    compiled = torch.compile(ours, backend=backend, fullgraph=True)
+    out = compiled(x_ours)
+    assert kernel_calls["forward"] == 2
+    with torch.no_grad():
+        eager = ours(x)
+    torch.testing.assert_close(out, eager)
+    reference = theirs(x_theirs)
+    torch.testing.assert_close(out, reference)
+
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    reference.backward(grad)
+    assert kernel_calls["backward"] == 2, "the backward kernel did not run for both operators"
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+    for (name, mine), theirs_param in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(mine.grad, theirs_param.grad, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_dtype_argument_under_compile(device):
+    x = torch.randn(3, 7, device=device, requires_grad=True)
+
+    def f(t):
+        return ps.softmax(t, 1, dtype=torch.float64)
+
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    x_theirs = x.detach().clone().requires_grad_()
+    reference = torch.softmax(x_theirs, 1, dtype=torch.float64)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, reference)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    reference.backward(grad)
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad, x_theirs.grad)
+
+
+def test_layout_matches_the_fake_when_rows_need_a_copy(device):
+    # Softmax over a middle dim of a strided 4-d tensor: the eager path copies to a contiguous
+    # intermediate. The compiled graph was traced with the fake's layout, so the view after it is
+    # valid only if the operator returns that layout.
+    base = torch.randn(4, 3, 4, 5, device=device)
+    x = base[::2]
+    assert ops.row_view(tuple(x.shape), 2, x, torch.empty_like(x)) is None, "the case no longer needs a copy"
+
+    def f(t):
+        return ps.softmax(t, 2).view(-1) + 1
+
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(out, torch.softmax(x, 2).reshape(-1) + 1)
+
+
+def test_dynamic_shapes_do_not_recompile(device):
+    def f(t):
+        return ps.log_softmax(t, -1)
+
+    compiled = torch.compile(f, backend="aot_eager", dynamic=True, fullgraph=True)
+    for rows, cols in [(2, 5), (3, 9)]:
+        x = torch.randn(rows, cols, device=device)
+        torch.testing.assert_close(compiled(x), torch.log_softmax(x, -1))
+
+
+def test_export_keeps_the_operators(device):
+    class Export(torch.nn.Module):
+        def forward(self, t):
+            return ps.log_softmax(ps.softmax(t, -1) * 2, 0)
+
+    x = torch.randn(3, 5, device=device)
+    program = torch.export.export(Export(), (x,))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert {"portable_softmax.softmax.default", "portable_softmax.log_softmax.default"} <= targets
+    torch.testing.assert_close(program.module()(x), torch.log_softmax(torch.softmax(x, -1) * 2, 0))
+
+
+def test_validation_errors_are_the_eager_ones():
+    def bad_dim(t):
+        return ps.softmax(t, 2)
+
+    def integer(t):
+        return ps.log_softmax(t.long(), 0)
+
+    x = torch.randn(3, 4)
+    for fn, error in [(bad_dim, ps.DimensionError), (integer, TypeError)]:
+        with pytest.raises(error) as eager:
+            fn(x)
+        torch._dynamo.reset()
+        with pytest.raises(error) as compiled:
+            torch.compile(fn, backend="eager")(x)
+        assert str(compiled.value) == str(eager.value)
+
+
+def test_backend_errors_are_the_eager_ones(monkeypatch):
+    monkeypatch.setenv("PORTABLE_SOFTMAX_BACKEND", "nosuch")
+    with pytest.raises(ValueError, match="known backends") as eager:
+        ps.softmax(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="known backends") as compiled:
+        torch.compile(lambda t: ps.softmax(t), backend="eager")(torch.randn(2, 3))
+    assert str(compiled.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_opcheck(device, op):
+    """Schema, fake tensor, autograd registration and AOT dispatch (static and dynamic)."""
+    x = torch.randn(3, 5, device=device, requires_grad=True)
+    torch.library.opcheck(getattr(torch.ops.portable_softmax, op).default, (x, 1, torch.float32))
+    y = getattr(torch, op)(x.detach(), 0).requires_grad_()
+    dy = torch.randn(3, 5, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.portable_softmax.softmax_backward.default,
+                          (y, dy, 0, op == "log_softmax", torch.float32))
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_operator_gradients_and_double_backward(device, log):
+    op = torch.ops.portable_softmax.log_softmax if log else torch.ops.portable_softmax.softmax
+    x = torch.randn(3, 4, device=device, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: op(t, -1, torch.float64), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: op(t, 0, torch.float64), (x,))
+
+
+def _cxx_compiler() -> str | None:
+    return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+def test_inductor(device):
+    if device == "cpu" and _cxx_compiler() is None:
+        pytest.skip("inductor needs a C++ compiler for CPU code; none on PATH")
+    ours, theirs = _twins(device)
+    x = torch.randn(4, 8, device=device)
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = torch.compile(ours, backend="inductor", fullgraph=True)(x_ours)
+    reference = theirs(x_theirs)
+    torch.testing.assert_close(out, reference)
+    out.sum().backward()
+    reference.sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
