@@ -4,6 +4,7 @@
     portable-softmax info [--json]      the present device's normalized record
     portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
     portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...]
+    portable-softmax compile --target cuda:90 --target hip:gfx942 [--json]
 """
 from __future__ import annotations
 
@@ -102,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-results", help="folder for the JSON and PNG")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(func=_cmd_bench)
+
+    from portable_softmax import crosscompile
+
+    compile_ = commands.add_parser("compile", help="compile every kernel variant the plans use for GPU targets, "
+                                                   "without a GPU; report registers, spills, shared memory")
+    crosscompile.add_arguments(compile_)
+    compile_.set_defaults(func=crosscompile.run_command)
     return parser
 
 

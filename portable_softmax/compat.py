@@ -15,11 +15,23 @@ COOPERATIVE_LAUNCH = TRITON_VERSION >= Version("3.3")
 AST_SOURCE_CONSTEXPRS = TRITON_VERSION >= Version("3.3")
 
 
-def ast_source(fn, signature: dict, constexprs: dict):
-    """An ASTSource for ``fn`` with ``signature`` ({name: type or "constexpr"}) and constexpr values."""
-    if AST_SOURCE_CONSTEXPRS:
-        return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
+    """An ASTSource for ``fn`` with ``signature`` ({name: type or "constexpr"}) and constexpr values.
+
+    ``divisible_by_16`` names the arguments a launch would specialise as multiples of 16 (pointers
+    aligned to 16 bytes, integers divisible by 16), as ``kernel[grid](...)`` does from the values
+    it sees; without them the binary is the unaligned, unvectorised one.
+    """
     names = list(signature)
+    if AST_SOURCE_CONSTEXPRS:
+        attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
+        return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     constants = {names.index(name): value for name, value in constexprs.items()}
+    attrs = None
+    if divisible_by_16:
+        # Triton < 3.3 described specialisations with an AttrsDescriptor.
+        from triton.backends.compiler import AttrsDescriptor
+
+        attrs = AttrsDescriptor.from_hints({names.index(name): 16 for name in divisible_by_16})
     return triton.compiler.ASTSource(fn=fn, signature={k: v for k, v in signature.items() if k not in constexprs},
-                                     constants=constants)
+                                     constants=constants, attrs=attrs)

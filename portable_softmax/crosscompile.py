@@ -1,0 +1,778 @@
+"""Cross-compiled proof without hardware: compile, on a machine without any GPU, every kernel
+variant the launch plans use for a set of GPU targets, and report what each binary occupies.
+
+For each target (``cuda:<compute capability>`` or ``hip:<gfx arch>``) the device record comes from
+the recorded profile of that chip (``profiles/*.json``); a target without one gets a *synthetic*
+record: the nearest recorded chip's properties with the architecture replaced, and the output says
+so. For every problem (shape, dtype, direction, softmax or log_softmax) the planner's
+``select_config`` names the kernel configuration the launch would use, and also the one it falls
+back to when the split-row path cannot be used (not resident, or no scratch during graph
+capture). Each distinct variant is compiled with Triton's own compiler for the target, specialised
+as ``kernel[grid](...)`` would specialise a launch on contiguous tensors (16-byte aligned pointers,
+column stride 1), with ``num_warps`` / ``num_stages`` from the configuration.
+
+Resource use without a driver: NVIDIA register, stack, shared and local (spill) sizes come from
+``cuobjdump --dump-resource-usage`` on the cubin; AMD ones from the code object metadata in the
+AMDGCN assembly (``.vgpr_count``, ``.sgpr_count``, ``.vgpr_spill_count``,
+``.private_segment_fixed_size``, ``.group_segment_fixed_size``). Those numbers go through the same
+``plan_launch`` the device layer uses, giving each problem's occupancy and persistent grid.
+
+Each compile runs in a worker process (spawned, without ``TRITON_INTERPRET``) under a timeout, so
+a compile that never ends is reported as a timeout instead of hanging the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from portable_softmax.backend import get_backend
+from portable_softmax.planner import DTYPE_BYTES, KernelConfig, plan_launch, select_config
+from portable_softmax.profiles import load_profile, profile_names
+from portable_softmax.record import DeviceRecord, KernelResources
+from portable_softmax.tuning import tuning_for
+
+DEFAULT_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx90a", "hip:gfx942", "hip:gfx950", "hip:gfx1100")
+DEFAULT_SHAPES = ((32768, 256), (32768, 4096), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256))
+DEFAULT_DTYPES = ("bfloat16", "float32")
+DEFAULT_TIMEOUT_S = 600.0
+
+# The recorded chip that stands for each target. Targets not listed get a synthetic record.
+TARGET_PROFILES = {
+    "cuda:80": "a100",
+    "cuda:90": "h100",
+    "hip:gfx90a": "mi250x",
+    "hip:gfx942": "mi300x",
+    "hip:gfx1100": "rx7900xtx",
+}
+
+POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64"}
+SCRATCH_TYPES = ("*i64", "*i32")  # the split path's exchange slots and arrival counters (launch._Scratch)
+
+_TARGET_FORMS = "cuda:<compute capability> (e.g. cuda:90) or hip:<gfx arch> (e.g. hip:gfx942)"
+
+
+# --------------------------------------------------------------------------------------------
+# Targets and their device records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A Triton compilation target: ``GPUTarget(backend, arch, warp_size)``."""
+
+    backend: str
+    arch: Any  # int compute capability for cuda, "gfx..." for hip
+    warp_size: int
+    profile: Optional[str] = None  # a recorded chip named explicitly (``cuda:90=h200``)
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}:{self.arch}"
+
+
+def _gfx_family(gfx: str) -> int:
+    """gfx942 -> 9, gfx1100 -> 11 (the major version, as Triton's HIP options read it)."""
+    return int(gfx[3:-2])
+
+
+def _gfx_key(gfx: str) -> tuple[int, int]:
+    return _gfx_family(gfx), int(gfx[-2:], 16)
+
+
+def parse_target(text: str) -> Target:
+    """``cuda:90`` / ``hip:gfx942`` (optionally ``=profile`` to pick the recorded chip) -> Target.
+
+    Raises:
+        ValueError: the string is not such a target, naming the accepted forms.
+    """
+    spec, _, profile = text.strip().partition("=")
+    backend, sep, arch = spec.strip().partition(":")
+    backend, arch = backend.strip().lower(), arch.strip().lower()
+    known = ", ".join(TARGET_PROFILES)
+    if not sep or backend not in ("cuda", "hip"):
+        raise ValueError(f"unknown target {text!r}: expected {_TARGET_FORMS}; recorded targets: {known}")
+    if backend == "cuda":
+        if not arch.isdigit() or not 30 <= int(arch) <= 999:
+            raise ValueError(f"unknown target {text!r}: a cuda target names a compute capability as "
+                             f"major*10+minor, e.g. cuda:80, cuda:90, cuda:100")
+        target = Target("cuda", int(arch), 32)
+    else:
+        if not re.fullmatch(r"gfx[0-9]{1,2}[0-9a-f]{2}", arch):
+            raise ValueError(f"unknown target {text!r}: a hip target names a gfx architecture without "
+                             f"feature flags, e.g. hip:gfx90a, hip:gfx942, hip:gfx1100")
+        # CDNA (gfx9) runs wave64; RDNA (gfx10+) wave32, as Triton compiles for it.
+        target = Target("hip", arch, 32 if _gfx_family(arch) >= 10 else 64)
+    if profile:
+        profile = profile.strip()
+        if profile not in profile_names():
+            raise ValueError(f"target {text!r}: unknown device profile {profile!r}; recorded profiles: "
+                             f"{', '.join(profile_names())}")
+        if load_profile(profile)["target"]["backend"] != target.backend:
+            raise ValueError(f"target {text!r}: profile {profile!r} is not a {target.backend} chip")
+        target = Target(target.backend, target.arch, target.warp_size, profile)
+    return target
+
+
+def _nearest_profile(target: Target) -> str:
+    candidates = [(parse_target(name), profile) for name, profile in TARGET_PROFILES.items()]
+    candidates = [(t, p) for t, p in candidates if t.backend == target.backend]
+    if target.backend == "cuda":
+        def distance(t: Target) -> tuple:
+            return abs(t.arch - target.arch), -t.arch
+    else:
+        def distance(t: Target) -> tuple:
+            (family, minor), (own_family, own_minor) = _gfx_key(t.arch), _gfx_key(target.arch)
+            return abs(family - own_family), abs(minor - own_minor)
+    return min(candidates, key=lambda c: distance(c[0]))[1]
+
+
+def target_record(target: Target) -> tuple[DeviceRecord, str, Optional[str]]:
+    """The device record for ``target``, the profile it comes from, and a note if it is synthetic."""
+    name = target.profile or TARGET_PROFILES.get(target.name) or _nearest_profile(target)
+    profile = load_profile(name)
+    properties = dict(profile["properties"])
+    description = profile["description"]
+    recorded = profile["target"]
+    note = None
+    if str(recorded["arch"]) != str(target.arch):
+        note = (f"synthetic record: no recorded {target.name} chip; {name}'s recorded properties "
+                f"({recorded['backend']}:{recorded['arch']}) with the architecture replaced by {target.arch}")
+        description = f"synthetic {target.name}, from {name} ({description})"
+        if target.backend == "hip":
+            properties["arch"] = target.arch
+        properties["warpSize"] = target.warp_size
+    record = get_backend(target.backend).normalize(properties, target.arch, description)
+    return record, name, note
+
+
+# --------------------------------------------------------------------------------------------
+# Problems, the variants they use, and the launch specialisation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem: a contiguous [rows, cols] tensor, softmax over the last dimension."""
+
+    rows: int
+    cols: int
+    dtype: str
+    backward: bool
+    log: bool
+
+    @property
+    def direction(self) -> str:
+        return "backward" if self.backward else "forward"
+
+    @property
+    def plan_dtype(self) -> str:
+        # What launch.py plans with: only float64 accumulation changes the plan.
+        return "float64" if self.dtype == "float64" else "float32"
+
+    def label(self) -> str:
+        function = "log_softmax" if self.log else "softmax"
+        return f"{self.rows}x{self.cols} {self.dtype} {self.direction} {function}"
+
+
+def _int_type(value: int) -> str:
+    """How ``kernel[grid](...)`` specialises an integer argument (Triton 3.3 to 3.9)."""
+    if value == 1:
+        return "constexpr"
+    if -2**31 <= value < 2**31:
+        return "i32"
+    if -2**63 <= value < 2**63:
+        return "i64"
+    return "u64"
+
+
+def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict]:
+    """The kernel, its non-constexpr arguments as (type, divisible by 16 or constant value) pairs,
+    and its constexprs, as ``launch._launch`` would pass them for ``case``.
+
+    The row view of a contiguous [rows, cols] tensor: one group (outer stride 0), row stride
+    ``cols`` (0 for a single row), column stride 1; pointers 16-byte aligned.
+    """
+    tensors = 3 if case.backward else 2
+    rows_per_outer = case.rows
+    tiles_per_outer = -(-rows_per_outer // config.block_m)
+    tiles = tiles_per_outer
+    row_stride = case.cols if case.rows > 1 else 0
+    pointer = POINTER_TYPES[case.dtype]
+    args: list[tuple[str, Any]] = [(pointer, True)] * tensors
+    constexprs: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": case.log}
+    if config.regime == "split":
+        args += [(t, True) for t in SCRATCH_TYPES]
+        counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
+        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
+    else:
+        counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
+        constexprs["ACC_FP64"] = case.dtype == "float64"
+    for value in (*counts, *(0, row_stride, 1) * tensors):
+        kind = _int_type(value)
+        args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
+    return f"softmax_{case.direction}_{config.regime}", tuple(args), constexprs
+
+
+def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
+    """The configurations a launch of ``case`` may use: the plan's, and its no-split fallback."""
+    common = dict(backward=case.backward, rows_per_group=case.rows)
+    primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
+    found = [("primary", primary)]
+    if primary.regime == "split":
+        found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
+                                                **common)))
+    return found
+
+
+def _options(target: Target, config: KernelConfig) -> dict[str, Any]:
+    from portable_softmax import compat
+
+    options: dict[str, Any] = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.regime == "split" and compat.COOPERATIVE_LAUNCH:
+        options["launch_cooperative_grid"] = True  # as launch.py asks on cuda and hip
+    return options
+
+
+def variant_spec(target: Target, config: KernelConfig, case: Case) -> dict[str, Any]:
+    """Everything a worker needs to compile one variant (plain data: it crosses a process)."""
+    kernel, args, constexprs = launch_arguments(config, case)
+    return {
+        "target": [target.backend, target.arch, target.warp_size],
+        "kernel": kernel,
+        "args": [list(a) for a in args],
+        "constexprs": constexprs,
+        "options": _options(target, config),
+    }
+
+
+def _spec_key(spec: dict[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The compile itself (runs in a worker process)
+# --------------------------------------------------------------------------------------------
+
+
+def _cuobjdump() -> Optional[str]:
+    try:
+        from triton import knobs
+
+        path = knobs.nvidia.cuobjdump.path
+        if path and os.path.exists(path):
+            return path
+    except Exception:  # older Triton: no knobs, or no bundled tool
+        pass
+    import shutil
+
+    import triton
+
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for candidate in (bundled, shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
+    """REG, STACK, SHARED, LOCAL, ... of ``kernel`` in a cubin, read with cuobjdump."""
+    tool = _cuobjdump()
+    if tool is None:
+        raise RuntimeError("no cuobjdump found (Triton's nvidia backend bin/, PATH, /usr/local/cuda/bin)")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, f"{kernel}.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        out = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True, check=True).stdout
+    found: dict[str, int] = {}
+    in_kernel = False
+    for line in out.splitlines():
+        if line.strip().startswith("Function "):
+            in_kernel = line.strip()[len("Function "):].rstrip(":") == kernel
+        elif in_kernel:
+            for key, value in re.findall(r"([A-Z]+(?:\[\d+\])?):(\d+)", line):
+                found[key] = int(value)
+    if "REG" not in found:
+        raise RuntimeError(f"cuobjdump reported no resource usage for {kernel!r}:\n{out}")
+    return found
+
+
+AMDGCN_KEYS = ("vgpr_count", "agpr_count", "sgpr_count", "vgpr_spill_count", "sgpr_spill_count",
+               "private_segment_fixed_size", "group_segment_fixed_size")
+
+
+def amdgcn_resources(asm: str) -> dict[str, int]:
+    """The register, spill, scratch and LDS figures of the code object metadata in AMDGCN assembly."""
+    found: dict[str, int] = {}
+    for key in AMDGCN_KEYS:
+        match = re.search(rf"^\s*-?\s*\.{key}:\s+(\d+)\s*$", asm, re.MULTILINE)
+        if match:
+            found[key] = int(match.group(1))
+    if "vgpr_count" not in found:
+        raise RuntimeError("no .vgpr_count in the AMDGCN code object metadata")
+    return found
+
+
+def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile one variant for its target and read its resource use. Runs in a worker process."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from portable_softmax import compat, kernels
+
+    started = time.perf_counter()
+    backend, arch, warp_size = spec["target"]
+    fn = getattr(kernels, spec["kernel"])
+    args = iter(spec["args"])
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    divisible: list[str] = []
+    equal_to_1: list[str] = []
+    for param in fn.params:
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = spec["constexprs"][param.name]
+            continue
+        kind, flag = next(args)
+        signature[param.name] = kind
+        if kind == "constexpr":  # an integer equal to 1, specialised away like a constexpr
+            constexprs[param.name] = flag
+            equal_to_1.append(param.name)
+        elif flag:
+            divisible.append(param.name)
+    source = compat.ast_source(fn, signature, constexprs, divisible)
+    compiled = triton.compile(source, target=GPUTarget(backend, arch, warp_size), options=dict(spec["options"]))
+    compile_s = time.perf_counter() - started
+    name = compiled.metadata.name
+    result: dict[str, Any] = {"compile_s": round(compile_s, 2), "shared": int(compiled.metadata.shared),
+                              "signature": {k: v for k, v in signature.items() if v != "constexpr"},
+                              "specialised": {"divisible_by_16": divisible, "equal_to_1": equal_to_1}}
+    if backend == "cuda":
+        usage = cubin_resources(compiled.asm["cubin"], name)
+        # As the driver reports them: n_regs, and n_spills = local bytes / 4.
+        result.update(registers=usage["REG"], spills=usage.get("LOCAL", 0) // 4, static_shared=usage.get("SHARED", 0),
+                      detail={k.lower(): v for k, v in usage.items() if k in ("REG", "STACK", "SHARED", "LOCAL")})
+    else:
+        usage = amdgcn_resources(compiled.asm["amdgcn"])
+        # HIP_FUNC_ATTRIBUTE_NUM_REGS is .vgpr_count; n_spills is the private segment / 4.
+        result.update(registers=usage["vgpr_count"], spills=usage.get("private_segment_fixed_size", 0) // 4,
+                      static_shared=usage.get("group_segment_fixed_size", 0), detail=usage)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Worker processes with a per-compile timeout
+# --------------------------------------------------------------------------------------------
+
+
+def _worker_main(conn: Any) -> None:
+    if hasattr(os, "setsid"):
+        os.setsid()  # its own process group, so a timeout also ends ptxas / ld.lld children
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+    try:
+        import triton  # noqa: F401
+
+        from portable_softmax import kernels  # noqa: F401
+    except BaseException:
+        conn.send(("broken", None, traceback.format_exc(limit=3)))
+        return
+    conn.send(("ready", None, None))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        index, spec = message
+        # MLIR and LLVM print diagnostics (whole IR dumps) straight to fd 2: keep them out of the
+        # report, and quote their error lines when the compile fails.
+        with tempfile.TemporaryFile(mode="w+b") as log:
+            saved = os.dup(2)
+            os.dup2(log.fileno(), 2)
+            try:
+                result: Any = ("done", index, compile_variant(spec))
+            except BaseException as error:  # a compile error is a result, not a worker failure
+                result = ("error", index, error)
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+            if result[0] == "error":
+                log.seek(0)
+                diagnostics = [line.strip() for line in log.read().decode(errors="replace").splitlines()
+                               if " error: " in line or line.startswith("error: ")]
+                text = str(result[2]).strip()
+                text = text if len(text) < 2000 else text[:600] + "\n...\n" + text[-1200:]
+                result = ("error", index, "\n".join([f"{type(result[2]).__name__}: {text}", *diagnostics[:4]]))
+        conn.send(result)
+
+
+class _Worker:
+    def __init__(self, context: Any) -> None:
+        parent, child = context.Pipe()
+        self.process = context.Process(target=_worker_main, args=(child,), daemon=True)
+        saved = os.environ.pop("TRITON_INTERPRET", None)  # read when a kernel is decorated
+        try:
+            self.process.start()
+        finally:
+            if saved is not None:
+                os.environ["TRITON_INTERPRET"] = saved
+        child.close()
+        self.conn = parent
+        self.ready = False
+        self.task: Optional[int] = None
+        self.deadline = time.monotonic()
+
+    def kill(self) -> None:
+        pid = self.process.pid
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the worker's own group (it called setsid)
+        except (AttributeError, OSError):
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(10)
+        if self.process.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+def compile_all(specs: Sequence[dict[str, Any]], *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
+                progress: Optional[Callable[[int, dict[str, Any]], None]] = None) -> list[dict[str, Any]]:
+    """Compile ``specs`` in ``jobs`` spawned workers; each result is ``{"status": "ok"|"error"|
+    "timeout", ...}``. A compile running past ``timeout`` seconds has its worker killed."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context("spawn")
+    results: list[Optional[dict[str, Any]]] = [None] * len(specs)
+    pending = deque(range(len(specs)))
+    workers: list[_Worker] = []
+    startup_limit = max(timeout, 120.0)
+
+    def finish(index: int, result: dict[str, Any]) -> None:
+        results[index] = result
+        if progress is not None:
+            progress(index, result)
+
+    try:
+        while pending or any(w.task is not None for w in workers):
+            while len(workers) < min(jobs, len(pending) + sum(w.task is not None for w in workers)):
+                worker = _Worker(context)
+                worker.deadline = time.monotonic() + startup_limit
+                workers.append(worker)
+            for worker in workers:
+                if worker.ready and worker.task is None and pending:
+                    worker.task = pending.popleft()
+                    worker.deadline = time.monotonic() + timeout
+                    worker.conn.send((worker.task, specs[worker.task]))
+            nearest = min(w.deadline for w in workers) - time.monotonic()
+            ready = wait([w.conn for w in workers], timeout=None if nearest == float("inf") else max(0.0, nearest))
+            for worker in list(workers):
+                if worker.conn in ready:
+                    try:
+                        kind, index, payload = worker.conn.recv()
+                    except (EOFError, OSError):
+                        code = worker.process.exitcode
+                        worker.process.join(5)
+                        died = f"compiler process died (exit code {worker.process.exitcode or code})"
+                        if worker.task is not None:
+                            finish(worker.task, {"status": "error", "error": died})
+                        elif not worker.ready and pending:  # died starting: charge a task, so the run ends
+                            finish(pending.popleft(), {"status": "error", "error": f"{died} while starting"})
+                        workers.remove(worker)
+                        worker.conn.close()
+                        continue
+                    if kind == "ready":
+                        worker.ready = True
+                        worker.deadline = float("inf")
+                    elif kind == "broken":
+                        workers.remove(worker)
+                        worker.stop()
+                        while pending:
+                            finish(pending.popleft(), {"status": "error",
+                                                       "error": f"compiler process could not start:\n{payload}"})
+                    else:
+                        status = "ok" if kind == "done" else "error"
+                        finish(index, {"status": status, **payload} if status == "ok" else
+                               {"status": status, "error": payload})
+                        worker.task = None
+                        worker.deadline = float("inf")
+                elif time.monotonic() >= worker.deadline:
+                    if worker.task is not None:
+                        finish(worker.task, {"status": "timeout", "error": f"compile ran past {timeout:g} s"})
+                    elif pending:  # never became ready
+                        finish(pending.popleft(), {"status": "error",
+                                                   "error": f"compiler process did not start in {startup_limit:g} s"})
+                    workers.remove(worker)
+                    worker.kill()
+    finally:
+        for worker in workers:
+            if worker.task is None:
+                worker.stop()
+            else:
+                worker.kill()
+    return [r if r is not None else {"status": "error", "error": "not compiled"} for r in results]
+
+
+# --------------------------------------------------------------------------------------------
+# The whole run
+# --------------------------------------------------------------------------------------------
+
+
+def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: Iterable[bool]) -> list[Case]:
+    return [Case(rows, cols, dtype, backward, log) for (rows, cols) in shapes for dtype in dtypes
+            for log in logs for backward in (False, True)]
+
+
+def _cost(spec: dict[str, Any]) -> int:
+    c = spec["constexprs"]
+    return c["BLOCK_M"] * c["BLOCK_N"] * (2 if "backward" in spec["kernel"] else 1)
+
+
+def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
+        progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+    """Plan, compile and check every variant; the report as plain data (``report["ok"]``)."""
+    started = time.perf_counter()
+    specs: list[dict[str, Any]] = []
+    index_of: dict[str, int] = {}
+    per_target = []
+    for target in targets:
+        record, profile, note = target_record(target)
+        uses = []
+        for case in cases:
+            for role, config in case_configs(record, case):
+                spec = variant_spec(target, config, case)
+                key = _spec_key(spec)
+                if key not in index_of:
+                    index_of[key] = len(specs)
+                    specs.append(spec)
+                uses.append((case, role, config, index_of[key]))
+        per_target.append((target, record, profile, note, uses))
+
+    order = sorted(range(len(specs)), key=lambda i: -_cost(specs[i]))  # the long compiles first
+    done = [0]
+
+    def report_progress(position: int, result: dict[str, Any]) -> None:
+        done[0] += 1
+        if progress is not None:
+            spec = specs[order[position]]
+            c = spec["constexprs"]
+            progress(f"[{done[0]}/{len(specs)}] {spec['target'][0]}:{spec['target'][1]} {spec['kernel']} "
+                     f"M={c['BLOCK_M']} N={c['BLOCK_N']} warps={spec['options']['num_warps']}: {result['status']}"
+                     f" {result.get('compile_s', '')}")
+
+    ordered = compile_all([specs[i] for i in order], jobs=jobs, timeout=timeout, progress=report_progress)
+    compiled = [None] * len(specs)
+    for position, index in enumerate(order):
+        compiled[index] = ordered[position]
+
+    report_targets = [_target_report(target, record, profile, note, uses, specs, compiled)
+                      for target, record, profile, note, uses in per_target]
+    return {
+        "ok": all(t["ok"] for t in report_targets),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        "compiles": len(specs),
+        "timeout_s": timeout,
+        "targets": report_targets,
+    }
+
+
+def _target_report(target: Target, record: DeviceRecord, profile: str, note: Optional[str], uses: list,
+                   specs: list, compiled: list) -> dict[str, Any]:
+    backend = get_backend(record.backend)
+    tuning = tuning_for(record)
+    limit = record.shared_memory_per_unit
+    variants: dict[int, dict[str, Any]] = {}
+    for case, role, config, index in uses:
+        if index in variants:
+            continue
+        spec, result = specs[index], compiled[index]
+        entry: dict[str, Any] = {
+            "id": len(variants) + 1, "target": target.name, "kernel": spec["kernel"],
+            "constexprs": spec["constexprs"], "num_warps": config.num_warps, "num_stages": config.num_stages,
+            "pointer": spec["args"][0][0], "status": result["status"], "problems": [],
+        }
+        if result["status"] == "ok":
+            resources = KernelResources(registers=result["registers"], shared_memory=result["shared"],
+                                        num_warps=config.num_warps, spills=result["spills"])
+            occupancy = backend.occupancy(record, resources)
+            # Triton's launcher grants dynamic shared memory up to the per-block limit less the static part.
+            shared_total = result["shared"] + result["static_shared"]
+            entry.update({k: result[k] for k in ("registers", "spills", "shared", "static_shared", "compile_s",
+                                                 "signature", "specialised", "detail")})
+            entry.update(shared_limit=limit, shared_ok=limit is None or shared_total <= limit, occupancy=occupancy)
+            entry["resources"] = resources
+            if not entry["shared_ok"]:
+                entry["problems"].append(f"shared memory {result['shared']} + static {result['static_shared']} "
+                                         f"bytes exceeds the {limit}-byte limit of {target.name}")
+            if occupancy < 1:
+                entry["problems"].append("occupancy 0: one program does not fit a unit")
+        else:
+            entry["error"] = result.get("error", "")
+            entry["problems"].append(f"{result['status']}: {entry['error'].splitlines()[0] if entry['error'] else ''}")
+        variants[index] = entry
+
+    # The compiled resources of each configuration a case may use, as launch.py's resources() gives them.
+    by_case: dict[Case, dict[KernelConfig, KernelResources]] = {}
+    for case, role, config, index in uses:
+        if "resources" in variants[index]:
+            by_case.setdefault(case, {})[config] = variants[index]["resources"]
+
+    plans = []
+    for case, role, config, index in uses:
+        variant = variants[index]
+        row = {"case": case.label(), "rows": case.rows, "cols": case.cols, "dtype": case.dtype,
+               "direction": case.direction, "log": case.log, "role": role, "variant": variant["id"],
+               "regime": config.regime, "problems": []}
+        compiled_for_case = by_case.get(case, {})
+        if config in compiled_for_case:
+            plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
+                               rows_per_group=case.rows, allow_split=role == "primary",
+                               resources=lambda c, found=compiled_for_case: found[c])
+            if plan.config != config:
+                # The split grid does not fit resident: launches take the fallback (its own row).
+                row["note"] = f"not used: {plan.reason}"
+            else:
+                resident = record.compute_units * plan.occupancy
+                # Split programs wait on each other: the whole grid must be resident at once. Tile
+                # and loop programs never wait, so the planner may queue up to tile_waves waves.
+                waves = 1 if config.regime == "split" else tuning.tile_waves
+                row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
+                           compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),
+                           allowed_waves=waves, reason=plan.reason)
+                if plan.programs > resident * waves:
+                    row["problems"].append(f"{plan.programs} programs exceed {waves} wave(s) of "
+                                           f"{record.compute_units} units x occupancy {plan.occupancy}")
+        else:
+            row["problems"].append(f"variant {variant['id']} did not compile")
+        plans.append(row)
+
+    variant_list = sorted(variants.values(), key=lambda v: v["id"])
+    for v in variant_list:
+        v.pop("resources", None)
+    ok = not any(v["problems"] for v in variant_list) and not any(p["problems"] for p in plans)
+    return {"target": target.name, "warp_size": target.warp_size, "profile": profile, "synthetic": note,
+            "record": record.to_dict(), "ok": ok, "variants": variant_list, "plans": plans}
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        rows, cols = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 4096x50257, got {text!r}") from None
+    if rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r} must be positive")
+    return rows, cols
+
+
+def _target(text: str) -> Target:
+    try:
+        return parse_target(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", type=_target, action="append",
+                        help=f"{_TARGET_FORMS}, optionally =PROFILE to pick the recorded chip; repeat for "
+                             f"several (default: {' '.join(DEFAULT_TARGETS)})")
+    parser.add_argument("--shape", type=_shape, action="append",
+                        help="rows x columns; repeat for several (default: "
+                             f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_SHAPES)})")
+    parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
+                        help=f"repeat for several (default: {' '.join(DEFAULT_DTYPES)})")
+    parser.add_argument("--log", action="store_true", help="also compile the log_softmax (LOG=True) variants")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds allowed per compile")
+    parser.add_argument("--jobs", type=int, default=max(1, min(os.cpu_count() or 1, 8)),
+                        help="compiles at once (default: CPU count, at most 8)")
+    parser.add_argument("--json", action="store_true")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``portable-softmax compile``: 0 when every variant compiled and fits its target, else 1."""
+    targets = args.target or [parse_target(t) for t in DEFAULT_TARGETS]
+    logs = (False, True) if args.log else (False,)
+    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs)
+    show = getattr(args, "verbose", False) or sys.stderr.isatty()
+    report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
+                 progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = []
+    for t in report["targets"]:
+        r = t["record"]
+        lines.append(f"== {t['target']} (warp {t['warp_size']}): {r['name']}")
+        lines.append(f"   profile {t['profile']}; {r['compute_units']} units, {r['registers_per_unit']} "
+                     f"registers/unit, shared limit {r['shared_memory_per_unit']} B/program")
+        if t["synthetic"]:
+            lines.append(f"   NOTE: {t['synthetic']}")
+        lines.append(f"   {'#':>2} {'kernel':<24} {'BLOCK_M':>7} {'BLOCK_N':>7} {'CHUNKS':>6} {'warps':>5} {'ptr':>5} "
+                     f"{'regs':>4} {'spill':>5} {'shared':>6} {'static':>6} {'occ':>3} {'compile':>8}  status")
+        for v in t["variants"]:
+            c = v["constexprs"]
+            head = (f"   {v['id']:>2} {v['kernel']:<24} {c['BLOCK_M']:>7} {c['BLOCK_N']:>7} {c.get('CHUNKS', '-'):>6} "
+                    f"{v['num_warps']:>5} {v['pointer']:>5} ")
+            if v["status"] == "ok":
+                notes = [f"spills {v['spills'] * 4} B to memory"] if v["spills"] else []
+                if v["detail"].get("agpr_count"):
+                    notes.append(f"{v['detail']['agpr_count']} AGPRs")
+                if v["detail"].get("sgpr_spill_count"):
+                    notes.append(f"{v['detail']['sgpr_spill_count']} SGPRs spilled to VGPR lanes")
+                status = "ok" + (f" ({', '.join(notes)})" if notes else "")
+                status = "; ".join(v["problems"]) if v["problems"] else status
+                lines.append(head + f"{v['registers']:>4} {v['spills']:>5} {v['shared']:>6} {v['static_shared']:>6} "
+                                    f"{v['occupancy']:>3} {v['compile_s']:>7.1f}s  {status}")
+            else:
+                why = " | ".join(line.strip() for line in v.get("error", "").splitlines()[:2])
+                lines.append(head + f"{'':>37}  {v['status'].upper()}: {why}")
+        lines.append(f"   {'problem':<44} {'role':<8} {'#':>2} {'regime':<6} {'occ':>3} {'programs':>8} "
+                     f"{'units x occ':>11} {'waves':>5}")
+        for p in t["plans"]:
+            if "programs" in p:
+                tail = f"{p['occupancy']:>3} {p['programs']:>8} {p['resident_limit']:>11} {p['waves']:>5}"
+            elif p.get("note"):
+                tail = f"{'':>3} {'':>8} {'':>11} {'':>5}  ({p['note']})"
+            else:
+                tail = "  not planned"
+            if p["problems"]:
+                tail += "  " + "; ".join(p["problems"])
+            lines.append(f"   {p['case']:<44} {p['role']:<8} {p['variant']:>2} {p['regime']:<6} {tail}")
+        lines.append(f"   {t['target']}: {'OK' if t['ok'] else 'PROBLEMS'}")
+        lines.append("")
+    failed = [t["target"] for t in report["targets"] if not t["ok"]]
+    verdict = f"problems on {', '.join(failed)}" if failed else "all variants compiled and fit their targets"
+    lines.append(f"{report['compiles']} compiles in {report['elapsed_s']} s: {verdict}")
+    return "\n".join(lines)

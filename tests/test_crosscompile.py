@@ -1,0 +1,107 @@
+"""Cross-compiling the kernel variants the plans use, for one NVIDIA and one AMD target, on a
+machine without either GPU (``portable_softmax.crosscompile``, ``portable-softmax compile``).
+
+Needs Triton with its nvidia and amd backends (upstream wheels carry both); no device.
+"""
+from __future__ import annotations
+
+import pytest
+
+from portable_softmax import cli, crosscompile
+from portable_softmax.record import DeviceRecord
+from portable_softmax.tuning import tuning_for
+
+# A short tile row (rows packed into 16-row tiles) and a long row with few rows, which the plan
+# splits across co-resident programs (its no-split fallback is the streaming loop).
+SMALL_TILE = (1024, 256)
+SPLIT_ROW = (64, 65536)
+TARGETS = ("cuda:90", "hip:gfx942")
+TRITON_BACKEND = {"cuda": "nvidia", "hip": "amd"}
+
+
+def _installed(target: str) -> bool:
+    import triton.backends
+
+    return TRITON_BACKEND[target.split(":")[0]] in triton.backends.backends
+
+
+@pytest.fixture(scope="module")
+def report():
+    missing = [t for t in TARGETS if not _installed(t)]
+    if missing:
+        pytest.skip(f"this Triton has no compiler backend for {missing}")
+    cases = crosscompile.cases_for([SMALL_TILE, SPLIT_ROW], ["bfloat16"], [False])
+    result = crosscompile.run([crosscompile.parse_target(t) for t in TARGETS], cases, jobs=2, timeout=300)
+    return {t["target"]: t for t in result["targets"]}, result
+
+
+@pytest.fixture(params=TARGETS)
+def target(request, report):
+    return report[0][request.param]
+
+
+def test_every_variant_compiles(report, target):
+    failed = [(v["kernel"], v["constexprs"], v["status"], v.get("error", "")) for v in target["variants"]
+              if v["status"] != "ok"]
+    assert not failed, f"{target['target']}: variants that did not compile: {failed}"
+    kernels = {v["kernel"] for v in target["variants"]}
+    expected = {f"softmax_{d}_{r}" for d in ("forward", "backward") for r in ("tile", "split", "loop")}
+    assert kernels == expected, (f"{target['target']}: the small set should exercise every kernel "
+                                 f"(tile, split and its loop fallback, both directions); got {sorted(kernels)}")
+    assert report[1]["ok"], crosscompile.format_report(report[1])
+
+
+def test_registers_read_without_a_driver(target):
+    for v in target["variants"]:
+        assert v["registers"] > 0, f"{target['target']} {v['kernel']}: no register count read"
+        ceiling = 255 if target["target"].startswith("cuda") else 512
+        assert v["registers"] <= ceiling, f"{target['target']} {v['kernel']}: {v['registers']} registers?"
+
+
+def test_no_spills_at_a_small_tile(target):
+    rows, cols = SMALL_TILE
+    used = {p["variant"] for p in target["plans"] if (p["rows"], p["cols"]) == SMALL_TILE}
+    variants = [v for v in target["variants"] if v["id"] in used]
+    assert variants and all(v["kernel"].endswith("_tile") for v in variants)
+    for v in variants:
+        assert v["spills"] == 0, f"{target['target']} {v['kernel']} {v['constexprs']}: {v['spills']} spilled words"
+        assert v["detail"].get("vgpr_spill_count", 0) == 0
+        assert v["detail"].get("local", 0) == 0
+
+
+def test_shared_memory_within_the_target_limit(target):
+    limit = target["record"]["shared_memory_per_unit"]
+    assert limit and limit > 0
+    for v in target["variants"]:
+        assert v["shared_ok"] and v["shared"] + v["static_shared"] <= limit, (
+            f"{target['target']} {v['kernel']}: {v['shared']} + {v['static_shared']} bytes > {limit}")
+
+
+def test_programs_fit_units_times_occupancy(target):
+    units = target["record"]["compute_units"]
+    tile_waves = tuning_for(DeviceRecord(**target["record"])).tile_waves
+    planned = [p for p in target["plans"] if "programs" in p]
+    assert {p["regime"] for p in planned} >= {"tile", "split"}
+    for p in planned:
+        assert p["occupancy"] >= 1, f"{target['target']} {p['case']}: occupancy 0"
+        assert p["compute_units"] == units and p["resident_limit"] == units * p["occupancy"]
+        # Split programs wait on each other: all must be resident at once, with the compiled
+        # kernel's occupancy. Tile and loop grids may queue up to tile_waves waves.
+        waves = 1 if p["regime"] == "split" else tile_waves
+        assert 1 <= p["programs"] <= units * p["occupancy"] * waves, (
+            f"{target['target']} {p['case']} ({p['regime']}): {p['programs']} programs > {waves} x {units} units "
+            f"x occupancy {p['occupancy']}")
+        if p["regime"] == "split":
+            chunks = next(v for v in target["variants"] if v["id"] == p["variant"])["constexprs"]["CHUNKS"]
+            assert p["programs"] % chunks == 0
+
+
+@pytest.mark.parametrize("text", ["npu:Ascend910B", "rocm:gfx942", "gfx942", "cuda:gfx942", "hip:sm_90", "cuda:"])
+def test_unknown_target_is_a_clear_error(text, capsys):
+    with pytest.raises(ValueError, match=r"unknown target .*(cuda:|hip:)"):
+        crosscompile.parse_target(text)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compile", "--target", text])
+    assert exit_info.value.code == 2
+    assert f"unknown target {text!r}" in capsys.readouterr().err
+
