@@ -5,6 +5,7 @@
     portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
     portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...]
     portable-softmax compile --target cuda:90 --target hip:gfx942 [--json]
+    portable-softmax [--device DEV] validate [--out DIR] [--no-bench]
 """
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from portable_softmax import selfcheck
 
     return 0 if selfcheck.run(args.device) else 1
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from portable_softmax import validate
+
+    passed = validate.run(args.device, Path(args.out), benchmark=not args.no_bench)
+    print(Path(args.out, "report.md").read_text())
+    return 0 if passed else 1
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -89,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--backward", action="store_true")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
+
+    validate = commands.add_parser("validate", help="conformance + short benchmark report for a vendor (JSON, Markdown, PNG)")
+    validate.add_argument("--out", default="validate-report", help="report folder")
+    validate.add_argument("--no-bench", action="store_true", help="skip the benchmark")
+    validate.set_defaults(func=_cmd_validate)
 
     bench = commands.add_parser("bench", help="bandwidth vs x.clone() for us and the peers (GPU)")
     bench.add_argument("--M", type=int, help="rows (with --N: one shape instead of the sweep)")

@@ -1,0 +1,93 @@
+"""``portable-softmax validate``: the report a vendor attaches when bringing up a chip or a Triton
+backend. On whatever device is present it records the device, the launch plan per shape, the
+conformance cases (pass/fail with error figures against torch in float64) and, on a GPU, a short
+benchmark against the copy limit. Writes ``report.json``, ``report.md`` and, with a benchmark,
+``bandwidth.png`` into the output folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+import portable_softmax
+from portable_softmax import bench, selfcheck
+from portable_softmax.device import as_device, device_record
+from portable_softmax.planner import plan_launch
+
+CONFORMANCE = [((1823, 781), torch.float32), ((1823, 781), torch.bfloat16), ((64, 4096), torch.float16),
+               ((7, 50257), torch.bfloat16), ((3, 131072), torch.float32), ((5, 1), torch.float32), ((1, 1), torch.float16)]
+BENCH_SHAPES = [(32768, 1024), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256)]
+
+
+def _special_values(device: torch.device) -> dict[str, Any]:
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[1.0, inf, 2.0], [-inf, -inf, -inf], [nan, 1.0, 2.0], [1e4, 1e4 - 1, -1e4]], device=device)
+    ours, theirs = portable_softmax.softmax(x, -1).cpu(), torch.softmax(x, -1).cpu()
+    same = torch.equal(ours.isnan(), theirs.isnan()) and torch.allclose(ours.nan_to_num(), theirs.nan_to_num(), atol=1e-6)
+    return {"case": "special values (+inf, all -inf, NaN, 1e4)", "passed": bool(same)}
+
+
+def _dims(device: torch.device) -> list[dict[str, Any]]:
+    x = torch.randn(6, 35, 9, device=device)
+    results = []
+    for dim in (0, 1, 2):
+        error = selfcheck.relative_error(portable_softmax.softmax(x, dim), torch.softmax(x.double(), dim))
+        results.append({"case": f"dim={dim} of 6x35x9", "error": error, "passed": error < 1e-6})
+    xt = torch.randn(300, 200, device=device).t()
+    error = selfcheck.relative_error(portable_softmax.softmax(xt, -1), torch.softmax(xt.double(), -1))
+    results.append({"case": "transposed 200x300", "error": error, "passed": error < 1e-6})
+    return results
+
+
+def run(device: Optional[str], out: Path, benchmark: bool = True) -> bool:
+    """Write the report; True if every conformance case passed."""
+    device = as_device(device)
+    record = device_record(device)
+    import triton
+
+    cases = [dataclasses.asdict(r) for shape, dtype in CONFORMANCE for log in (False, True)
+             for r in selfcheck.check_case(shape, dtype, device, log)]
+    extra = [_special_values(device), *_dims(device)]
+    plans = {f"{m}x{n} {'bwd' if backward else 'fwd'}": plan_launch(record, m, n, "float32", backward=backward).to_dict()
+             for m, n in bench.SHAPES for backward in (False, True)}
+    report: dict[str, Any] = {
+        "portable_softmax": portable_softmax.__version__, "torch": torch.__version__, "triton": triton.__version__,
+        "device": record.to_dict(), "plans": plans, "conformance": cases, "checks": extra,
+        "passed": all(c["passed"] for c in cases) and all(c["passed"] for c in extra),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    if benchmark and device.type != "cpu":
+        results = bench.run(BENCH_SHAPES, [torch.bfloat16, torch.float32], {"torch"}, True, 25, 100, str(device),
+                            progress=False)
+        report["benchmark"] = results
+        bench.plot(results, out / "bandwidth.png")
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "report.md").write_text(_markdown(report))
+    return report["passed"]
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    device = report["device"]
+    lines = [f"# portable_softmax validation: {device['name']} ({device['backend']}, {device['arch']})", "",
+             f"portable_softmax {report['portable_softmax']}, torch {report['torch']}, triton {report['triton']}. "
+             f"Overall: **{'PASS' if report['passed'] else 'FAIL'}**", "", "## Device record", "",
+             "| field | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in device.items()], "",
+             "## Conformance (relative error vs torch float64; torch's own beside it)", "",
+             "| shape | dtype | function | pass | ours | torch | ok |", "|---|---|---|---|---|---|---|"]
+    for c in report["conformance"]:
+        lines.append(f"| {'x'.join(map(str, c['shape']))} | {c['dtype']} | {c['function']} | {c['direction']} | "
+                     f"{c['error']:.2e} | {c['torch_error']:.2e} | {'yes' if c['passed'] else 'NO'} |")
+    lines += ["", "| check | ok |", "|---|---|", *[f"| {c['case']} | {'yes' if c['passed'] else 'NO'} |"
+                                                 for c in report["checks"]], "", "## Launch plans", "",
+              "| problem | regime | programs | block | warps | reason |", "|---|---|---|---|---|---|"]
+    for name, p in report["plans"].items():
+        lines.append(f"| {name} | {p['regime']} | {p['programs']} | {p['block_m']}x{p['block_n']}"
+                     f"{' x' + str(p['chunks']) if p['chunks'] > 1 else ''} | {p['num_warps']} | {p['reason']} |")
+    if "benchmark" in report:
+        lines += ["", "## Bandwidth (fraction of x.clone())", "", "```", bench.table(report["benchmark"]), "```",
+                  "", "![bandwidth](bandwidth.png)"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,24 @@
+"""The vendor report: written, complete, and failing when a case fails."""
+import json
+
+import torch
+
+from portable_softmax import selfcheck, validate
+from portable_softmax.cli import main
+
+
+def test_validate_writes_a_complete_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "CONFORMANCE", [((33, 257), torch.float32), ((4, 1), torch.bfloat16)])
+    assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["passed"] and report["device"]["backend"] == "interpreter"
+    assert len(report["conformance"]) == 2 * 2 * 2  # cases x (softmax, log_softmax) x (forward, backward)
+    assert "## Conformance" in (tmp_path / "report.md").read_text()
+
+
+def test_validate_reports_a_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "CONFORMANCE", [((8, 33), torch.float32)])
+    monkeypatch.setattr(selfcheck, "ERROR_FLOOR", {**selfcheck.ERROR_FLOOR, torch.float32: -1.0})
+    monkeypatch.setattr(selfcheck, "ERROR_FACTOR", -1.0)
+    assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 1
+    assert "NO" in (tmp_path / "report.md").read_text()
