@@ -1,0 +1,165 @@
+"""Lower the Ascend kernels through triton-ascend to its Linalg stage, without CANN or an NPU.
+
+Run it with the Python of a venv that has triton-ascend (``bash ci/ascend_lowering.sh`` makes one):
+triton-ascend installs as the ``triton`` module, so it cannot share an environment with upstream
+Triton. For every kernel the Ascend launch plans use (``*_tile`` and ``*_loop``: the planner never
+picks ``split`` on Ascend, which cannot promise residency), for softmax and log-softmax, fp32, bf16
+and fp16, and the block shapes the npu tuning table yields, it builds the same ASTSource a launch
+would and runs triton-ascend's own stages (``AscendBackend.add_stages`` for
+``GPUTarget('npu', 'Ascend910B3', 0)``) in order, stopping before the first stage that needs CANN
+(``npubin``: bishengir-compile turns the Linalg/HIVM module into an NPU binary).
+
+Proven this way: the kernel source is accepted by triton-ascend's frontend (``ttir``), and its
+``triton-adapter-opt`` lowers it to Linalg/HIVM (``ttadapter``). Not proven: that bishengir compiles
+that module within the unified buffer, and that it runs correctly and fast: that takes a 910B.
+
+    python ci/ascend_lowering.py [--out DIR] [--arch Ascend910B3]
+
+Exits non-zero if any lowering fails; ``--out`` keeps every ``.ttir`` / ``.ttadapter.mlir``.
+"""
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource, make_backend
+from triton._C.libtriton import ir
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS_PY = ROOT / "portable_softmax" / "kernels.py"
+# The stage that needs CANN (bishengir-compile); everything before it is run.
+CANN_STAGES = ("npubin",)
+DTYPES = ("fp32", "bf16", "fp16")
+# (BLOCK_M, BLOCK_N) the npu tuning table gives (tile_elements = row_elements = loop_chunk = 8192):
+# tile: BLOCK_M = 8192 // BLOCK_N rows of one power-of-two width; backward tiles hold two inputs,
+# so their rows stop at 4096; longer rows stream through the loop kernels in 8192-element chunks.
+PLANS = {
+    "softmax_forward_tile": [(8, 1024), (4, 2048), (2, 4096), (1, 8192)],
+    "softmax_forward_loop": [(1, 8192)],
+    "softmax_backward_tile": [(8, 1024), (4, 2048), (2, 4096)],
+    "softmax_backward_loop": [(1, 8192)],
+}
+
+
+def load_kernels():
+    """kernels.py alone: the package's __init__ imports torch, which this venv need not have."""
+    spec = importlib.util.spec_from_file_location("portable_softmax_kernels", KERNELS_PY)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def source_for(fn, dtype, constexprs):
+    """The ASTSource a launch builds (Triton 3.2 API): the signature names every parameter, the
+    constexprs as "constexpr"; pointers 16-byte aligned, as torch allocates them."""
+    signature, hints = {}, {}
+    for i, param in enumerate(fn.params):
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+        elif param.name.endswith("_ptr"):
+            signature[param.name] = "*" + dtype
+            hints[i] = 16
+        else:
+            signature[param.name] = "i32"
+    constants = {name: constexprs[name] for name, ty in signature.items() if ty == "constexpr"}
+    from triton.backends.compiler import AttrsDescriptor
+
+    return ASTSource(fn, signature, constants=constants, attrs=AttrsDescriptor.from_hints(hints))
+
+
+def lower(backend, fn, dtype, constexprs, options, out_dir):
+    """Run the backend's stages up to (not including) the first CANN stage, as triton.compile does."""
+    src = source_for(fn, dtype, constexprs)
+    opts = backend.parse_options(dict(options))
+    stages = {}
+    backend.add_stages(stages, opts)
+    metadata = {"hash": src.hash(), "target": backend.target, **opts.__dict__}
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(opts, backend.get_codegen_implementation(), backend.get_module_map(), context)
+    reached, sizes = [], {}
+    for ext, compile_ir in stages.items():
+        if ext in CANN_STAGES:
+            break
+        try:
+            module = compile_ir(module, metadata)
+        except subprocess.CalledProcessError as e:  # triton-adapter-opt: report its stderr
+            err = (e.stderr or b"").decode(errors="replace").strip()
+            raise RuntimeError(f"stage {ext}: {Path(e.cmd[0]).name} exited {e.returncode}: {err[-2000:]}") from None
+        except Exception as e:
+            raise RuntimeError(f"stage {ext}: {type(e).__name__}: {e}") from None
+        text = str(module)
+        reached.append(ext)
+        sizes[ext] = len(text.encode())
+        if out_dir:
+            shape = "_".join(f"{k}{v}" for k, v in constexprs.items())
+            name = f"{fn.__name__}.{dtype}.{shape}.{ext}" + (".mlir" if ext == "ttadapter" else "")
+            (out_dir / name).write_text(text)
+    return reached, sizes, module, list(stages)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="Ascend910B3")
+    parser.add_argument("--out", type=Path, help="keep every stage's IR here")
+    args = parser.parse_args(argv)
+    out_dir = args.out
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    kernels = load_kernels()
+    target = GPUTarget("npu", args.arch, 0)
+    backend = make_backend(target)
+    # max_warps = 1 on npu (tuning table); num_warps does not reach the Linalg stage anyway.
+    options = {"num_warps": 1, "num_stages": 1}
+    print(f"triton {triton.__version__} ({Path(triton.__file__).parent}), backend {type(backend).__name__}, "
+          f"target {target}")
+
+    rows, failures = [], 0
+    started = time.perf_counter()
+    all_stages = None
+    for name, shapes in PLANS.items():
+        fn = getattr(kernels, name)
+        for block_m, block_n in shapes:
+            for log in (False, True):
+                for dtype in DTYPES:
+                    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False}
+                    t0 = time.perf_counter()
+                    try:
+                        reached, sizes, linalg, all_stages = lower(backend, fn, dtype, constexprs, options, out_dir)
+                        ok = "ttadapter" in reached
+                        status = "ok" if ok else f"FAIL: stopped after {reached}"
+                        mix = ""
+                        if ok:  # aiv: vector cores only (no cube/matmul part), as a softmax should be
+                            found = re.search(r'mix_mode\s*=\s*"([^"]+)"', linalg)
+                            mix = found.group(1) if found else "?"
+                    except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
+                        ok, reached, sizes, mix, status = False, [], {}, "", f"FAIL: {e}"
+                    failures += not ok
+                    rows.append((name, dtype, f"M={block_m} N={block_n} LOG={int(log)}",
+                                 "->".join(reached) or "-", sizes.get("ttadapter", 0), mix,
+                                 round((time.perf_counter() - t0) * 1000), status))
+
+    header = ("kernel", "dtype", "constexprs", "stages", "linalg_bytes", "mode", "ms", "status")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths) + "  {}"
+    print(fmt.format(*header))
+    for row in rows:
+        print(fmt.format(*row))
+    skipped = [s for s in (all_stages or []) if s in CANN_STAGES]
+    print(f"\n{len(rows) - failures}/{len(rows)} lowered to ttadapter (Linalg) in "
+          f"{time.perf_counter() - started:.1f}s; not run (needs CANN): {', '.join(skipped) or CANN_STAGES[0]}")
+    if failures:
+        print(f"{failures} lowering(s) FAILED", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
