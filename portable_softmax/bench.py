@@ -37,11 +37,12 @@ def _peers(wanted: set[str]) -> dict[str, Timed]:
         "torch": (lambda x: torch.softmax(x, -1), lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
     }
     if "compile" in wanted:
-        import torch._dynamo
+        # Imported by name: `import torch._dynamo` here would make `torch` local to this function.
+        from torch._dynamo import config as dynamo_config
 
-        torch._dynamo.config.cache_size_limit = 256
-        if hasattr(torch._dynamo.config, "recompile_limit"):
-            torch._dynamo.config.recompile_limit = 256
+        dynamo_config.cache_size_limit = 256
+        if hasattr(dynamo_config, "recompile_limit"):
+            dynamo_config.recompile_limit = 256
         peers["compile"] = (torch.compile(lambda x: torch.softmax(x, -1), dynamic=False),
                             torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False))
     if "liger" in wanted:
