@@ -20,7 +20,7 @@ from portable_softmax.planner import DTYPE_BYTES, plan_launch
 from portable_softmax.profiles import profile_names, profile_record
 
 
-def _shape(text: str) -> tuple[int, int]:
+def parse_shape(text: str) -> tuple[int, int]:
     try:
         rows, cols = (int(part) for part in text.lower().split("x"))
     except ValueError:
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="print the launch plan for a shape on a recorded chip or this device")
     plan.add_argument("--profile", choices=profile_names(), help="a recorded chip (default: the present device)")
-    plan.add_argument("--shape", type=_shape, required=True, help="rows x columns, e.g. 4096x50257")
+    plan.add_argument("--shape", type=parse_shape, required=True, help="rows x columns, e.g. 4096x50257")
     plan.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
     plan.add_argument("--backward", action="store_true")
     plan.add_argument("--json", action="store_true")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
+from portable_softmax.cli import parse_shape as _shape
 from portable_softmax.planner import DTYPE_BYTES, KernelConfig, plan_launch, select_config
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -680,16 +681,6 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
-
-
-def _shape(text: str) -> tuple[int, int]:
-    try:
-        rows, cols = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a shape like 4096x50257, got {text!r}") from None
-    if rows < 1 or cols < 1:
-        raise argparse.ArgumentTypeError(f"shape {text!r} must be positive")
-    return rows, cols
 
 
 def _target(text: str) -> Target:
