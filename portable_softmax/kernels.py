@@ -51,6 +51,19 @@ def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr):
 
 
 @_jit
+def _split_item(item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
+    """The tile and chunk of a split-path work item, with its rows, columns and mask."""
+    # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
+    tile = item // CHUNKS
+    chunk = item - tile * CHUNKS
+    outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+    cols = chunk * BLOCK_N + chunk_cols
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    return tile, chunk, outer, rows, row_mask, cols, mask
+
+
+@_jit
 def _load(ptr, outer, rows, outer_stride, row_stride, cols, col_stride, mask, OTHER: tl.constexpr,
           CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
     """Load a [rows, cols] block; round to ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
@@ -146,12 +159,8 @@ def softmax_forward_split(
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
-        tile = item // CHUNKS
-        chunk = item - tile * CHUNKS
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        cols = chunk * BLOCK_N + chunk_cols
-        mask = row_mask[:, None] & (cols < n_cols)[None, :]
+        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
+            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
                   -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
@@ -271,11 +280,8 @@ def softmax_backward_split(
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile = item // CHUNKS
-        chunk = item - tile * CHUNKS
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        cols = chunk * BLOCK_N + chunk_cols
-        mask = row_mask[:, None] & (cols < n_cols)[None, :]
+        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
+            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
                   y_ptr.dtype.element_ty, False)
         dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
