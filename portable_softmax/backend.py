@@ -54,6 +54,8 @@ class Backend:
 
 _REGISTRY: dict[str, Backend] = {}
 _plugins_loaded = False
+# Bumped on every change to the registry: caches of "which backend serves this device" key on it.
+_generation = 0
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
@@ -62,12 +64,22 @@ def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
         raise TypeError(f"register_backend expects a portable_softmax.Backend, got {type(backend).__name__}")
     if backend.name in _REGISTRY and not replace:
         raise ValueError(f"a backend named {backend.name!r} is already registered; pass replace=True to override it")
+    global _generation
     _REGISTRY[backend.name] = backend
+    _generation += 1
     return backend
 
 
 def unregister_backend(name: str) -> None:
+    global _generation
     _REGISTRY.pop(name, None)
+    _generation += 1
+
+
+def registry_generation() -> int:
+    """A number that changes whenever a backend is registered or removed (plugins loaded first)."""
+    _load_plugins()
+    return _generation
 
 
 def _load_plugins() -> None:

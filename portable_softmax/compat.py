@@ -35,3 +35,8 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
         attrs = AttrsDescriptor.from_hints({names.index(name): 16 for name in divisible_by_16})
     return triton.compiler.ASTSource(fn=fn, signature={k: v for k, v in signature.items() if k not in constexprs},
                                      constants=constants, attrs=attrs)
+
+# A compiled kernel launched as ``compiled[grid](*every_argument)``, constexprs included, the way
+# JITFunction.run launches it: the code read in Triton 3.6 and 3.9. Older versions take the
+# ``kernel[grid]`` path on every call.
+DIRECT_LAUNCH = TRITON_VERSION >= Version("3.6")

@@ -5,11 +5,12 @@ The raw driver dictionaries are read here and nowhere else; records are cached p
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Optional, Union
 
 import torch
 
-from portable_softmax.backend import Backend, forced_backend, registered_backends
+from portable_softmax.backend import BACKEND_ENV, Backend, forced_backend, registered_backends, registry_generation
 from portable_softmax.record import DeviceRecord
 
 DeviceLike = Union[torch.device, str, int, None]
@@ -38,6 +39,8 @@ def _default_device() -> torch.device:
 
 
 def as_device(device: DeviceLike) -> torch.device:
+    if isinstance(device, torch.device) and (device.index is not None or device.type == "cpu"):
+        return device
     if device is None:
         return _default_device()
     if isinstance(device, int):
@@ -89,10 +92,20 @@ def _record(backend_name: str, device_type: str, index: Optional[int]) -> Device
     return backend.normalize(raw, target.arch, name)
 
 
+# Records by (device, forced backend, registry generation): every softmax call asks, so the answer
+# must not cost a driver query.
+_resolved: dict[tuple, DeviceRecord] = {}
+
+
 def _record_or_error(device: torch.device) -> Union[DeviceRecord, Exception]:
     """``device``'s record, or the error finding it, returned rather than raised (see below)."""
+    key = (device.type, device.index, os.environ.get(BACKEND_ENV), registry_generation())
+    found = _resolved.get(key)
+    if found is not None:
+        return found
     try:
-        return _record(backend_for(device).name, device.type, device.index)
+        found = _resolved[key] = _record(backend_for(device).name, device.type, device.index)
+        return found
     except Exception as error:  # noqa: BLE001  (raised again by device_record)
         return error
 

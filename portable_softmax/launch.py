@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -22,6 +23,7 @@ from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch
 from portable_softmax.record import DeviceRecord, KernelResources
+from portable_softmax.tuning import tuning_for
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,60 @@ class _Scratch:
 _scratch = _Scratch()
 
 
-def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool) -> LaunchPlan:
+class _Prepared:
+    """One planned launch, replayed by every later call with the same key (``_launch``).
+
+    Everything the plan depends on (device, dtypes, shapes, strides, alignment) is in the key, so a
+    replay is a dictionary lookup and the launch itself. The first launch goes through Triton's
+    ``kernel[grid]`` (which compiles, and whose cooperative refusals ``_run`` answers with a smaller
+    grid); later ones, on Triton versions whose launcher we know, call the compiled kernel directly.
+    """
+
+    def __init__(self, kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, scalars: tuple,
+                 constexprs: dict, options: dict,
+                 fallback: Optional[Callable[[tuple[torch.Tensor, ...]], "_Prepared"]]) -> None:
+        self.kernel, self.backend, self.record, self.plan = kernel, backend, record, plan
+        self.scalars, self.constexprs, self.options = scalars, constexprs, options
+        self._fallback, self._fallback_prepared = fallback, None
+        # The tuning table entry planned with: a replaced entry (a sweep, a test) means re-planning.
+        self.tuning = tuning_for(record)
+        self._direct: Any = None
+        self._tail: tuple = ()
+
+    def __call__(self, device: torch.device, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
+        scratch: tuple = ()
+        if self.plan.regime == "split":
+            scratch = _scratch.get(device, self.plan.tiles * self.plan.block_m * self.plan.chunks, self.plan.tiles)
+            if scratch is None:
+                if self._fallback_prepared is None:
+                    self._fallback_prepared = self._fallback(tensors)
+                return self._fallback_prepared(device, tensors)
+        if self._direct is not None:
+            self._direct(*tensors, *scratch, *self._tail)
+            return self.plan
+        args = (*tensors, *scratch, *self.scalars)
+        programs = _run(self.kernel, self.backend, self.record, self.plan, args, self.constexprs, self.options)
+        if compat.DIRECT_LAUNCH and not self.backend.interpreted:
+            self._prepare_direct(args, programs)
+        return self.plan
+
+    def _prepare_direct(self, args: tuple, programs: int) -> None:
+        compiled = self.kernel.warmup(*args, grid=(programs,), **self.constexprs, **self.options)
+        dynamic = sum(isinstance(a, torch.Tensor) for a in args)
+        # The launcher takes every parameter in order, constexprs included (as kernel[grid] passes them).
+        values = iter(args[dynamic:])
+        self._tail = tuple(self.constexprs[p.name] if p.is_constexpr else next(values)
+                           for p in self.kernel.params[dynamic:])
+        self._direct = compiled[(programs, 1, 1)]
+
+
+# Prepared launches by call key; bounded so that a stream of distinct shapes cannot grow it forever.
+_prepared: dict[tuple, _Prepared] = {}
+_PREPARED_LIMIT = 4096
+
+
+def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
+             allow_split: bool = True) -> _Prepared:
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
@@ -144,10 +199,10 @@ def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, lo
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
-            args = (*tensors, *scratch, tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
+            args = (*scratch, tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
-            args = (*tensors, tiles, tiles_per_outer, *tiles_rows, *strides)
+            args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
             options["launch_cooperative_grid"] = True
@@ -157,22 +212,38 @@ def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, lo
         # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
         placeholder = (torch.int64, torch.int32) if config.regime == "split" else ()
         kernel, args, constexprs, options = arguments(config, placeholder)
-        return _compiled_resources(kernel, backend, device, args, constexprs, options)
+        return _compiled_resources(kernel, backend, device, (*tensors, *args), constexprs, options)
 
-    plan_args = dict(backward=backward, rows_per_group=view.rows_per_outer, resources=resources,
-                     programs=_forced_programs())
-    plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, **plan_args)
-    scratch: tuple = ()
-    if plan.regime == "split":
-        buffers = _scratch.get(device, plan.tiles * plan.block_m * plan.chunks, plan.tiles)
-        if buffers is None:
-            plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, allow_split=False, **plan_args)
-        else:
-            scratch = buffers
-    kernel, args, constexprs, options = arguments(plan.config, scratch)
+    plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
+                       rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
+                       allow_split=allow_split)
+    kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
-    _run(kernel, backend, record, plan, args, constexprs, options)
-    return plan
+    fallback = None
+    if plan.regime == "split":
+        # Takes the tensors of the call that needs it: a prepared launch holds no tensor.
+        def fallback(now: tuple[torch.Tensor, ...]) -> _Prepared:
+            return _prepare(direction, now, view, log, acc_fp64, allow_split=False)
+    return _Prepared(kernel, backend, record, plan, args, constexprs, options, fallback)
+
+
+def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool) -> LaunchPlan:
+    device = tensors[0].device
+    key = (direction, log, acc_fp64, view, device, device_record(device).name, os.environ.get(PROGRAMS_ENV),
+           tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
+    prepared = _prepared.get(key)
+    if prepared is None or prepared.tuning is not tuning_for(prepared.record):
+        if len(_prepared) >= _PREPARED_LIMIT:
+            _prepared.clear()
+        prepared = _prepared[key] = _prepare(direction, tensors, view, log, acc_fp64)
+    if device.type != "cpu" and device.index != _current_index(device):
+        with getattr(torch, device.type).device(device.index):
+            return prepared(device, tensors)
+    return prepared(device, tensors)
+
+
+def _current_index(device: torch.device) -> int:
+    return getattr(torch, device.type).current_device()
 
 
 # Split launches the driver refused as not co-resident, keyed like the resources: the program
@@ -186,7 +257,8 @@ def _is_residency_refusal(error: Exception) -> bool:
 
 
 def _run(kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, args: tuple, constexprs: dict,
-         options: dict) -> None:
+         options: dict) -> int:
+    """Launch through ``kernel[grid]``; returns the grid size used."""
     if options.get("launch_cooperative_grid"):
         key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), tuple(sorted(options.items())),
                _specialization(args), record.name)
@@ -194,7 +266,7 @@ def _run(kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, 
         while True:
             try:
                 kernel[(programs,)](*args, **constexprs, **options)
-                return
+                return programs
             except RuntimeError as error:
                 smaller = programs - max(plan.chunks, programs // 8 // plan.chunks * plan.chunks)
                 if not _is_residency_refusal(error) or smaller < plan.chunks:
@@ -210,8 +282,9 @@ def _run(kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, 
         # Padding lanes compute -inf - -inf on purpose (masked out); numpy would warn about it.
         with restored_language(), numpy.errstate(all="ignore"):
             kernel[(plan.programs,)](*args, **constexprs)
-        return
+        return plan.programs
     kernel[(plan.programs,)](*args, **constexprs, **options)
+    return plan.programs
 
 
 def run_forward(x: torch.Tensor, y: torch.Tensor, view: RowView, log: bool) -> LaunchPlan:

@@ -5,6 +5,7 @@ onto the kernels' row view without copying where it can, and wires the kernels i
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -54,27 +55,32 @@ def _validate(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str
 def row_view(shape: tuple[int, ...], dim: int, *tensors: torch.Tensor) -> Optional[RowView]:
     """The row view of ``tensors`` (all of ``shape``) for a softmax over ``dim``, or None when the
     rows of some tensor cannot be walked with two strides."""
+    return _row_view(tuple(shape), dim, tuple(t.stride() for t in tensors))
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_view(shape: tuple[int, ...], dim: int, strides: tuple[tuple[int, ...], ...]) -> Optional[RowView]:
     n_cols = shape[dim]
-    col_strides = [t.stride(dim) for t in tensors]
+    col_strides = [s[dim] for s in strides]
     if (n_cols - 1) * max(col_strides, default=0) >= _MAX_COLUMN_SPAN:
         return None
     others = [d for d in range(len(shape)) if d != dim and shape[d] != 1]
     # Walk the row dimensions in the first tensor's memory order, merging neighbours that are
     # contiguous with each other in every tensor.
-    others.sort(key=lambda d: -tensors[0].stride(d))
+    others.sort(key=lambda d: -strides[0][d])
     groups: list[tuple[int, list[int]]] = []
     for d in others:
-        strides = [t.stride(d) for t in tensors]
+        dim_strides = [s[d] for s in strides]
         if groups:
             size, last = groups[-1]
-            if all(prev == s * shape[d] for prev, s in zip(last, strides)):
-                groups[-1] = (size * shape[d], strides)
+            if all(prev == s * shape[d] for prev, s in zip(last, dim_strides)):
+                groups[-1] = (size * shape[d], dim_strides)
                 continue
-        groups.append((shape[d], strides))
+        groups.append((shape[d], dim_strides))
     if len(groups) > 2:
         return None
     while len(groups) < 2:
-        groups.insert(0, (1, [0] * len(tensors)))
+        groups.insert(0, (1, [0] * len(strides)))
     (n_outer, outer_strides), (rows, row_strides) = groups
     triples = tuple((o, r, c) for o, r, c in zip(outer_strides, row_strides, col_strides))
     return RowView(n_outer, rows, n_cols, triples)

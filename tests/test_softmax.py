@@ -207,6 +207,27 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     assert relative_error(dx, grad) < 1e-5
 
 
+@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
+def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
+    """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
+    into the compiled kernel): each replay must compute its own input into a poisoned output, and
+    the split path's exchange slots must come back clean for the next one."""
+    _force(monkeypatch, regime, device)
+    first = None
+    for _ in range(3):
+        x = torch.randn(37, 1000, device=device) * 3
+        y = torch.full_like(x, float("nan"))
+        view = ops.row_view(tuple(x.shape), 1, x, y)
+        plan = launch.run_forward(x, y, view, False)
+        assert plan.regime == regime and (first is None or plan is first)
+        first = plan
+        assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
+        dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
+        launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
+        yd = y.double()
+        assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
+
+
 def test_alignment_specializations_do_not_share_a_kernel(device):
     """A kernel specialised for 16-aligned rows must not serve a 781-wide bf16 row (this crashed
     the tutorial's cache with 'misaligned address')."""
