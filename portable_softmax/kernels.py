@@ -51,36 +51,87 @@ def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr):
 
 
 @_jit
-def _split_item(item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M: tl.constexpr,
+def _row_starts(outer, rows, outer_stride, row_stride, ALIGN: tl.constexpr):
+    """Where each row's block starts (element offset) and the row's lead: its first element sits
+    ``lead`` elements into the block. With ``ALIGN > 1`` blocks start on ALIGN-element (16-byte)
+    boundaries, so an odd-length row (50257) is still read in whole vectors."""
+    start = outer * outer_stride + rows.to(tl.int64) * row_stride
+    if ALIGN > 1:
+        lead = (start % ALIGN).to(tl.int32)
+        base = tl.multiple_of(start - lead, ALIGN)
+    else:
+        lead = rows * 0
+        base = start
+    return base, lead
+
+
+@_jit
+def _masks(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
+    """For block columns ``cols`` (one row's block coordinates, [N]) and rows with ``lead``:
+    ``inside``, the elements of the rows; ``touched``, whole ALIGN-vectors holding any of them
+    (loaded: a vector never crosses a page, so reading its outside part is safe); ``whole``,
+    vectors holding only them (stored as vectors; the rest goes through ``_edge_cols``)."""
+    rows_ok = row_mask[:, None]
+    if ALIGN > 1:
+        low = lead[:, None]
+        high = low + n_cols
+        c = cols[None, :]
+        vector = (cols // ALIGN * ALIGN)[None, :]
+        inside = (c >= low) & (c < high) & rows_ok
+        touched = (vector + ALIGN > low) & (vector < high) & rows_ok
+        whole = (vector >= low) & (vector + ALIGN <= high) & rows_ok
+    else:
+        inside = (cols < n_cols)[None, :] & rows_ok
+        touched = inside
+        whole = inside
+    return inside, touched, whole
+
+
+@_jit
+def _edge_cols(lead, n_cols, lo, hi, row_mask, ALIGN: tl.constexpr):
+    """The elements of each row's first and last vector that ``_masks`` left out of ``whole``,
+    restricted to block columns [lo, hi): their columns ([BLOCK_M, 2 * ALIGN]) and mask."""
+    j = tl.arange(0, 2 * ALIGN)[None, :]
+    low = lead[:, None]
+    high = low + n_cols
+    last = (high - 1) // ALIGN * ALIGN
+    c = tl.where(j < ALIGN, j, last + j - ALIGN)
+    vector = c // ALIGN * ALIGN
+    partial = (vector < low) | (vector + ALIGN > high)
+    mask = (c >= low) & (c < high) & partial & (c >= lo) & (c < hi) & row_mask[:, None]
+    return c, mask
+
+
+@_jit
+def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
-    """The tile and chunk of a split-path work item, with its rows, columns and mask."""
+    """The tile and chunk of a split-path work item, with its rows and block columns."""
     # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
     tile = item // CHUNKS
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-    cols = chunk * BLOCK_N + chunk_cols
-    mask = row_mask[:, None] & (cols < n_cols)[None, :]
-    return tile, chunk, outer, rows, row_mask, cols, mask
+    return tile, chunk, outer, rows, row_mask, chunk * BLOCK_N + chunk_cols
 
 
 @_jit
-def _load(ptr, outer, rows, outer_stride, row_stride, cols, col_stride, mask, OTHER: tl.constexpr,
-          CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Load a [rows, cols] block; round to ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
-    offs = (outer * outer_stride + rows.to(tl.int64) * row_stride)[:, None] + cols[None, :] * col_stride
-    v = tl.load(ptr + offs, mask=mask, other=OTHER).to(CAST_TY)
+def _load(ptr, base, cols, col_stride, touched, inside, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
+          ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
+    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base`` (``OTHER``
+    outside the rows); round to ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
+    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=touched, other=OTHER).to(CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
     else:
         v = v.to(tl.float32)
+    if ALIGN > 1:
+        v = tl.where(inside, v, OTHER)
     return v
 
 
 @_jit
-def _store(ptr, outer, rows, outer_stride, row_stride, cols, col_stride, mask, value):
-    offs = (outer * outer_stride + rows.to(tl.int64) * row_stride)[:, None] + cols[None, :] * col_stride
-    tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+def _store(ptr, base, cols, col_stride, mask, value):
+    tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)
 
 
 @_jit
@@ -127,27 +178,41 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed,
 
 
 @_jit
+def _normalized(z, e, scale, shift, LOG: tl.constexpr):
+    """The output from z = x - ref and e = exp(z): ``e * scale`` (softmax) or ``z + shift`` (log)."""
+    if LOG:
+        return z + shift[:, None]
+    return e * scale[:, None]
+
+
+@_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        mask = row_mask[:, None] & col_mask[None, :]
+        x_base, lead = _row_starts(outer, rows, x_outer_stride, x_row_stride, ALIGN)
+        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
+        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
-                  -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
-        z = x - tl.max(x, 1)[:, None]
+        x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
+                  y_ptr.dtype.element_ty, ACC_FP64, ALIGN)
+        row_max = tl.max(x, 1)
+        z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
-        if LOG:
-            y = z - tl.log(total)[:, None]
-        else:
-            y = e * (1.0 / total)[:, None]
-        _store(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, y)
+        scale = 1.0 / total
+        shift = -tl.log(total)
+        _store(y_ptr, y_base, cols[None, :], y_col_stride, whole, _normalized(z, e, scale, shift, LOG))
+        if ALIGN > 1:
+            edge, mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
+            x = _load(x_ptr, x_base, edge, x_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
+            z = x - row_max[:, None]
+            _store(y_ptr, y_base, edge, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
 
 @_jit
@@ -155,14 +220,17 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
-            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
-                  -float("inf"), y_ptr.dtype.element_ty, False)
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        x_base, lead = _row_starts(outer, rows, x_outer_stride, x_row_stride, ALIGN)
+        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
+        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
+        x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
+                  y_ptr.dtype.element_ty, False, ALIGN)
         chunk_max = tl.max(x, 1)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -177,11 +245,15 @@ def softmax_forward_split(
         peer_sum = tl.where(present, _bits_float(v), 0.0)
         row_max = tl.max(peer_ref, 1)
         total = tl.sum(peer_sum * tl.exp2((peer_ref - row_max[:, None]) * LOG2E), 1)
-        if LOG:
-            y = z + (ref - row_max - tl.log(total))[:, None]
-        else:
-            y = e * (tl.exp2((ref - row_max) * LOG2E) / total)[:, None]
-        _store(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, y)
+        scale = tl.exp2((ref - row_max) * LOG2E) / total
+        shift = ref - row_max - tl.log(total)
+        _store(y_ptr, y_base, cols[None, :], y_col_stride, whole, _normalized(z, e, scale, shift, LOG))
+        if ALIGN > 1:
+            first = chunk * BLOCK_N
+            edge, mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
+            x = _load(x_ptr, x_base, edge, x_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, False, 1)
+            z = x - ref[:, None]
+            _store(y_ptr, y_base, edge, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
 
 @_jit
@@ -193,6 +265,8 @@ def softmax_forward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        x_base, _ = _row_starts(outer, rows, x_outer_stride, x_row_stride, 1)
+        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, 1)
         if ACC_FP64:
             row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
             total = tl.zeros([BLOCK_M], tl.float64)
@@ -205,26 +279,21 @@ def softmax_forward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
-                      -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, mask, -float("inf"),
+                      y_ptr.dtype.element_ty, ACC_FP64, 1)
             row_max = tl.maximum(row_max, tl.max(x, 1))
             new_ref = tl.where(row_max == -float("inf"), 0.0, row_max)
             total = total * tl.exp2((ref - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
             ref = new_ref
-        if LOG:
-            shift = ref + tl.log(total)
-        else:
-            inv_total = 1.0 / total
+        scale = 1.0 / total
+        shift = -tl.log(total)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, outer, rows, x_outer_stride, x_row_stride, cols, x_col_stride, mask,
-                      -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
-            if LOG:
-                y = x - shift[:, None]
-            else:
-                y = tl.exp2((x - ref[:, None]) * LOG2E) * inv_total[:, None]
-            _store(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, y)
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, mask, -float("inf"),
+                      y_ptr.dtype.element_ty, ACC_FP64, 1)
+            z = x - ref[:, None]
+            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,19 +324,34 @@ def softmax_backward_tile(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        mask = row_mask[:, None] & col_mask[None, :]
-        y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
-                  y_ptr.dtype.element_ty, ACC_FP64)
-        dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
-                   dy_ptr.dtype.element_ty, ACC_FP64)
+        y_base, lead = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
+        dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, ALIGN)
+        dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, ALIGN)
+        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
+        y = _load(y_ptr, y_base, cols[None, :], y_col_stride, touched, inside, 0.0, y_ptr.dtype.element_ty,
+                  ACC_FP64, ALIGN)
+        dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0, dy_ptr.dtype.element_ty,
+                   ACC_FP64, ALIGN)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        dx = _grad(y, dy, row_sum, LOG)
-        _store(dx_ptr, outer, rows, dx_outer_stride, dx_row_stride, cols, dx_col_stride, mask, dx)
+        _store(dx_ptr, dx_base, cols[None, :], dx_col_stride, whole, _grad(y, dy, row_sum, LOG))
+        if ALIGN > 1:
+            edge, mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64)
+
+
+@_jit
+def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Write dx at block columns ``cols`` from y and dy read there (the ends of rows, or a loop chunk)."""
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, 1)
+    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
 
 
 @_jit
@@ -276,22 +360,30 @@ def softmax_backward_split(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
-            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
-                  y_ptr.dtype.element_ty, False)
-        dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
-                   dy_ptr.dtype.element_ty, False)
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        y_base, lead = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
+        dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, ALIGN)
+        dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, ALIGN)
+        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
+        y = _load(y_ptr, y_base, cols[None, :], y_col_stride, touched, inside, 0.0, y_ptr.dtype.element_ty,
+                  False, ALIGN)
+        dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0, dy_ptr.dtype.element_ty,
+                   False, ALIGN)
         row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
         v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
-        dx = _grad(y, dy, row_sum, LOG)
-        _store(dx_ptr, outer, rows, dx_outer_stride, dx_row_stride, cols, dx_col_stride, mask, dx)
+        _store(dx_ptr, dx_base, cols[None, :], dx_col_stride, whole, _grad(y, dy, row_sum, LOG))
+        if ALIGN > 1:
+            first = chunk * BLOCK_N
+            edge, mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, False)
 
 
 @_jit
@@ -304,24 +396,21 @@ def softmax_backward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, 1)
+        dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, 1)
+        dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, 1)
         if ACC_FP64:
             row_sum = tl.zeros([BLOCK_M], tl.float64)
         else:
             row_sum = tl.zeros([BLOCK_M], tl.float32)
         for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
-            mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
-                      y_ptr.dtype.element_ty, ACC_FP64)
-            dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
-                       dy_ptr.dtype.element_ty, ACC_FP64)
+            cols = (start + chunk_cols)[None, :]
+            mask = row_mask[:, None] & (cols < n_cols)
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, 1)
             row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
         for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
-            mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            y = _load(y_ptr, outer, rows, y_outer_stride, y_row_stride, cols, y_col_stride, mask, 0.0,
-                      y_ptr.dtype.element_ty, ACC_FP64)
-            dy = _load(dy_ptr, outer, rows, dy_outer_stride, dy_row_stride, cols, dy_col_stride, mask, 0.0,
-                       dy_ptr.dtype.element_ty, ACC_FP64)
-            _store(dx_ptr, outer, rows, dx_outer_stride, dx_row_stride, cols, dx_col_stride, mask,
-                   _grad(y, dy, row_sum, LOG))
+            cols = (start + chunk_cols)[None, :]
+            mask = row_mask[:, None] & (cols < n_cols)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64)

@@ -32,6 +32,8 @@ class Tuning:
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
+        aligned_rows: read rows that do not start on a 16-byte boundary (odd lengths) in whole
+            aligned vectors, writing the partial vectors at their ends separately.
     """
 
     tile_elements: int = 4096
@@ -47,6 +49,7 @@ class Tuning:
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
+    aligned_rows: bool = True
 
 
 _DEFAULT = Tuning()
