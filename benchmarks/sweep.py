@@ -13,14 +13,14 @@ SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 2621
           (4096, 151936), (32, 128256), (1, 128256)]
 VARIANTS = {
     "base": {},
-    "noalign": dict(aligned_rows=False),
+    "noprefetch": dict(split_prefetch=False),
+    "align2only": dict(aligned_rows=(2,)),
+    "noalign": dict(aligned_rows=()),
+    "noalign_nopf": dict(aligned_rows=(), split_prefetch=False),
     "split_c4k_w4": dict(split_chunk=4096, split_elements_per_thread=32),
-    "split_c8k_w8": dict(split_elements_per_thread=32),
-    "split_c16k_w8": dict(split_chunk=16384),
-    "tile2k": dict(tile_elements=2048),
-    "tile_ept8": dict(elements_per_thread=8),
-    "tile_waves1": dict(tile_waves=1),
-    "tile_waves16": dict(tile_waves=16),
+    "tile4k": dict(tile_elements=4096),
+    "tile1k": dict(tile_elements=1024),
+    "tile2k_ept8": dict(elements_per_thread=8),
 }
 
 

@@ -114,11 +114,9 @@ def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.c
 
 
 @_jit
-def _load(ptr, base, cols, col_stride, touched, inside, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
-          ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
-    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base`` (``OTHER``
-    outside the rows); round to ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
-    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=touched, other=OTHER).to(CAST_TY)
+def _widen(v, inside, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
+    """Loaded values rounded to ``CAST_TY`` (torch's ``dtype=`` cast), widened, ``OTHER`` outside the rows."""
+    v = v.to(CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
@@ -127,6 +125,27 @@ def _load(ptr, base, cols, col_stride, touched, inside, OTHER: tl.constexpr, CAS
     if ALIGN > 1:
         v = tl.where(inside, v, OTHER)
     return v
+
+
+@_jit
+def _load(ptr, base, cols, col_stride, touched, inside, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
+          ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
+    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``, widened."""
+    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=touched, other=OTHER)
+    return _widen(v, inside, OTHER, CAST_TY, ACC_FP64, ALIGN)
+
+
+@_jit
+def _prefetch(ptr, item, n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, outer_stride, row_stride,
+              col_stride, OTHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+              ALIGN: tl.constexpr):
+    """The raw block of split work item ``item`` (nothing is read past the last item): issued a
+    step early, its loads are in flight while the program waits on its peers."""
+    tile, chunk, outer, rows, row_mask, cols = _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols,
+                                                           BLOCK_M, BLOCK_N, CHUNKS)
+    base, lead = _row_starts(outer, rows, outer_stride, row_stride, ALIGN)
+    inside, touched, whole = _masks(cols, lead, n_cols, row_mask & (item < n_items), ALIGN)
+    return tl.load(ptr + base[:, None] + cols[None, :] * col_stride, mask=touched, other=OTHER)
 
 
 @_jit
@@ -201,6 +220,11 @@ def softmax_forward_tile(
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
         x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
                   y_ptr.dtype.element_ty, ACC_FP64, ALIGN)
+        if ALIGN > 1:
+            # Read with the block, so that their latency hides behind it.
+            edge, edge_mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
+            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
+                           ACC_FP64, 1)
         row_max = tl.max(x, 1)
         z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
@@ -209,10 +233,9 @@ def softmax_forward_tile(
         shift = -tl.log(total)
         _store(y_ptr, y_base, cols[None, :], y_col_stride, whole, _normalized(z, e, scale, shift, LOG))
         if ALIGN > 1:
-            edge, mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
-            x = _load(x_ptr, x_base, edge, x_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
-            z = x - row_max[:, None]
-            _store(y_ptr, y_base, edge, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+            z = x_edge - row_max[:, None]
+            _store(y_ptr, y_base, edge, y_col_stride, edge_mask,
+                   _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
 
 @_jit
@@ -220,17 +243,28 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        raw = _prefetch(x_ptr, tl.program_id(0), n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
+                        x_outer_stride, x_row_stride, x_col_stride, -float("inf"), BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead = _row_starts(outer, rows, x_outer_stride, x_row_stride, ALIGN)
         y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
         inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
-        x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
-                  y_ptr.dtype.element_ty, False, ALIGN)
+        if PREFETCH:
+            x = _widen(raw, inside, -float("inf"), y_ptr.dtype.element_ty, False, ALIGN)
+        else:
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
+                      y_ptr.dtype.element_ty, False, ALIGN)
+        if ALIGN > 1:
+            first = chunk * BLOCK_N
+            edge, edge_mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
+            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
+                           False, 1)
         chunk_max = tl.max(x, 1)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -238,6 +272,10 @@ def softmax_forward_split(
         # One exponential per element: kept and rescaled once the row's maximum is known.
         e = tl.exp2(z * LOG2E)
         packed = (_float_bits(ref) << 32) | _float_bits(tl.sum(e, 1))
+        if PREFETCH:
+            raw = _prefetch(x_ptr, item + tl.num_programs(0), n_items, tiles_per_outer, rows_per_outer, n_cols,
+                            chunk_cols, x_outer_stride, x_row_stride, x_col_stride, -float("inf"), BLOCK_M, BLOCK_N,
+                            CHUNKS, ALIGN)
         row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
         present = v != EMPTY_SLOT
@@ -249,11 +287,9 @@ def softmax_forward_split(
         shift = ref - row_max - tl.log(total)
         _store(y_ptr, y_base, cols[None, :], y_col_stride, whole, _normalized(z, e, scale, shift, LOG))
         if ALIGN > 1:
-            first = chunk * BLOCK_N
-            edge, mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
-            x = _load(x_ptr, x_base, edge, x_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, False, 1)
-            z = x - ref[:, None]
-            _store(y_ptr, y_base, edge, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+            z = x_edge - ref[:, None]
+            _store(y_ptr, y_base, edge, y_col_stride, edge_mask,
+                   _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
 
 @_jit
@@ -337,21 +373,16 @@ def softmax_backward_tile(
                   ACC_FP64, ALIGN)
         dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0, dy_ptr.dtype.element_ty,
                    ACC_FP64, ALIGN)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
+            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
+                           ACC_FP64, 1)
+            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, edge_mask, 0.0,
+                            dy_ptr.dtype.element_ty, ACC_FP64, 1)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
         _store(dx_ptr, dx_base, cols[None, :], dx_col_stride, whole, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
-            edge, mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64)
-
-
-@_jit
-def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Write dx at block columns ``cols`` from y and dy read there (the ends of rows, or a loop chunk)."""
-    y = _load(y_ptr, y_base, cols, y_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
-    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, 1)
-    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
+            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
 
 
 @_jit
@@ -360,9 +391,14 @@ def softmax_backward_split(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        y_raw = _prefetch(y_ptr, tl.program_id(0), n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
+                          y_outer_stride, y_row_stride, y_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
+        dy_raw = _prefetch(dy_ptr, tl.program_id(0), n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
+                           dy_outer_stride, dy_row_stride, dy_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
@@ -370,20 +406,43 @@ def softmax_backward_split(
         dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, ALIGN)
         dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, ALIGN)
         inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
-        y = _load(y_ptr, y_base, cols[None, :], y_col_stride, touched, inside, 0.0, y_ptr.dtype.element_ty,
-                  False, ALIGN)
-        dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0, dy_ptr.dtype.element_ty,
-                   False, ALIGN)
-        row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        if PREFETCH:
+            y = _widen(y_raw, inside, 0.0, y_ptr.dtype.element_ty, False, ALIGN)
+            dy = _widen(dy_raw, inside, 0.0, dy_ptr.dtype.element_ty, False, ALIGN)
+        else:
+            y = _load(y_ptr, y_base, cols[None, :], y_col_stride, touched, inside, 0.0, y_ptr.dtype.element_ty,
+                      False, ALIGN)
+            dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0,
+                       dy_ptr.dtype.element_ty, False, ALIGN)
+        if ALIGN > 1:
+            first = chunk * BLOCK_N
+            edge, edge_mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
+            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
+                           False, 1)
+            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, edge_mask, 0.0,
+                            dy_ptr.dtype.element_ty, False, 1)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
+        if PREFETCH:
+            following = item + tl.num_programs(0)
+            y_raw = _prefetch(y_ptr, following, n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
+                              y_outer_stride, y_row_stride, y_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
+            dy_raw = _prefetch(dy_ptr, following, n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
+                               dy_outer_stride, dy_row_stride, dy_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
+        row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
         _store(dx_ptr, dx_base, cols[None, :], dx_col_stride, whole, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
-            first = chunk * BLOCK_N
-            edge, mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, False)
+            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
+
+
+@_jit
+def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Write dx at block columns ``cols`` from y and dy read there."""
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, 1)
+    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
 
 
 @_jit

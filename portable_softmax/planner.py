@@ -35,6 +35,7 @@ class KernelConfig:
     num_warps: int
     num_stages: int = 1
     align: int = 1
+    prefetch: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -53,6 +54,7 @@ class LaunchPlan:
     num_warps: int
     num_stages: int
     align: int
+    prefetch: bool
     programs: int
     occupancy: int
     tiles: int
@@ -63,7 +65,7 @@ class LaunchPlan:
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align)
+                            self.align, self.prefetch)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,6 +94,8 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
     per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
     if config.regime == "loop":
         per_thread = _cdiv(per_thread, 2)
+    if config.prefetch:  # the next chunk, held raw
+        per_thread += _cdiv(per_thread, 2)
     registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
     shared = 4 * config.block_m * config.num_warps * (2 if config.regime == "split" else 1)
     return KernelResources(registers=registers, shared_memory=shared, num_warps=config.num_warps)
@@ -121,7 +125,7 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
     ``align - 1`` more block columns. The tile keeps it only where that costs no wider block.
     """
     tuning = tuning_for(record)
-    align = align if tuning.aligned_rows else 1
+    align = align if align > 1 and 16 // align in tuning.aligned_rows else 1
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
     width = _next_power_of_2(n_cols)
@@ -154,7 +158,7 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
     block_n = _next_power_of_2(_cdiv(span, chunks))
     chunks = _cdiv(span, block_n)
     return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
-                        align=align)
+                        align=align, prefetch=tuning.split_prefetch)
 
 
 def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool) -> KernelResources:
@@ -232,4 +236,4 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, config.align, programs, occupancy, tiles, items, rows_per_program, reason)
+                      config.num_stages, config.align, config.prefetch, programs, occupancy, tiles, items, rows_per_program, reason)

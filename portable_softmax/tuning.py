@@ -32,11 +32,14 @@ class Tuning:
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
-        aligned_rows: read rows that do not start on a 16-byte boundary (odd lengths) in whole
-            aligned vectors, writing the partial vectors at their ends separately.
+        aligned_rows: element sizes (bytes) whose rows, when they do not start on a 16-byte
+            boundary (odd lengths), are read in whole aligned vectors, the partial vectors at
+            their ends written separately.
+        split_prefetch: split programs issue the loads of their next chunk before waiting on
+            their peers, holding two chunks.
     """
 
-    tile_elements: int = 4096
+    tile_elements: int = 2048
     row_elements: int = 16384
     elements_per_thread: int = 16
     max_warps: int = 16
@@ -49,7 +52,8 @@ class Tuning:
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
-    aligned_rows: bool = True
+    aligned_rows: tuple[int, ...] = (2, 4)
+    split_prefetch: bool = True
 
 
 _DEFAULT = Tuning()
