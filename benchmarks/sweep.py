@@ -2,6 +2,7 @@
 fraction of x.clone() bandwidth on the shapes that matter, in one run (METHOD.md: one call, many
 variants). Usage: python3 benchmarks/sweep.py [bfloat16,float32] [variant,...]"""
 import dataclasses
+import os
 import sys
 
 import torch
@@ -11,12 +12,14 @@ from portable_softmax import device, launch, ops, tuning
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
           (4096, 151936), (32, 128256), (1, 128256)]
+if os.environ.get("SWEEP_SHAPES"):
+    SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
 VARIANTS = {
     "base": {},
-    "noprefetch": dict(split_prefetch=False),
+    "prefetch": dict(split_prefetch=True),
+    "align_split_fwd": dict(aligned_split_forward=True),
     "align2only": dict(aligned_rows=(2,)),
     "noalign": dict(aligned_rows=()),
-    "noalign_nopf": dict(aligned_rows=(), split_prefetch=False),
     "split_c4k_w4": dict(split_chunk=4096, split_elements_per_thread=32),
     "tile4k": dict(tile_elements=4096),
     "tile1k": dict(tile_elements=1024),

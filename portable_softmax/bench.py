@@ -25,7 +25,7 @@ from portable_softmax.selfcheck import relative_error
 
 logger = logging.getLogger(__name__)
 
-SHAPES = [(32768, 256), (32768, 1024), (32768, 4096), (16384, 16384), (16384, 32768), (16384, 65536),
+SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (32768, 4096), (16384, 16384), (16384, 32768), (16384, 65536),
           (8192, 131072), (4096, 262144), (4096, 50257), (4096, 151936), (32, 128256), (1, 128256)]
 Timed = tuple[Callable[[torch.Tensor], torch.Tensor], Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]]
 

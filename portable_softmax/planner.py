@@ -147,6 +147,7 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
 
 def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int, backward: bool,
                   align: int) -> KernelConfig:
+    align = align if backward or tuning.aligned_split_forward else 1
     span = n_cols + align - 1
     widest = tuning.split_chunk // (2 if backward else 1)
     chunks = _cdiv(span, widest)

@@ -175,7 +175,9 @@ def _force(monkeypatch, regime: str, device: str) -> None:
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
     small = {"tile": dict(tile_elements=256),
-             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30),
+             # Both split variants the tuning table can choose: aligned reads, prefetching.
+             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, aligned_split_forward=True,
+                           split_prefetch=True),
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -203,6 +205,8 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     dx = torch.full_like(x, float("nan"))
     yd = reference.float()
     plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(x.shape), 1, yd, dy, dx), log)
+    if cols > 64:
+        assert plan.align == (4 if cols % 4 and regime != "loop" else 1)
     xd = x.double().requires_grad_()
     grad = torch.autograd.grad((torch.log_softmax if log else torch.softmax)(xd, -1), xd, dy.double())[0]
     assert not dx.isnan().any()
