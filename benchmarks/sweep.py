@@ -16,14 +16,11 @@ if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
 VARIANTS = {
     "base": {},
-    "prefetch": dict(split_prefetch=True),
-    "align_split_fwd": dict(aligned_split_forward=True),
-    "align2only": dict(aligned_rows=(2,)),
-    "noalign": dict(aligned_rows=()),
     "split_c4k_w4": dict(split_chunk=4096, split_elements_per_thread=32),
+    "split_c8k_w8": dict(split_elements_per_thread=32),
     "tile4k": dict(tile_elements=4096),
     "tile1k": dict(tile_elements=1024),
-    "tile2k_ept8": dict(elements_per_thread=8),
+    "tile_ept8": dict(elements_per_thread=8),
 }
 
 

@@ -35,8 +35,6 @@ KERNELS_PY = ROOT / "portable_softmax" / "kernels.py"
 # The stage that needs CANN (bishengir-compile); everything before it is run.
 CANN_STAGES = ("npubin",)
 DTYPES = ("fp32", "bf16", "fp16")
-# Elements per 16 bytes: tiles of odd-length rows are read in aligned vectors (ALIGN, planner.row_alignment).
-VECTOR = {"fp32": 4, "bf16": 8, "fp16": 8}
 # (BLOCK_M, BLOCK_N) the npu tuning table gives (tile_elements = row_elements = loop_chunk = 8192):
 # tile: BLOCK_M = 8192 // BLOCK_N rows of one power-of-two width; backward tiles hold two inputs,
 # so their rows stop at 4096; longer rows stream through the loop kernels in 8192-element chunks.
@@ -46,14 +44,6 @@ PLANS = {
     "softmax_backward_tile": [(8, 1024), (4, 2048), (2, 4096)],
     "softmax_backward_loop": [(1, 8192)],
 }
-
-
-def variants(name):
-    """(LOG, dtype, ALIGN) for a kernel: tiles also with rows read in aligned vectors."""
-    for log in (False, True):
-        for dtype in DTYPES:
-            for align in ((1, VECTOR[dtype]) if name.endswith("_tile") else (1,)):
-                yield log, dtype, align
 
 
 def load_kernels():
@@ -138,24 +128,24 @@ def main(argv=None):
     for name, shapes in PLANS.items():
         fn = getattr(kernels, name)
         for block_m, block_n in shapes:
-            for log, dtype, align in variants(name):
-                constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False,
-                              "ALIGN": align}
-                t0 = time.perf_counter()
-                try:
-                    reached, sizes, linalg, all_stages = lower(backend, fn, dtype, constexprs, options, out_dir)
-                    ok = "ttadapter" in reached
-                    status = "ok" if ok else f"FAIL: stopped after {reached}"
-                    mix = ""
-                    if ok:  # aiv: vector cores only (no cube/matmul part), as a softmax should be
-                        found = re.search(r'mix_mode\s*=\s*"([^"]+)"', linalg)
-                        mix = found.group(1) if found else "?"
-                except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
-                    ok, reached, sizes, mix, status = False, [], {}, "", f"FAIL: {e}"
-                failures += not ok
-                rows.append((name, dtype, f"M={block_m} N={block_n} LOG={int(log)} ALIGN={align}",
-                             "->".join(reached) or "-", sizes.get("ttadapter", 0), mix,
-                             round((time.perf_counter() - t0) * 1000), status))
+            for log in (False, True):
+                for dtype in DTYPES:
+                    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False}
+                    t0 = time.perf_counter()
+                    try:
+                        reached, sizes, linalg, all_stages = lower(backend, fn, dtype, constexprs, options, out_dir)
+                        ok = "ttadapter" in reached
+                        status = "ok" if ok else f"FAIL: stopped after {reached}"
+                        mix = ""
+                        if ok:  # aiv: vector cores only (no cube/matmul part), as a softmax should be
+                            found = re.search(r'mix_mode\s*=\s*"([^"]+)"', linalg)
+                            mix = found.group(1) if found else "?"
+                    except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
+                        ok, reached, sizes, mix, status = False, [], {}, "", f"FAIL: {e}"
+                    failures += not ok
+                    rows.append((name, dtype, f"M={block_m} N={block_n} LOG={int(log)}",
+                                 "->".join(reached) or "-", sizes.get("ttadapter", 0), mix,
+                                 round((time.perf_counter() - t0) * 1000), status))
 
     header = ("kernel", "dtype", "constexprs", "stages", "linalg_bytes", "mode", "ms", "status")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]

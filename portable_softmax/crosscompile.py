@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig, plan_launch, row_alignment, select_config
+from portable_softmax.planner import DTYPE_BYTES, KernelConfig, plan_launch, select_config
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -177,12 +177,6 @@ class Case:
         return "backward" if self.backward else "forward"
 
     @property
-    def align(self) -> int:
-        """What launch.py reads rows with: aligned vectors when the row stride is not 16 bytes."""
-        row_stride = self.cols if self.rows > 1 else 0
-        return row_alignment(DTYPE_BYTES[self.dtype], 1, self.rows, self.cols, ((0, row_stride, 1),))
-
-    @property
     def plan_dtype(self) -> str:
         # What launch.py plans with: only float64 accumulation changes the plan.
         return "float64" if self.dtype == "float64" else "float32"
@@ -221,13 +215,10 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
     if config.regime == "split":
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
-        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                              PREFETCH=config.prefetch)
+        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
-        if config.regime == "tile":
-            constexprs["ALIGN"] = config.align
     for value in (*counts, *(0, row_stride, 1) * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
@@ -236,7 +227,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """The configurations a launch of ``case`` may use: the plan's, and its no-split fallback."""
-    common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align)
+    common = dict(backward=case.backward, rows_per_group=case.rows)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":
@@ -659,7 +650,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         compiled_for_case = by_case.get(case, {})
         if config in compiled_for_case:
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
-                               rows_per_group=case.rows, allow_split=role == "primary", align=case.align,
+                               rows_per_group=case.rows, allow_split=role == "primary",
                                resources=lambda c, found=compiled_for_case: found[c])
             if plan.config != config:
                 # The split grid does not fit resident: launches take the fallback (its own row).

@@ -51,55 +51,9 @@ def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr):
 
 
 @_jit
-def _row_starts(outer, rows, outer_stride, row_stride, ALIGN: tl.constexpr):
-    """Where each row's block starts (element offset) and the row's lead: its first element sits
-    ``lead`` elements into the block. With ``ALIGN > 1`` blocks start on ALIGN-element (16-byte)
-    boundaries, so an odd-length row (50257) is still read in whole vectors."""
-    start = outer * outer_stride + rows.to(tl.int64) * row_stride
-    if ALIGN > 1:
-        lead = (start % ALIGN).to(tl.int32)
-        base = tl.multiple_of(start - lead, ALIGN)
-    else:
-        lead = rows * 0
-        base = start
-    return base, lead
-
-
-@_jit
-def _masks(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
-    """For block columns ``cols`` (one row's block coordinates, [N]) and rows with ``lead``:
-    ``inside``, the elements of the rows; ``touched``, whole ALIGN-vectors holding any of them
-    (loaded: a vector never crosses a page, so reading its outside part is safe); ``whole``,
-    vectors holding only them (stored as vectors; the rest goes through ``_edge_cols``)."""
-    rows_ok = row_mask[:, None]
-    if ALIGN > 1:
-        low = lead[:, None]
-        high = low + n_cols
-        c = cols[None, :]
-        vector = (cols // ALIGN * ALIGN)[None, :]
-        inside = (c >= low) & (c < high) & rows_ok
-        touched = (vector + ALIGN > low) & (vector < high) & rows_ok
-        whole = (vector >= low) & (vector + ALIGN <= high) & rows_ok
-    else:
-        inside = (cols < n_cols)[None, :] & rows_ok
-        touched = inside
-        whole = inside
-    return inside, touched, whole
-
-
-@_jit
-def _edge_cols(lead, n_cols, lo, hi, row_mask, ALIGN: tl.constexpr):
-    """The elements of each row's first and last vector that ``_masks`` left out of ``whole``,
-    restricted to block columns [lo, hi): their columns ([BLOCK_M, 2 * ALIGN]) and mask."""
-    j = tl.arange(0, 2 * ALIGN)[None, :]
-    low = lead[:, None]
-    high = low + n_cols
-    last = (high - 1) // ALIGN * ALIGN
-    c = tl.where(j < ALIGN, j, last + j - ALIGN)
-    vector = c // ALIGN * ALIGN
-    partial = (vector < low) | (vector + ALIGN > high)
-    mask = (c >= low) & (c < high) & partial & (c >= lo) & (c < hi) & row_mask[:, None]
-    return c, mask
+def _row_starts(outer, rows, outer_stride, row_stride):
+    """The element offset of each row's first element."""
+    return outer * outer_stride + rows.to(tl.int64) * row_stride
 
 
 @_jit
@@ -114,38 +68,16 @@ def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.c
 
 
 @_jit
-def _widen(v, inside, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
-    """Loaded values rounded to ``CAST_TY`` (torch's ``dtype=`` cast), widened, ``OTHER`` outside the rows."""
-    v = v.to(CAST_TY)
+def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
+    ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
+    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER).to(CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
     else:
         v = v.to(tl.float32)
-    if ALIGN > 1:
-        v = tl.where(inside, v, OTHER)
     return v
-
-
-@_jit
-def _load(ptr, base, cols, col_stride, touched, inside, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
-          ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
-    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``, widened."""
-    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=touched, other=OTHER)
-    return _widen(v, inside, OTHER, CAST_TY, ACC_FP64, ALIGN)
-
-
-@_jit
-def _prefetch(ptr, item, n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, outer_stride, row_stride,
-              col_stride, OTHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
-              ALIGN: tl.constexpr):
-    """The raw block of split work item ``item`` (nothing is read past the last item): issued a
-    step early, its loads are in flight while the program waits on its peers."""
-    tile, chunk, outer, rows, row_mask, cols = _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols,
-                                                           BLOCK_M, BLOCK_N, CHUNKS)
-    base, lead = _row_starts(outer, rows, outer_stride, row_stride, ALIGN)
-    inside, touched, whole = _masks(cols, lead, n_cols, row_mask & (item < n_items), ALIGN)
-    return tl.load(ptr + base[:, None] + cols[None, :] * col_stride, mask=touched, other=OTHER)
 
 
 @_jit
@@ -209,33 +141,19 @@ def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-    ALIGN: tl.constexpr,
 ):
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N)[None, :]
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base, lead = _row_starts(outer, rows, x_outer_stride, x_row_stride, ALIGN)
-        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
-        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        mask = row_mask[:, None] & (cols < n_cols)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
-                  y_ptr.dtype.element_ty, ACC_FP64, ALIGN)
-        if ALIGN > 1:
-            # Read with the block, so that their latency hides behind it.
-            edge, edge_mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
-            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
-                           ACC_FP64, 1)
-        row_max = tl.max(x, 1)
-        z = x - row_max[:, None]
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+        z = x - tl.max(x, 1)[:, None]
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
-        scale = 1.0 / total
-        shift = -tl.log(total)
-        _store(y_ptr, y_base, cols[None, :], y_col_stride, whole, _normalized(z, e, scale, shift, LOG))
-        if ALIGN > 1:
-            z = x_edge - row_max[:, None]
-            _store(y_ptr, y_base, edge, y_col_stride, edge_mask,
-                   _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, 1.0 / total, -tl.log(total), LOG))
 
 
 @_jit
@@ -243,28 +161,17 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
+    LOG: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        raw = _prefetch(x_ptr, tl.program_id(0), n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
-                        x_outer_stride, x_row_stride, x_col_stride, -float("inf"), BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        x_base, lead = _row_starts(outer, rows, x_outer_stride, x_row_stride, ALIGN)
-        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
-        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
-        if PREFETCH:
-            x = _widen(raw, inside, -float("inf"), y_ptr.dtype.element_ty, False, ALIGN)
-        else:
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, touched, inside, -float("inf"),
-                      y_ptr.dtype.element_ty, False, ALIGN)
-        if ALIGN > 1:
-            first = chunk * BLOCK_N
-            edge, edge_mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
-            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
-                           False, 1)
+        cols = cols[None, :]
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        mask = row_mask[:, None] & (cols < n_cols)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -272,10 +179,6 @@ def softmax_forward_split(
         # One exponential per element: kept and rescaled once the row's maximum is known.
         e = tl.exp2(z * LOG2E)
         packed = (_float_bits(ref) << 32) | _float_bits(tl.sum(e, 1))
-        if PREFETCH:
-            raw = _prefetch(x_ptr, item + tl.num_programs(0), n_items, tiles_per_outer, rows_per_outer, n_cols,
-                            chunk_cols, x_outer_stride, x_row_stride, x_col_stride, -float("inf"), BLOCK_M, BLOCK_N,
-                            CHUNKS, ALIGN)
         row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
         present = v != EMPTY_SLOT
@@ -285,11 +188,7 @@ def softmax_forward_split(
         total = tl.sum(peer_sum * tl.exp2((peer_ref - row_max[:, None]) * LOG2E), 1)
         scale = tl.exp2((ref - row_max) * LOG2E) / total
         shift = ref - row_max - tl.log(total)
-        _store(y_ptr, y_base, cols[None, :], y_col_stride, whole, _normalized(z, e, scale, shift, LOG))
-        if ALIGN > 1:
-            z = x_edge - ref[:, None]
-            _store(y_ptr, y_base, edge, y_col_stride, edge_mask,
-                   _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale, shift, LOG))
 
 
 @_jit
@@ -301,8 +200,8 @@ def softmax_forward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base, _ = _row_starts(outer, rows, x_outer_stride, x_row_stride, 1)
-        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, 1)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         if ACC_FP64:
             row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
             total = tl.zeros([BLOCK_M], tl.float64)
@@ -315,8 +214,8 @@ def softmax_forward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, mask, -float("inf"),
-                      y_ptr.dtype.element_ty, ACC_FP64, 1)
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
+                      ACC_FP64)
             row_max = tl.maximum(row_max, tl.max(x, 1))
             new_ref = tl.where(row_max == -float("inf"), 0.0, row_max)
             total = total * tl.exp2((ref - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
@@ -326,8 +225,8 @@ def softmax_forward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, mask, -float("inf"),
-                      y_ptr.dtype.element_ty, ACC_FP64, 1)
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
+                      ACC_FP64)
             z = x - ref[:, None]
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
@@ -360,29 +259,18 @@ def softmax_backward_tile(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-    ALIGN: tl.constexpr,
 ):
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N)[None, :]
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        y_base, lead = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
-        dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, ALIGN)
-        dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, ALIGN)
-        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
-        y = _load(y_ptr, y_base, cols[None, :], y_col_stride, touched, inside, 0.0, y_ptr.dtype.element_ty,
-                  ACC_FP64, ALIGN)
-        dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0, dy_ptr.dtype.element_ty,
-                   ACC_FP64, ALIGN)
-        if ALIGN > 1:
-            edge, edge_mask = _edge_cols(lead, n_cols, 0, BLOCK_N, row_mask, ALIGN)
-            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
-                           ACC_FP64, 1)
-            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, edge_mask, 0.0,
-                            dy_ptr.dtype.element_ty, ACC_FP64, 1)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
+        mask = row_mask[:, None] & (cols < n_cols)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        _store(dx_ptr, dx_base, cols[None, :], dx_col_stride, whole, _grad(y, dy, row_sum, LOG))
-        if ALIGN > 1:
-            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
 
 
 @_jit
@@ -391,57 +279,32 @@ def softmax_backward_split(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, PREFETCH: tl.constexpr,
+    LOG: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        y_raw = _prefetch(y_ptr, tl.program_id(0), n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
-                          y_outer_stride, y_row_stride, y_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
-        dy_raw = _prefetch(dy_ptr, tl.program_id(0), n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
-                           dy_outer_stride, dy_row_stride, dy_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        y_base, lead = _row_starts(outer, rows, y_outer_stride, y_row_stride, ALIGN)
-        dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, ALIGN)
-        dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, ALIGN)
-        inside, touched, whole = _masks(cols, lead, n_cols, row_mask, ALIGN)
-        if PREFETCH:
-            y = _widen(y_raw, inside, 0.0, y_ptr.dtype.element_ty, False, ALIGN)
-            dy = _widen(dy_raw, inside, 0.0, dy_ptr.dtype.element_ty, False, ALIGN)
-        else:
-            y = _load(y_ptr, y_base, cols[None, :], y_col_stride, touched, inside, 0.0, y_ptr.dtype.element_ty,
-                      False, ALIGN)
-            dy = _load(dy_ptr, dy_base, cols[None, :], dy_col_stride, touched, inside, 0.0,
-                       dy_ptr.dtype.element_ty, False, ALIGN)
-        if ALIGN > 1:
-            first = chunk * BLOCK_N
-            edge, edge_mask = _edge_cols(lead, n_cols, first, first + BLOCK_N, row_mask, ALIGN)
-            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, edge_mask, 0.0, y_ptr.dtype.element_ty,
-                           False, 1)
-            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, edge_mask, 0.0,
-                            dy_ptr.dtype.element_ty, False, 1)
+        cols = cols[None, :]
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
+        mask = row_mask[:, None] & (cols < n_cols)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
-        if PREFETCH:
-            following = item + tl.num_programs(0)
-            y_raw = _prefetch(y_ptr, following, n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
-                              y_outer_stride, y_row_stride, y_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
-            dy_raw = _prefetch(dy_ptr, following, n_items, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
-                               dy_outer_stride, dy_row_stride, dy_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS, ALIGN)
         row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         v = _exchange(slot_ptr, done_ptr, tile, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
-        _store(dx_ptr, dx_base, cols[None, :], dx_col_stride, whole, _grad(y, dy, row_sum, LOG))
-        if ALIGN > 1:
-            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
 
 
 @_jit
 def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
                 y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
     """Write dx at block columns ``cols`` from y and dy read there."""
-    y = _load(y_ptr, y_base, cols, y_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
-    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, 1)
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
     _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
 
 
@@ -455,9 +318,9 @@ def softmax_backward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        y_base, _ = _row_starts(outer, rows, y_outer_stride, y_row_stride, 1)
-        dy_base, _ = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, 1)
-        dx_base, _ = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, 1)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
         if ACC_FP64:
             row_sum = tl.zeros([BLOCK_M], tl.float64)
         else:
@@ -465,8 +328,8 @@ def softmax_backward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = (start + chunk_cols)[None, :]
             mask = row_mask[:, None] & (cols < n_cols)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, 1)
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, 1)
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
             row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = (start + chunk_cols)[None, :]

@@ -22,7 +22,6 @@ from portable_softmax import compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch
-from portable_softmax.planner import row_alignment as planner_row_alignment
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 
@@ -199,13 +198,10 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         tiles = view.n_outer * tiles_per_outer
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
-            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                              PREFETCH=config.prefetch)
+            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
             args = (*scratch, tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
-            if config.regime == "tile":
-                constexprs["ALIGN"] = config.align
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
@@ -220,7 +216,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
 
     plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split, align=row_alignment(tensors, view))
+                       allow_split=allow_split)
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None
@@ -229,15 +225,6 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         def fallback(now: tuple[torch.Tensor, ...]) -> _Prepared:
             return _prepare(direction, now, view, log, acc_fp64, allow_split=False)
     return _Prepared(kernel, backend, record, plan, args, constexprs, options, fallback)
-
-
-def row_alignment(tensors: tuple[torch.Tensor, ...], view: RowView) -> int:
-    """``planner.row_alignment`` for these tensors: 1 unless all share an element size and
-    16-byte aligned storage."""
-    sizes = {t.element_size() for t in tensors}
-    if len(sizes) != 1 or any(t.data_ptr() % 16 for t in tensors):
-        return 1
-    return planner_row_alignment(sizes.pop(), view.n_outer, view.rows_per_outer, view.n_cols, view.strides)
 
 
 def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool) -> LaunchPlan:

@@ -34,8 +34,6 @@ class KernelConfig:
     chunks: int
     num_warps: int
     num_stages: int = 1
-    align: int = 1
-    prefetch: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -53,8 +51,6 @@ class LaunchPlan:
     chunks: int
     num_warps: int
     num_stages: int
-    align: int
-    prefetch: bool
     programs: int
     occupancy: int
     tiles: int
@@ -64,8 +60,7 @@ class LaunchPlan:
 
     @property
     def config(self) -> KernelConfig:
-        return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.prefetch)
+        return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,38 +89,15 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
     per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
     if config.regime == "loop":
         per_thread = _cdiv(per_thread, 2)
-    if config.prefetch:  # the next chunk, held raw
-        per_thread += _cdiv(per_thread, 2)
     registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
     shared = 4 * config.block_m * config.num_warps * (2 if config.regime == "split" else 1)
     return KernelResources(registers=registers, shared_memory=shared, num_warps=config.num_warps)
 
 
-def row_alignment(element_size: int, n_outer: int, rows_per_outer: int, n_cols: int,
-                  strides: tuple[tuple[int, int, int], ...]) -> int:
-    """Elements per 16 bytes when the rows are contiguous but do not all start on a 16-byte
-    boundary, and every tensor (its (outer, row, column) strides) places them alike, so that one
-    row lead serves all; else 1. Storage is assumed 16-byte aligned."""
-    vector = 16 // element_size
-    placements = {(o if n_outer > 1 else 0, r if rows_per_outer > 1 else 0, c) for o, r, c in strides}
-    if vector < 2 or n_cols <= vector or len(placements) != 1:
-        return 1
-    outer, row, col = placements.pop()
-    if col != 1 or (outer % vector == 0 and row % vector == 0):
-        return 1
-    return vector
-
-
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
-                  rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1) -> KernelConfig:
-    """The regime and block shape for a problem, from the record's tuning table.
-
-    ``align`` > 1 (elements per 16 bytes) asks for rows read in whole aligned vectors although
-    they do not start on a 16-byte boundary (odd lengths such as 50257): a row then spans up to
-    ``align - 1`` more block columns. The tile keeps it only where that costs no wider block.
-    """
+                  rows_per_group: Optional[int] = None, allow_split: bool = True) -> KernelConfig:
+    """The regime and block shape for a problem, from the record's tuning table."""
     tuning = tuning_for(record)
-    align = align if align > 1 and 16 // align in tuning.aligned_rows else 1
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
     width = _next_power_of_2(n_cols)
@@ -135,31 +107,25 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
         block_m = max(1, min(tuning.tile_elements // width, _next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
-            return _split_config(record, tuning, n_rows, n_cols, backward, align)
-        tile_align = align if _next_power_of_2(n_cols + align - 1) == width else 1
-        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning),
-                            align=tile_align)
+            return _split_config(record, tuning, n_rows, n_cols, backward)
+        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning))
     if can_split:
-        return _split_config(record, tuning, n_rows, n_cols, backward, align)
+        return _split_config(record, tuning, n_rows, n_cols, backward)
     chunk = min(tuning.loop_chunk, width)
     return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning))
 
 
-def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int, backward: bool,
-                  align: int) -> KernelConfig:
-    align = align if backward or tuning.aligned_split_forward else 1
-    span = n_cols + align - 1
+def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int, backward: bool) -> KernelConfig:
     widest = tuning.split_chunk // (2 if backward else 1)
-    chunks = _cdiv(span, widest)
+    chunks = _cdiv(n_cols, widest)
     wanted = _cdiv(record.compute_units * tuning.split_fill_per_unit, n_rows)
     if chunks < wanted:
         # Few rows: narrower chunks put more of the chip to work on each row.
-        chunks = max(chunks, min(wanted, _cdiv(span, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
+        chunks = max(chunks, min(wanted, _cdiv(n_cols, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
     # The narrowest power of two that still needs no more chunks: odd rows (50257) waste less.
-    block_n = _next_power_of_2(_cdiv(span, chunks))
-    chunks = _cdiv(span, block_n)
-    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
-                        align=align, prefetch=tuning.split_prefetch)
+    block_n = _next_power_of_2(_cdiv(n_cols, chunks))
+    chunks = _cdiv(n_cols, block_n)
+    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning))
 
 
 def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool) -> KernelResources:
@@ -172,7 +138,7 @@ def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfi
 
 def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
-                programs: Optional[int] = None, allow_split: bool = True, align: int = 1) -> LaunchPlan:
+                programs: Optional[int] = None, allow_split: bool = True) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -184,7 +150,6 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         resources: the compiled kernel's use, or a function from config to it; estimated if None.
         programs: a forced grid size (``PORTABLE_SOFTMAX_PROGRAMS``); checked for safety.
         allow_split: False rules the split path out (e.g. no scratch can be allocated now).
-        align: elements per 16 bytes if rows should be read in aligned vectors (see ``select_config``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -193,11 +158,11 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split, align=align)
+                           allow_split=allow_split)
     plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False, align=align)
+                               allow_split=False)
         plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs,
                      note="split path does not fit resident; ")
     return plan
@@ -232,9 +197,7 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
             programs = min(forced, cap)
         shape = f"{config.block_m} rows x {config.block_n}" if config.regime == "tile" else f"chunks of {config.block_n}"
         reason = f"{note}{config.regime}: {shape}; {occupancy} programs/unit over {record.compute_units} units"
-    if config.align > 1:
-        reason += f"; unaligned rows read in aligned {config.align}-element vectors"
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, config.align, config.prefetch, programs, occupancy, tiles, items, rows_per_program, reason)
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason)

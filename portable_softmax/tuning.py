@@ -32,15 +32,6 @@ class Tuning:
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
-        aligned_rows: element sizes (bytes) whose rows, when they do not start on a 16-byte
-            boundary (odd lengths), are read in whole aligned vectors, the partial vectors at
-            their ends written separately.
-        aligned_split_forward: also read aligned vectors in the forward split path (its extra
-            registers cost more occupancy than the vector loads gain on the H200: 0.59 -> 0.41 of
-            copy at 4096x50257 bf16; the backward gains, 0.69 -> 0.76).
-        split_prefetch: split programs issue the loads of their next chunk before waiting on
-            their peers, holding two chunks (on the H200 the registers cost more than the
-            overlap gains, except for few-row shapes).
     """
 
     tile_elements: int = 2048
@@ -56,9 +47,6 @@ class Tuning:
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
-    aligned_rows: tuple[int, ...] = (2, 4)
-    aligned_split_forward: bool = False
-    split_prefetch: bool = False
 
 
 _DEFAULT = Tuning()

@@ -175,9 +175,7 @@ def _force(monkeypatch, regime: str, device: str) -> None:
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
     small = {"tile": dict(tile_elements=256),
-             # Both split variants the tuning table can choose: aligned reads, prefetching.
-             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, aligned_split_forward=True,
-                           split_prefetch=True),
+             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30),
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -196,8 +194,6 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
     if cols > 64:  # narrower rows fit a tile whatever is forced
         assert plan.regime == regime
-        # Odd rows are read in aligned 4-element vectors, except by the streaming loop.
-        assert plan.align == (4 if cols % 4 and regime != "loop" else 1)
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert not y.isnan().any()
     assert relative_error(y, reference) < 1e-5
@@ -205,8 +201,6 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     dx = torch.full_like(x, float("nan"))
     yd = reference.float()
     plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(x.shape), 1, yd, dy, dx), log)
-    if cols > 64:
-        assert plan.align == (4 if cols % 4 and regime != "loop" else 1)
     xd = x.double().requires_grad_()
     grad = torch.autograd.grad((torch.log_softmax if log else torch.softmax)(xd, -1), xd, dy.double())[0]
     assert not dx.isnan().any()
@@ -234,28 +228,6 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_aligned_reads_of_odd_rows_only_where_every_tensor_agrees(device, dtype):
-    """Rows of odd length are read in aligned vectors (ALIGN) only when one row lead serves every
-    tensor: contiguous rows, one element size, 16-byte aligned storage, the same strides."""
-    vector = 16 // torch.tensor([], dtype=dtype).element_size()
-    x = torch.randn(64, 781 + 2, device=device, dtype=dtype)
-    cases = {
-        "odd rows": (x[:, :781], torch.empty(64, 781, device=device, dtype=dtype), vector),
-        "aligned rows": (x[:, :776], torch.empty(64, 776, device=device, dtype=dtype), 1),
-        "unaligned storage": (x[:, 1:782], torch.empty(64, 781, device=device, dtype=dtype), 1),
-        "other dtype out": (x[:, :781], torch.empty(64, 781, device=device, dtype=torch.float64), 1),
-    }
-    for name, (inp, out, align) in cases.items():
-        if name == "odd rows":  # the output's strides must match the input's
-            out = torch.empty_like(x)[:, :781]
-        plan = launch.run_forward(inp, out.fill_(float("nan")), ops.row_view(tuple(inp.shape), 1, inp, out), False)
-        assert plan.align == align, name
-        reference = torch.softmax(inp.double(), -1)
-        assert relative_error(out, reference) <= tolerance(dtype, relative_error(torch.softmax(inp, -1), reference),
-                                                           str(out.device)), name
-
-
 def test_alignment_specializations_do_not_share_a_kernel(device):
     """A kernel specialised for 16-aligned rows must not serve a 781-wide bf16 row (this crashed
     the tutorial's cache with 'misaligned address')."""
@@ -278,9 +250,8 @@ def test_cpu_launch_leaves_gpu_compilation_working():
                  "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
                  "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
                  "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "ALIGN": "constexpr"}
-    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "ALIGN": 4}
+                 "ACC_FP64": "constexpr"}
+    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False}
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm
