@@ -21,6 +21,9 @@ VARIANTS = {
     "tile4k": dict(tile_elements=4096),
     "tile1k": dict(tile_elements=1024),
     "tile_ept8": dict(elements_per_thread=8),
+    "tile_ept32": dict(elements_per_thread=32),
+    "row32k": dict(row_elements=32768),
+    "row32k_ept8": dict(row_elements=32768, elements_per_thread=8),
 }
 
 
