@@ -57,7 +57,7 @@ def main():
                     b = bench(lambda: launch.run_backward(y, dy, dx, backward_view, False))
                     print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                           f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                          f"bn{plan.block_n} c{plan.chunks} a{plan.align} occ{plan.occupancy} | bwd {bplan.regime} "
+                          f"bn{plan.block_n} c{plan.chunks} occ{plan.occupancy} | bwd {bplan.regime} "
                           f"P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} occ{bplan.occupancy}", flush=True)
                 except Exception as e:
                     print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} error {type(e).__name__}: {str(e)[:100]}")
