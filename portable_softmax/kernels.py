@@ -57,14 +57,15 @@ def _row_starts(outer, rows, outer_stride, row_stride):
 
 
 @_jit
-def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.constexpr,
+def _split_item(item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
-    """The tile and chunk of a split-path work item, with its rows and block columns."""
+    """The tile and chunk of a split-path work item, with its rows, columns ([1, BLOCK_N]) and mask."""
     # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
     tile = item // CHUNKS
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-    return tile, chunk, outer, rows, row_mask, chunk * BLOCK_N + chunk_cols
+    cols = (chunk * BLOCK_N + chunk_cols)[None, :]
+    return tile, chunk, outer, rows, row_mask, cols, row_mask[:, None] & (cols < n_cols)
 
 
 @_jit
@@ -165,12 +166,10 @@ def softmax_forward_split(
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile, chunk, outer, rows, row_mask, cols = _split_item(
-            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        cols = cols[None, :]
+        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
+            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        mask = row_mask[:, None] & (cols < n_cols)
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
@@ -283,13 +282,11 @@ def softmax_backward_split(
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile, chunk, outer, rows, row_mask, cols = _split_item(
-            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        cols = cols[None, :]
+        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
+            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
         dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
-        mask = row_mask[:, None] & (cols < n_cols)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
