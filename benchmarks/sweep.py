@@ -16,14 +16,16 @@ if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
 VARIANTS = {
     "base": {},
+    "nofit": dict(split_fit_bytes=0),
+    "fit64k": dict(split_fit_bytes=65536),
+    "fit96k": dict(split_fit_bytes=98304),
+    "c4k": dict(split_chunk=4096),
     "split_c4k_w4": dict(split_chunk=4096, split_elements_per_thread=32),
-    "split_c8k_w8": dict(split_elements_per_thread=32),
     "tile4k": dict(tile_elements=4096),
     "tile1k": dict(tile_elements=1024),
     "tile_ept8": dict(elements_per_thread=8),
     "tile_ept32": dict(elements_per_thread=32),
     "row32k": dict(row_elements=32768),
-    "row32k_ept8": dict(row_elements=32768, elements_per_thread=8),
 }
 
 

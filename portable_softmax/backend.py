@@ -1,8 +1,9 @@
 """The backend interface and registry.
 
-A backend is data plus three small functions: how to turn its driver's raw property dictionary
-into a :class:`DeviceRecord`, how many programs of a compiled kernel fit on one unit, and whether
-a grid sized that way is resident all at once. The kernel source never changes per backend.
+A backend is data plus a few small functions: how to turn its driver's raw property dictionary
+into a :class:`DeviceRecord`, how many programs of a compiled kernel fit on one unit, whether a
+grid sized that way is resident all at once, and which compile options (if any) make a given
+number of programs fit. The kernel source never changes per backend.
 
 Built-in backends are registered by ``vendors.py``; others arrive as plugins through the
 ``portable_softmax.backends`` entry-point group, each entry naming a :class:`Backend` instance or
@@ -28,6 +29,11 @@ ENTRY_POINT_GROUP = "portable_softmax.backends"
 BACKEND_ENV = "PORTABLE_SOFTMAX_BACKEND"
 
 
+def no_fit_options(record: DeviceRecord, num_warps: int, programs: int) -> dict[str, Any]:
+    """For compilers with no option to trade registers for occupancy."""
+    return {}
+
+
 @dataclass(frozen=True)
 class Backend:
     """One way of running the kernels.
@@ -39,6 +45,9 @@ class Backend:
         torch_device_type: the ``torch.device.type`` of tensors it serves (ROCm tensors are ``cuda``).
         normalize: ``(raw_properties, target_arch, device_name) -> DeviceRecord``.
         occupancy: ``(record, resources) -> programs per unit`` for a compiled kernel.
+        fit_options: ``(record, num_warps, programs) -> compile options`` that let ``programs``
+            programs of ``num_warps`` warps share one unit (a register cap); ``{}`` where the
+            compiler offers no such option.
         interpreted: kernels run through Triton's interpreter instead of being compiled.
         cooperative_launch: launches that rely on residency may ask the driver to enforce it.
     """
@@ -48,6 +57,7 @@ class Backend:
     torch_device_type: str
     normalize: Callable[[Mapping[str, Any], Any, str], DeviceRecord]
     occupancy: Callable[[DeviceRecord, KernelResources], int]
+    fit_options: Callable[[DeviceRecord, int, int], dict[str, Any]] = no_fit_options
     interpreted: bool = False
     cooperative_launch: bool = False
 

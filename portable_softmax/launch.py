@@ -21,7 +21,7 @@ import torch
 from portable_softmax import compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch
+from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 
@@ -192,27 +192,32 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
     tiles_rows = (view.rows_per_outer, view.n_cols)
     backward = direction == "backward"
 
-    def arguments(config: KernelConfig, scratch: tuple = ()) -> tuple[Any, tuple, dict, dict]:
+    def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, f"softmax_{direction}_{config.regime}")
         tiles_per_outer = -(-view.rows_per_outer // config.block_m)
         tiles = view.n_outer * tiles_per_outer
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
-            args = (*scratch, tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
+            args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
             options["launch_cooperative_grid"] = True
+        wanted, fit = split_fit(record, config, sum(t.element_size() for t in tensors[:-1]))
+        if fit and backend.occupancy(record, compiled(kernel, args, constexprs, options)) < wanted:
+            options.update(fit)
         return kernel, args, constexprs, options
 
-    def resources(config: KernelConfig) -> KernelResources:
+    def compiled(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
         # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
-        placeholder = (torch.int64, torch.int32) if config.regime == "split" else ()
-        kernel, args, constexprs, options = arguments(config, placeholder)
-        return _compiled_resources(kernel, backend, device, (*tensors, *args), constexprs, options)
+        placeholder = (torch.int64, torch.int32) if kernel.fn.__name__.endswith("_split") else ()
+        return _compiled_resources(kernel, backend, device, (*tensors, *placeholder, *args), constexprs, options)
+
+    def resources(config: KernelConfig) -> KernelResources:
+        return compiled(*arguments(config))
 
     plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),

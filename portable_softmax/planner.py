@@ -128,6 +128,16 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
     return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning))
 
 
+def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> tuple[int, dict[str, Any]]:
+    """The programs per unit a split kernel should hold (``Tuning.split_fit_bytes``; a chunk
+    reads ``input_bytes`` per column: x's element size forward, y's plus dy's backward) and the
+    backend's compile options that make that many fit; ``(0, {})`` for other regimes."""
+    wanted = _cdiv(tuning_for(record).split_fit_bytes, config.block_m * config.block_n * input_bytes)
+    if config.regime != "split" or wanted < 1:
+        return 0, {}
+    return wanted, get_backend(record.backend).fit_options(record, config.num_warps, wanted)
+
+
 def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool) -> KernelResources:
     if source is None:
         return estimate_resources(record, config, backward)

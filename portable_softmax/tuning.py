@@ -24,6 +24,10 @@ class Tuning:
             for backward).
         split_elements_per_thread: as elements_per_thread, for split chunks.
         split_programs_per_unit: cap on resident programs per unit in the split-row path.
+        split_fit_bytes: input bytes per unit that the split path wants in flight (programs per
+            unit x bytes of a chunk). While one program waits on its peers the others keep
+            memory busy, so where the compiled kernel holds too few programs for this, the
+            backend's ``fit_options`` (a register cap) are asked for enough; 0 turns that off.
         split_min_cols: shortest row worth splitting when there are too few rows to fill the chip.
         split_fill_per_unit: when rows are few, chunks are narrowed (down to split_min_chunk) until
             there are this many programs per unit: few-row shapes are latency-bound.
@@ -41,6 +45,7 @@ class Tuning:
     split_chunk: int = 8192
     split_elements_per_thread: int = 64
     split_programs_per_unit: int = 16
+    split_fit_bytes: int = 81920
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024

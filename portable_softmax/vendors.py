@@ -24,8 +24,14 @@ CUDA_MAX_THREADS_PER_SM = {70: 2048, 72: 2048, 75: 1024, 80: 2048, 86: 1536, 87:
                            90: 2048, 100: 2048, 103: 2048, 110: 2048, 120: 1536, 121: 1536}
 CUDA_MAX_BLOCKS_PER_SM = {70: 32, 72: 32, 75: 16, 80: 32, 86: 16, 87: 16, 89: 24,
                           90: 32, 100: 32, 103: 32, 110: 32, 120: 24, 121: 24}
-# Registers are allocated to a warp in units of 256; each block reserves 1 KiB of shared memory (sm_80+).
+# Registers are allocated to a warp in units of 256, and warps to an SM's four schedulers alike;
+# each block reserves 1 KiB of shared memory (sm_80+).
 CUDA_REGISTER_ALLOCATION_UNIT = 256
+CUDA_WARP_ALLOCATION_GRANULARITY = 4
+# ptxas caps registers per thread in steps of 8, at most 255; a cap under 32 only buys spills.
+CUDA_REGISTER_GRANULE = 8
+CUDA_MAX_REGISTERS_PER_THREAD = 255
+CUDA_MIN_REGISTER_CAP = 32
 CUDA_SHARED_MEMORY_RESERVED_PER_BLOCK = 1024
 CUDA_GRID_LIMIT = 2**31 - 1
 
@@ -69,18 +75,33 @@ def _shared_memory_fit(available: int | None, used: int, reserved: int = 0) -> i
     return available // (used + reserved)
 
 
+def _cuda_register_warps(record: DeviceRecord, registers: int) -> int:
+    """Warps an SM can hold at ``registers`` per thread: warps take registers in units of 256, and
+    an SM hands them out per scheduler (four per SM), so the count is a multiple of four."""
+    per_warp = math.ceil(registers * record.warp_size / CUDA_REGISTER_ALLOCATION_UNIT) * CUDA_REGISTER_ALLOCATION_UNIT
+    return record.registers_per_unit // (per_warp * CUDA_WARP_ALLOCATION_GRANULARITY) * CUDA_WARP_ALLOCATION_GRANULARITY
+
+
 def _cuda_occupancy(record: DeviceRecord, kernel: KernelResources) -> int:
     """Resident blocks per SM: the tightest of threads, blocks, registers and shared memory."""
     threads = kernel.num_warps * record.warp_size
     limits = [record.max_threads_per_unit // threads, record.max_programs_per_unit]
     if kernel.registers:
-        per_warp = math.ceil(kernel.registers * record.warp_size / CUDA_REGISTER_ALLOCATION_UNIT)
-        per_warp *= CUDA_REGISTER_ALLOCATION_UNIT
-        limits.append(record.registers_per_unit // per_warp // kernel.num_warps)
+        limits.append(_cuda_register_warps(record, kernel.registers) // kernel.num_warps)
     shared = _shared_memory_fit(record.shared_memory_per_unit, kernel.shared_memory, CUDA_SHARED_MEMORY_RESERVED_PER_BLOCK)
     if shared is not None:
         limits.append(shared)
     return max(0, min(limits))
+
+
+def _cuda_fit_options(record: DeviceRecord, num_warps: int, programs: int) -> dict[str, Any]:
+    """``maxnreg``: the most registers per thread that still let ``programs`` blocks share an SM."""
+    if not record.registers_per_unit or programs < 1:
+        return {}
+    cap = CUDA_MAX_REGISTERS_PER_THREAD // CUDA_REGISTER_GRANULE * CUDA_REGISTER_GRANULE
+    while cap >= CUDA_MIN_REGISTER_CAP and _cuda_register_warps(record, cap) < programs * num_warps:
+        cap -= CUDA_REGISTER_GRANULE
+    return {"maxnreg": cap} if cap >= CUDA_MIN_REGISTER_CAP else {}
 
 
 def _hip_arch(raw: Mapping[str, Any], arch: Any) -> str:
@@ -172,7 +193,8 @@ def _interpreter_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> Devi
     )
 
 
-CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, cooperative_launch=True))
+CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
+                                       cooperative_launch=True))
 HIP = register_backend(Backend("hip", "hip", "cuda", _hip_normalize, _hip_occupancy, cooperative_launch=True))
 NPU = register_backend(Backend("npu", "npu", "npu", _npu_normalize, _one_per_unit))
 INTERPRETER = register_backend(Backend("interpreter", "", "cpu", _interpreter_normalize, _one_per_unit, interpreted=True))

@@ -228,6 +228,27 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
 
+def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch):
+    """Rows of 32 chunks, each program taking many rows in turn: every program empties its slots
+    of a row only after all of the row's chunks have moved on, including the programs whose first
+    row is the grid's last (a wrong 'previous row' there once emptied row 0 early and hung)."""
+    record = ps.device_info(device)
+    if not record["residency_guaranteed"]:
+        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
+    key = (record["backend"], "*")
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048))
+    for _ in range(3):
+        x = torch.randn(2048, 65536, device=device, dtype=torch.bfloat16) * 3
+        y = torch.full_like(x, float("nan"))
+        plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
+        assert plan.regime == "split" and plan.chunks == 32 and plan.items > 4 * plan.programs
+        _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
+        dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
+        launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
+        yd = y.double()
+        assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-2
+
+
 def test_alignment_specializations_do_not_share_a_kernel(device):
     """A kernel specialised for 16-aligned rows must not serve a 781-wide bf16 row (this crashed
     the tutorial's cache with 'misaligned address')."""
