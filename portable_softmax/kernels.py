@@ -100,16 +100,24 @@ def _bits_float(bits):
 
 
 @_jit
-def _exchange(slot_ptr, chunk, row_ids, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
+    """The first exchange slot of each row of ``tile`` ([BLOCK_M]): a row owns CHUNKS slots."""
+    return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * CHUNKS
+
+
+@_jit
+def _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
+              CHUNKS_P2: tl.constexpr):
     """Publish this chunk's packed partial of each row, wait for every chunk of the row, and
     return all of them as a [BLOCK_M, CHUNKS_P2] int64 block (``EMPTY_SLOT`` where padded).
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
     shared datum, so no fence (which would drain this program's output stores) is needed.
     """
-    tl.atomic_xchg(slot_ptr + row_ids * CHUNKS + chunk, packed, mask=row_mask, sem="relaxed")
+    slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
+    tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
     peers = tl.arange(0, CHUNKS_P2)
-    peer_ptrs = slot_ptr + row_ids[:, None] * CHUNKS + peers[None, :]
+    peer_ptrs = slots[:, None] + peers[None, :]
     peer_mask = row_mask[:, None] & (peers < CHUNKS)[None, :]
     v = tl.load(peer_ptrs, mask=peer_mask, other=0, volatile=True)
     while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
@@ -120,17 +128,19 @@ def _exchange(slot_ptr, chunk, row_ids, row_mask, packed, CHUNKS: tl.constexpr, 
 @_jit
 def _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
     """The first slot of each row of ``tile`` ([BLOCK_M]), and which rows exist."""
-    _, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-    return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * CHUNKS, row_mask
+    _, _, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+    return _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS), row_mask
 
 
 @_jit
-def _empty_previous(slot_ptr, chunk, previous, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
+def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
                     CHUNKS: tl.constexpr):
-    """Empty this program's slots of its previous tile (none if ``previous`` < 0). Called once
-    every chunk of the current tile has published: a peer publishes only after it has read all of
+    """Empty this program's slots of the tile it held before ``tile`` (none on its first). Called
+    once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
     multiple of CHUNKS). A plain store: no program waits on a round trip to clean up."""
+    # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
+    previous = tile - tl.num_programs(0) // CHUNKS
     slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     tl.store(slots + chunk, tl.full([BLOCK_M], EMPTY_SLOT, tl.int64), mask=row_mask & (previous >= 0))
 
@@ -206,8 +216,7 @@ def softmax_forward_split(
         # One exponential per element: kept and rescaled once the row's maximum is known.
         e = tl.exp2(z * LOG2E)
         packed = (_float_bits(ref) << 32) | _float_bits(tl.sum(e, 1))
-        row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        v = _exchange(slot_ptr, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
+        v = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2)
         present = v != EMPTY_SLOT
         peer_ref = tl.where(present, _bits_float(v >> 32), -float("inf"))
         peer_sum = tl.where(present, _bits_float(v), 0.0)
@@ -216,8 +225,7 @@ def softmax_forward_split(
         scale = tl.exp2((ref - row_max) * LOG2E) / total
         shift = ref - row_max - tl.log(total)
         _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale, shift, LOG))
-        _empty_previous(slot_ptr, chunk, tile - tl.num_programs(0) // CHUNKS, tiles_per_outer, rows_per_outer,
-                        BLOCK_M, CHUNKS)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
 
@@ -321,12 +329,10 @@ def softmax_backward_split(
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
-        row_ids = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        v = _exchange(slot_ptr, chunk, row_ids, row_mask, packed, CHUNKS, CHUNKS_P2)
+        v = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
-        _empty_previous(slot_ptr, chunk, tile - tl.num_programs(0) // CHUNKS, tiles_per_outer, rows_per_outer,
-                        BLOCK_M, CHUNKS)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
 
