@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig, plan_launch, select_config
+from portable_softmax.planner import DTYPE_BYTES, KernelConfig, contiguous_align, plan_launch, select_config, window_columns
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -177,6 +177,10 @@ class Case:
         return "backward" if self.backward else "forward"
 
     @property
+    def align(self) -> int:
+        return contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
+
+    @property
     def plan_dtype(self) -> str:
         # What launch.py plans with: only float64 accumulation changes the plan.
         return "float64" if self.dtype == "float64" else "float32"
@@ -212,6 +216,8 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
     pointer = POINTER_TYPES[case.dtype]
     args: list[tuple[str, Any]] = [(pointer, True)] * tensors
     constexprs: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": case.log}
+    if config.regime != "loop":
+        constexprs["ALIGN"] = case.align
     if config.regime == "split":
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
@@ -228,10 +234,11 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """The configurations a launch of ``case`` may use: the plan's, and its no-split fallback."""
     common = dict(backward=case.backward, rows_per_group=case.rows)
-    primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
+    cols = window_columns(case.cols, case.align)
+    primary = select_config(record, case.rows, cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":
-        found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
+        found.append(("fallback", select_config(record, case.rows, cols, case.plan_dtype, allow_split=False,
                                                 **common)))
     return found
 
@@ -650,7 +657,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         compiled_for_case = by_case.get(case, {})
         if config in compiled_for_case:
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
-                               rows_per_group=case.rows, allow_split=role == "primary",
+                               rows_per_group=case.rows, allow_split=role == "primary", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c])
             if plan.config != config:
                 # The split grid does not fit resident: launches take the fallback (its own row).

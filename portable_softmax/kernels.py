@@ -20,6 +20,12 @@ Three ways to hold a row, chosen by the launch planner (``planner.py``):
   traffic of the others, but no program ever waits on another, so it is the path for backends
   that cannot promise residency (the CPU interpreter, Ascend, unknown plugins).
 
+Rows whose starts are not 16-byte aligned (bf16 rows of 50257) would read one element per
+instruction. The tile and split kernels then take ``ALIGN`` > 1 (the elements in 16 bytes): each
+row is read through a *window* that starts at the aligned element at or before it, whole groups of
+ALIGN at a time, and written the same way where a group is wholly the row's; the few elements that
+share a group with a neighbouring row are recomputed and stored alone (``_edge_columns``).
+
 The same file is loaded twice: as ``portable_softmax.kernels`` for GPU compilation and as
 ``portable_softmax.kernels_interpreted`` (see ``interpreter.py``) to run CPU tensors through
 Triton's interpreter; the lines under ``if __name__...`` pick the decorator for each.
@@ -57,15 +63,14 @@ def _row_starts(outer, rows, outer_stride, row_stride):
 
 
 @_jit
-def _split_item(item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
-    """The tile and chunk of a split-path work item, with its rows, columns ([1, BLOCK_N]) and mask."""
+def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CHUNKS: tl.constexpr):
+    """The tile and chunk of a split-path work item, with its rows and window columns ([1, BLOCK_N])."""
     # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
     tile = item // CHUNKS
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-    cols = (chunk * BLOCK_N + chunk_cols)[None, :]
-    return tile, chunk, outer, rows, row_mask, cols, row_mask[:, None] & (cols < n_cols)
+    return tile, chunk, outer, rows, row_mask, (chunk * BLOCK_N + chunk_cols)[None, :]
 
 
 @_jit
@@ -82,8 +87,81 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
 
 
 @_jit
+def _load_window(ptr, base, cols, col_stride, load, own, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
+                 ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
+    """``_load`` under ``_column_masks``: the loaded elements that are not the row's read as OTHER."""
+    if ALIGN > 1:
+        # No fill value for the load itself: a fill would keep each load's predicate alive until
+        # its data arrives, and with too few predicate registers ptxas then serialises the loads.
+        v = tl.where(own, _load(ptr, base, cols, col_stride, load, None, CAST_TY, ACC_FP64), OTHER)
+    else:
+        v = _load(ptr, base, cols, col_stride, load, OTHER, CAST_TY, ACC_FP64)
+    return v
+
+
+@_jit
 def _store(ptr, base, cols, col_stride, mask, value):
     tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@_jit
+def _window_start(base, ALIGN: tl.constexpr):
+    """The element offset at or before each row start ``base`` that is a multiple of ``ALIGN``:
+    where a row's window begins. ALIGN elements are 16 bytes, so a window read from an aligned
+    pointer is whole vector loads even when rows are not (bf16 rows of 50257)."""
+    if ALIGN > 1:
+        base = base // ALIGN * ALIGN
+    return base
+
+
+@_jit
+def _window(row_start, ALIGN: tl.constexpr):
+    """A row's window start (``_window_start``) and the row's first column in it, as int32:
+    compares of 64-bit columns would cost two instructions per element."""
+    start = _window_start(row_start, ALIGN)
+    return start, (row_start - start).to(tl.int32)
+
+
+@_jit
+def _column_masks(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
+    """For window columns ``cols`` ([1, N]) of rows that begin ``lead`` ([M]) columns into their
+    window: what to load, which loaded elements are the row's, and what to store.
+
+    Loads and stores cover whole ALIGN-column groups, which keeps them vectors: the load takes
+    every group that touches the row (its neighbours' elements are read, then ignored; a group
+    lies in one 16-byte block, so it is never past the page of a valid element), the store only
+    the groups wholly inside the row. ``_edge_columns`` stores the rest."""
+    if ALIGN > 1:
+        first = lead[:, None]
+        end = first + n_cols
+        # Three separate predicates: sharing the load's would keep it alive until the load returns.
+        load = row_mask[:, None] & (cols < (end + ALIGN - 1) // ALIGN * ALIGN)
+        own = row_mask[:, None] & (cols >= first) & (cols < end)
+        store = row_mask[:, None] & (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < end // ALIGN * ALIGN)
+    else:
+        load = row_mask[:, None] & (cols < n_cols)
+        own = load
+        store = load
+    return load, own, store
+
+
+@_jit
+def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """The window columns ([M, 2 * ALIGN]) of the row's elements in its first and last group,
+    masked to those ``_column_masks`` does not store and to the block's own columns
+    [first_col, first_col + BLOCK_N). Callers recompute them from a small second read: a masked
+    store of the whole block would cost one instruction per element."""
+    j = tl.arange(0, 2 * ALIGN)[None, :]
+    first = lead[:, None]
+    end = first + n_cols
+    tail = end // ALIGN * ALIGN
+    # Descending columns: Triton then gives each thread one element, not a vector's worth.
+    cols = tl.where(j < ALIGN, ALIGN - 1 - j, tail + 2 * ALIGN - 1 - j)
+    inside = (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < tail)
+    # A row within one group has no separate last group.
+    distinct = (j < ALIGN) | (tail >= ALIGN)
+    mask = row_mask[:, None] & (cols >= first) & (cols < end) & ~inside & distinct
+    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
 
 
 @_jit
@@ -176,23 +254,40 @@ def _normalized(z, e, scale, shift, LOG: tl.constexpr):
 
 
 @_jit
+def _normalized_block(x_ptr, y_ptr, x_base, y_base, cols, mask, ref, scale, shift, x_col_stride, y_col_stride,
+                      LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Write y at block columns ``cols`` from x read there, given the row's reference and scale."""
+    x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+    z = x - ref[:, None]
+    _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+
+
+@_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        mask = row_mask[:, None] & (cols < n_cols)
+        x_base, lead = _window(_row_starts(outer, rows, x_outer_stride, x_row_stride), ALIGN)
+        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
-        z = x - tl.max(x, 1)[:, None]
+        x = _load_window(x_ptr, x_base, cols, x_col_stride, load, own, -float("inf"), y_ptr.dtype.element_ty,
+                         ACC_FP64, ALIGN)
+        row_max = tl.max(x, 1)
+        z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
-        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, 1.0 / total, -tl.log(total), LOG))
+        scale = 1.0 / total
+        shift = -tl.log(total)
+        _store(y_ptr, y_base, cols, y_col_stride, store, _normalized(z, e, scale, shift, LOG))
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
+            _normalized_block(x_ptr, y_ptr, x_base, y_base, edge, edge_mask, row_max, scale, shift, x_col_stride,
+                              y_col_stride, LOG, ACC_FP64)
 
 
 @_jit
@@ -200,15 +295,17 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
-            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        x_base, lead = _window(_row_starts(outer, rows, x_outer_stride, x_row_stride), ALIGN)
+        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
+        x = _load_window(x_ptr, x_base, cols, x_col_stride, load, own, -float("inf"), y_ptr.dtype.element_ty, False,
+                         ALIGN)
         chunk_max = tl.max(x, 1)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -224,7 +321,11 @@ def softmax_forward_split(
         total = tl.sum(peer_sum * tl.exp2((peer_ref - row_max[:, None]) * LOG2E), 1)
         scale = tl.exp2((ref - row_max) * LOG2E) / total
         shift = ref - row_max - tl.log(total)
-        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale, shift, LOG))
+        _store(y_ptr, y_base, cols, y_col_stride, store, _normalized(z, e, scale, shift, LOG))
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            _normalized_block(x_ptr, y_ptr, x_base, y_base, edge, edge_mask, ref, scale, shift, x_col_stride,
+                              y_col_stride, LOG, False)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
@@ -263,10 +364,8 @@ def softmax_forward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64)
-            z = x - ref[:, None]
-            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+            _normalized_block(x_ptr, y_ptr, x_base, y_base, cols[None, :], mask, ref, scale, shift, x_col_stride,
+                              y_col_stride, LOG, ACC_FP64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,23 +391,37 @@ def _grad(y, dy, row_sum, LOG: tl.constexpr):
 
 
 @_jit
+def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Write dx at block columns ``cols`` from y and dy read there."""
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
+
+
+@_jit
 def softmax_backward_tile(
     y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
-        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
-        mask = row_mask[:, None] & (cols < n_cols)
-        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+        y_base, lead = _window(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
+        dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
+        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
+        y = _load_window(y_ptr, y_base, cols, y_col_stride, load, own, 0.0, y_ptr.dtype.element_ty, ACC_FP64, ALIGN)
+        dy = _load_window(dy_ptr, dy_base, cols, dy_col_stride, load, own, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
+                          ALIGN)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, store, _grad(y, dy, row_sum, LOG))
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, edge_mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64)
 
 
 @_jit
@@ -317,32 +430,28 @@ def softmax_backward_split(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        tile, chunk, outer, rows, row_mask, cols, mask = _split_item(
-            item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
-        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
-        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
-        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        y_base, lead = _window(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
+        dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
+        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
+        y = _load_window(y_ptr, y_base, cols, y_col_stride, load, own, 0.0, y_ptr.dtype.element_ty, False, ALIGN)
+        dy = _load_window(dy_ptr, dy_base, cols, dy_col_stride, load, own, 0.0, dy_ptr.dtype.element_ty, False, ALIGN)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
         v = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, store, _grad(y, dy, row_sum, LOG))
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, edge_mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, False)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
-
-
-@_jit
-def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Write dx at block columns ``cols`` from y and dy read there."""
-    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
-    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
 
 
 @_jit

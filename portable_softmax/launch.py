@@ -21,7 +21,7 @@ import torch
 from portable_softmax import compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit
+from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, window_align
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 
@@ -191,12 +191,16 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
     strides = tuple(s for triple in view.strides for s in triple)
     tiles_rows = (view.rows_per_outer, view.n_cols)
     backward = direction == "backward"
+    align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
+                         [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, f"softmax_{direction}_{config.regime}")
         tiles_per_outer = -(-view.rows_per_outer // config.block_m)
         tiles = view.n_outer * tiles_per_outer
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
+        if config.regime != "loop":
+            constexprs["ALIGN"] = align
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
@@ -221,7 +225,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
 
     plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split)
+                       allow_split=allow_split, align=align)
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None

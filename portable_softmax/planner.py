@@ -12,7 +12,7 @@ Three regimes (see ``kernels.py``):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -22,6 +22,9 @@ from portable_softmax.tuning import Tuning, tuning_for
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MAX_SPLIT_CHUNKS = 1024
+# The widest vector load, and the divisibility Triton specialises integer arguments on.
+VECTOR_BYTES = 16
+TRITON_DIVISIBILITY = 16
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class LaunchPlan:
     items: int
     rows_per_program: int
     reason: str
+    align: int = 1
 
     @property
     def config(self) -> KernelConfig:
@@ -67,6 +71,38 @@ class LaunchPlan:
 
 
 ResourceSource = Union[KernelResources, Callable[[KernelConfig], KernelResources], None]
+
+
+def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequence[tuple[int, int, int]],
+                 element_sizes: Sequence[int], pointers_aligned: bool) -> int:
+    """The ``ALIGN`` constexpr of the tile and split kernels: the elements in 16 bytes if rows
+    should be read through aligned windows (``kernels.py``), else 1.
+
+    Triton proves a row start 16-byte aligned only from strides that are multiples of 16
+    elements; otherwise it reads one element per instruction, which costs bf16 rows of 50257 a
+    third of their bandwidth. A window needs contiguous columns and aligned pointers, and every
+    tensor's rows must start equally far past an aligned element, so that one window fits all.
+    ``strides`` are (outer, row, column) per tensor, in elements.
+    """
+    align = VECTOR_BYTES // min(element_sizes)
+    if not pointers_aligned or n_cols <= align or any(col != 1 for _, _, col in strides):
+        return 1
+    used = [i for i, count in enumerate((n_outer, rows_per_outer)) if count > 1]
+    if all(triple[i] % TRITON_DIVISIBILITY == 0 for triple in strides for i in used):
+        return 1
+    if any(triple[i] % align != strides[0][i] % align for triple in strides for i in used):
+        return 1
+    return align
+
+
+def contiguous_align(rows: int, cols: int, element_size: int) -> int:
+    """``window_align`` for contiguous [rows, cols] tensors of one element size."""
+    return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
+
+
+def window_columns(n_cols: int, align: int) -> int:
+    """The columns a row's window spans: the row, and up to ``align - 1`` elements before it."""
+    return n_cols + align - 1
 
 
 def _next_power_of_2(n: int) -> int:
@@ -148,7 +184,7 @@ def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfi
 
 def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
-                programs: Optional[int] = None, allow_split: bool = True) -> LaunchPlan:
+                programs: Optional[int] = None, allow_split: bool = True, align: int = 1) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -160,6 +196,8 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         resources: the compiled kernel's use, or a function from config to it; estimated if None.
         programs: a forced grid size (``PORTABLE_SOFTMAX_PROGRAMS``); checked for safety.
         allow_split: False rules the split path out (e.g. no scratch can be allocated now).
+        align: the kernels' ``ALIGN`` (``window_align``): rows are read through windows that
+            span ``window_columns`` columns.
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -167,6 +205,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    n_cols = window_columns(n_cols, align)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split)
     plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs)
@@ -175,7 +214,10 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
                                allow_split=False)
         plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs,
                      note="split path does not fit resident; ")
-    return plan
+    # The streaming path reads plain rows: windows are a tile and split choice.
+    if plan.regime == "loop" or align == 1:
+        return plan
+    return dataclasses.replace(plan, align=align, reason=f"{plan.reason}; rows read in aligned windows of {align}")
 
 
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,

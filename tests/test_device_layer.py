@@ -6,7 +6,7 @@ import pytest
 import portable_softmax
 from portable_softmax import vendors
 from portable_softmax.backend import get_backend
-from portable_softmax.planner import plan_launch, select_config
+from portable_softmax.planner import plan_launch, select_config, window_align
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import tuning_for
@@ -144,3 +144,30 @@ def test_cli_plan_json_for_recorded_chips(capsys):
         out = json.loads(capsys.readouterr().out)
         assert {"backend", "programs", "block_m", "block_n", "num_warps", "regime"} <= set(out)
         assert out["backend"] == profile_record(name).backend
+
+
+@pytest.mark.parametrize("case, align", [
+    (dict(rows=4, cols=781, strides=[(0, 781, 1)] * 2, sizes=[2, 2]), 8),       # bf16 rows off 16 bytes
+    (dict(rows=4, cols=781, strides=[(0, 781, 1)] * 2, sizes=[4, 4]), 4),       # fp32
+    (dict(rows=4, cols=781, strides=[(0, 781, 1)] * 2, sizes=[2, 4]), 8),       # bf16 in, fp32 out (dtype=)
+    (dict(rows=4, cols=50264, strides=[(0, 50264, 1)] * 2, sizes=[2, 2]), 8),   # aligned, but Triton cannot tell
+    (dict(rows=4, cols=1024, strides=[(0, 1024, 1)] * 2, sizes=[2, 2]), 1),     # Triton proves these aligned
+    (dict(rows=1, cols=781, strides=[(0, 0, 1)] * 2, sizes=[2, 2]), 1),         # one row starts at the pointer
+    (dict(rows=4, cols=8, strides=[(0, 9, 1)] * 2, sizes=[2, 2]), 1),           # a row within one group
+    (dict(rows=4, cols=781, strides=[(0, 800, 1), (0, 781, 1)], sizes=[2, 2]), 1),  # rows start differently
+    (dict(rows=4, cols=781, strides=[(0, 1, 4)] * 2, sizes=[2, 2]), 1),         # columns not contiguous
+    (dict(rows=4, cols=781, strides=[(0, 781, 1)] * 2, sizes=[2, 2], aligned=False), 1),  # pointer off 16 bytes
+    (dict(outer=3, rows=4, cols=781, strides=[(3200, 800, 1), (3124, 781, 1)], sizes=[2, 2]), 1),
+    (dict(outer=3, rows=4, cols=781, strides=[(3128, 781, 1)] * 2, sizes=[2, 2]), 8),
+])
+def test_window_align_only_where_one_window_fits_every_tensor(case, align):
+    assert window_align(case.get("outer", 1), case["rows"], case["cols"], case["strides"], case["sizes"],
+                        case.get("aligned", True)) == align
+
+
+def test_windows_widen_the_planned_row():
+    """A window spans up to ALIGN - 1 columns before its row: the plan must cover them."""
+    record = profile_record("h200")
+    plan = plan_launch(record, 4096, 50257, "float32", align=8)
+    assert plan.align == 8 and plan.chunks * plan.block_n >= 50257 + 7
+    assert plan_launch(record, 4096, 50257, "float32", backward=True, align=1).align == 1
