@@ -26,6 +26,10 @@ VARIANTS = {
     "tile_ept8": dict(elements_per_thread=8),
     "tile_ept32": dict(elements_per_thread=32),
     "row32k": dict(row_elements=32768),
+    "win_none": dict(aligned_windows=frozenset()),
+    "win_split": dict(aligned_windows=frozenset({("forward", "split"), ("backward", "split")})),
+    "win_all": dict(aligned_windows=frozenset({("forward", "split"), ("backward", "split"), ("forward", "tile"),
+                                               ("backward", "tile")})),
 }
 
 
@@ -59,7 +63,7 @@ def main():
                     b = bench(lambda: launch.run_backward(y, dy, dx, backward_view, False))
                     print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                           f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                          f"bn{plan.block_n} c{plan.chunks} occ{plan.occupancy} | bwd {bplan.regime} "
+                          f"bn{plan.block_n} c{plan.chunks} a{plan.align} occ{plan.occupancy} | bwd {bplan.regime} a{bplan.align} "
                           f"P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} occ{bplan.occupancy}", flush=True)
                 except Exception as e:
                     print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} error {type(e).__name__}: {str(e)[:100]}")

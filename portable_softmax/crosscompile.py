@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig, contiguous_align, plan_launch, select_config, window_columns
+from portable_softmax.planner import DTYPE_BYTES, KernelConfig, contiguous_align, plan_launch, select_config
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -217,7 +217,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
     args: list[tuple[str, Any]] = [(pointer, True)] * tensors
     constexprs: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": case.log}
     if config.regime != "loop":
-        constexprs["ALIGN"] = case.align
+        constexprs["ALIGN"] = config.align
     if config.regime == "split":
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
@@ -233,12 +233,11 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """The configurations a launch of ``case`` may use: the plan's, and its no-split fallback."""
-    common = dict(backward=case.backward, rows_per_group=case.rows)
-    cols = window_columns(case.cols, case.align)
-    primary = select_config(record, case.rows, cols, case.plan_dtype, **common)
+    common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align)
+    primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":
-        found.append(("fallback", select_config(record, case.rows, cols, case.plan_dtype, allow_split=False,
+        found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
                                                 **common)))
     return found
 

@@ -254,10 +254,8 @@ def _normalized(z, e, scale, shift, LOG: tl.constexpr):
 
 
 @_jit
-def _normalized_block(x_ptr, y_ptr, x_base, y_base, cols, mask, ref, scale, shift, x_col_stride, y_col_stride,
-                      LOG: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Write y at block columns ``cols`` from x read there, given the row's reference and scale."""
-    x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+def _normalized_store(y_ptr, y_base, cols, y_col_stride, mask, x, ref, scale, shift, LOG: tl.constexpr):
+    """Write y at block columns ``cols`` from x there, given the row's reference and scale."""
     z = x - ref[:, None]
     _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
 
@@ -277,6 +275,10 @@ def softmax_forward_tile(
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
         x = _load_window(x_ptr, x_base, cols, x_col_stride, load, own, -float("inf"), y_ptr.dtype.element_ty,
                          ACC_FP64, ALIGN)
+        if ALIGN > 1:
+            # Read with the block: reading them after it would add a round trip per tile.
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
+            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
         row_max = tl.max(x, 1)
         z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
@@ -285,9 +287,7 @@ def softmax_forward_tile(
         shift = -tl.log(total)
         _store(y_ptr, y_base, cols, y_col_stride, store, _normalized(z, e, scale, shift, LOG))
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
-            _normalized_block(x_ptr, y_ptr, x_base, y_base, edge, edge_mask, row_max, scale, shift, x_col_stride,
-                              y_col_stride, LOG, ACC_FP64)
+            _normalized_store(y_ptr, y_base, edge, y_col_stride, edge_mask, x_edge, row_max, scale, shift, LOG)
 
 
 @_jit
@@ -306,6 +306,9 @@ def softmax_forward_split(
         load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
         x = _load_window(x_ptr, x_base, cols, x_col_stride, load, own, -float("inf"), y_ptr.dtype.element_ty, False,
                          ALIGN)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -323,9 +326,7 @@ def softmax_forward_split(
         shift = ref - row_max - tl.log(total)
         _store(y_ptr, y_base, cols, y_col_stride, store, _normalized(z, e, scale, shift, LOG))
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-            _normalized_block(x_ptr, y_ptr, x_base, y_base, edge, edge_mask, ref, scale, shift, x_col_stride,
-                              y_col_stride, LOG, False)
+            _normalized_store(y_ptr, y_base, edge, y_col_stride, edge_mask, x_edge, ref, scale, shift, LOG)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
@@ -364,8 +365,9 @@ def softmax_forward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            _normalized_block(x_ptr, y_ptr, x_base, y_base, cols[None, :], mask, ref, scale, shift, x_col_stride,
-                              y_col_stride, LOG, ACC_FP64)
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
+                      ACC_FP64)
+            _normalized_store(y_ptr, y_base, cols[None, :], y_col_stride, mask, x, ref, scale, shift, LOG)
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,12 +418,14 @@ def softmax_backward_tile(
         y = _load_window(y_ptr, y_base, cols, y_col_stride, load, own, 0.0, y_ptr.dtype.element_ty, ACC_FP64, ALIGN)
         dy = _load_window(dy_ptr, dy_base, cols, dy_col_stride, load, own, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
                           ALIGN)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
+            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
         _store(dx_ptr, dx_base, cols, dx_col_stride, store, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, edge_mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64)
+            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
 
 
 @_jit
@@ -442,14 +446,16 @@ def softmax_backward_split(
         load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
         y = _load_window(y_ptr, y_base, cols, y_col_stride, load, own, 0.0, y_ptr.dtype.element_ty, False, ALIGN)
         dy = _load_window(dy_ptr, dy_base, cols, dy_col_stride, load, own, 0.0, dy_ptr.dtype.element_ty, False, ALIGN)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, False)
+            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, 0.0, dy_ptr.dtype.element_ty, False)
         packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
         v = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
         _store(dx_ptr, dx_base, cols, dx_col_stride, store, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, edge, edge_mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, False)
+            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 

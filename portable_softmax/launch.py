@@ -200,7 +200,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         tiles = view.n_outer * tiles_per_outer
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime != "loop":
-            constexprs["ALIGN"] = align
+            constexprs["ALIGN"] = config.align
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)

@@ -37,6 +37,8 @@ class KernelConfig:
     chunks: int
     num_warps: int
     num_stages: int = 1
+    # The kernels' ALIGN: 1, or the elements in 16 bytes when rows are read in aligned windows.
+    align: int = 1
 
     @property
     def chunks_p2(self) -> int:
@@ -64,7 +66,8 @@ class LaunchPlan:
 
     @property
     def config(self) -> KernelConfig:
-        return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages)
+        return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
+                            self.align)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -100,11 +103,6 @@ def contiguous_align(rows: int, cols: int, element_size: int) -> int:
     return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
 
 
-def window_columns(n_cols: int, align: int) -> int:
-    """The columns a row's window spans: the row, and up to ``align - 1`` elements before it."""
-    return n_cols + align - 1
-
-
 def _next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -131,8 +129,24 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
-                  rows_per_group: Optional[int] = None, allow_split: bool = True) -> KernelConfig:
-    """The regime and block shape for a problem, from the record's tuning table."""
+                  rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1) -> KernelConfig:
+    """The regime and block shape for a problem, from the record's tuning table.
+
+    ``align`` (``window_align``) > 1 offers aligned windows; they are taken where the tuning
+    table's ``aligned_windows`` names the path and the window, up to ``align - 1`` columns wider
+    than the row, needs no wider block.
+    """
+    plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split)
+    if align == 1 or (("backward" if backward else "forward"), plain.regime) not in tuning_for(record).aligned_windows:
+        return plain
+    windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split)
+    if (windowed.regime, windowed.block_m, windowed.block_n) != (plain.regime, plain.block_m, plain.block_n):
+        return plain
+    return dataclasses.replace(windowed, align=align)
+
+
+def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, backward: bool,
+                  rows_per_group: Optional[int], allow_split: bool) -> KernelConfig:
     tuning = tuning_for(record)
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
@@ -196,8 +210,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         resources: the compiled kernel's use, or a function from config to it; estimated if None.
         programs: a forced grid size (``PORTABLE_SOFTMAX_PROGRAMS``); checked for safety.
         allow_split: False rules the split path out (e.g. no scratch can be allocated now).
-        align: the kernels' ``ALIGN`` (``window_align``): rows are read through windows that
-            span ``window_columns`` columns.
+        align: ``window_align`` of the tensors: offers aligned windows (``select_config``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -205,19 +218,15 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
-    n_cols = window_columns(n_cols, align)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split)
+                           allow_split=allow_split, align=align)
     plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False)
+                               allow_split=False, align=align)
         plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs,
                      note="split path does not fit resident; ")
-    # The streaming path reads plain rows: windows are a tile and split choice.
-    if plan.regime == "loop" or align == 1:
-        return plan
-    return dataclasses.replace(plan, align=align, reason=f"{plan.reason}; rows read in aligned windows of {align}")
+    return plan
 
 
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
@@ -251,5 +260,7 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         reason = f"{note}{config.regime}: {shape}; {occupancy} programs/unit over {record.compute_units} units"
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
+    if config.align > 1:
+        reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason)
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align)

@@ -9,7 +9,7 @@ from portable_softmax.backend import get_backend
 from portable_softmax.planner import plan_launch, select_config, window_align
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
-from portable_softmax.tuning import tuning_for
+from portable_softmax.tuning import TUNING, replace, tuning_for
 
 REQUIRED_PROFILES = {"h100", "a100", "mi300x", "mi250x", "rx7900xtx", "ascend910b"}
 # Labelled with the path each exercises on a GPU with residency.
@@ -165,9 +165,19 @@ def test_window_align_only_where_one_window_fits_every_tensor(case, align):
                         case.get("aligned", True)) == align
 
 
-def test_windows_widen_the_planned_row():
-    """A window spans up to ALIGN - 1 columns before its row: the plan must cover them."""
+def test_windows_where_the_tuning_table_takes_them(monkeypatch):
+    """Windows are offered by the tensors (align) and taken per path by the tuning table; a window
+    spans up to ALIGN - 1 columns before its row, so the plan must cover them, and a window that
+    would need a wider block is declined."""
     record = profile_record("h200")
-    plan = plan_launch(record, 4096, 50257, "float32", align=8)
-    assert plan.align == 8 and plan.chunks * plan.block_n >= 50257 + 7
+    assert tuning_for(record).aligned_windows == {("backward", "split")}
+    plan = plan_launch(record, 4096, 50257, "float32", backward=True, align=8)
+    assert plan.align == 8 and plan.chunks * plan.block_n >= 50257 + 7 and "aligned windows" in plan.reason
     assert plan_launch(record, 4096, 50257, "float32", backward=True, align=1).align == 1
+    assert plan_launch(record, 4096, 50257, "float32", align=8).align == 1
+    key = (record.backend, "*")
+    every = frozenset({("forward", "tile"), ("forward", "split"), ("backward", "tile"), ("backward", "split")})
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], aligned_windows=every))
+    assert plan_launch(record, 4096, 50257, "float32", align=8).align == 8
+    assert plan_launch(record, 4096, 1001, "float32", align=8).align == 8
+    assert plan_launch(record, 4096, 1020, "float32", align=8).align == 1  # 1027 needs a block of 2048
