@@ -26,10 +26,9 @@ VARIANTS = {
     "tile_ept8": dict(elements_per_thread=8),
     "tile_ept32": dict(elements_per_thread=32),
     "row32k": dict(row_elements=32768),
-    "win_none": dict(aligned_windows=frozenset()),
-    "win_split": dict(aligned_windows=frozenset({("forward", "split"), ("backward", "split")})),
-    "win_all": dict(aligned_windows=frozenset({("forward", "split"), ("backward", "split"), ("forward", "tile"),
-                                               ("backward", "tile")})),
+    "win_none": dict(split_windows=frozenset()),
+    "win_fwd": dict(split_windows=frozenset({"forward"})),
+    "win_bwd": dict(split_windows=frozenset({"backward"})),
 }
 
 

@@ -216,12 +216,10 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
     pointer = POINTER_TYPES[case.dtype]
     args: list[tuple[str, Any]] = [(pointer, True)] * tensors
     constexprs: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": case.log}
-    if config.regime != "loop":
-        constexprs["ALIGN"] = config.align
     if config.regime == "split":
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
-        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
+        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"

@@ -20,11 +20,12 @@ Three ways to hold a row, chosen by the launch planner (``planner.py``):
   traffic of the others, but no program ever waits on another, so it is the path for backends
   that cannot promise residency (the CPU interpreter, Ascend, unknown plugins).
 
-Rows whose starts are not 16-byte aligned (bf16 rows of 50257) would read one element per
-instruction. The tile and split kernels then take ``ALIGN`` > 1 (the elements in 16 bytes): each
-row is read through a *window* that starts at the aligned element at or before it, whole groups of
-ALIGN at a time, and written the same way where a group is wholly the row's; the few elements that
-share a group with a neighbouring row are recomputed and stored alone (``_edge_columns``).
+Split rows whose starts are not 16-byte aligned (bf16 rows of 50257) would be read one element
+per instruction. The split kernels then take ``ALIGN`` > 1 (the elements in 16 bytes): a row is
+read through a *window* that starts at the aligned element at or before it. Each chunk moves the
+window's whole ALIGN-element groups that lie inside the row as vectors, with no per-element
+mask; the at most 2 * (ALIGN - 1) elements that share a group with a neighbouring row travel in a
+small separate block (``_edge_columns``) that joins the chunk's partial and is stored alone.
 
 The same file is loaded twice: as ``portable_softmax.kernels`` for GPU compilation and as
 ``portable_softmax.kernels_interpreted`` (see ``interpreter.py``) to run CPU tensors through
@@ -65,12 +66,66 @@ def _row_starts(outer, rows, outer_stride, row_stride):
 @_jit
 def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CHUNKS: tl.constexpr):
-    """The tile and chunk of a split-path work item, with its rows and window columns ([1, BLOCK_N])."""
+    """The tile and chunk of a split-path work item, with its rows and columns ([1, BLOCK_N])."""
     # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
     tile = item // CHUNKS
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
     return tile, chunk, outer, rows, row_mask, (chunk * BLOCK_N + chunk_cols)[None, :]
+
+
+@_jit
+def _window_start(base, ALIGN: tl.constexpr):
+    """The element offset at or before each row start ``base`` that is a multiple of ``ALIGN``."""
+    if ALIGN > 1:
+        base = base // ALIGN * ALIGN
+    return base
+
+
+@_jit
+def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
+    """Which columns of a chunk ([1, BLOCK_N]) to load and store as the block. With windows
+    (``lead``: the row's first column in its window, int32 so that compares take one
+    instruction) only whole ALIGN-column groups inside the row: the mask is constant over each
+    group, so the accesses stay vectors, and needs no per-element test."""
+    if ALIGN > 1:
+        first = lead[:, None]
+        inside = (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < (first + n_cols) // ALIGN * ALIGN)
+        mask = row_mask[:, None] & inside
+    else:
+        mask = row_mask[:, None] & (cols < n_cols)
+    return mask
+
+
+@_jit
+def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """The window columns ([2 * ALIGN]) of the row's elements in its first and last group that
+    ``_chunk_mask`` leaves out, and their mask, restricted to the chunk's own columns
+    [first_col, first_col + BLOCK_N). One row per item (BLOCK_M = 1): the row's values are
+    scalars here, so the block keeps Triton's one-element-per-thread layout."""
+    lead = tl.sum(lead, 0)
+    exists = tl.sum(row_mask.to(tl.int32), 0) > 0
+    end = lead + n_cols
+    inner = (lead + ALIGN - 1) // ALIGN * ALIGN
+    tail = end // ALIGN * ALIGN
+    j = tl.arange(0, 2 * ALIGN)
+    # Descending columns, so that Triton sees no contiguity and gives no thread a vector of them.
+    cols = tl.where(j < ALIGN, ALIGN - 1 - j, tail + 2 * ALIGN - 1 - j)
+    # A row inside one group has no separate last group.
+    distinct = (j < ALIGN) | (tail >= ALIGN)
+    mask = exists & (cols >= lead) & (cols < end) & ((cols < inner) | (cols >= tail)) & distinct
+    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
+
+
+@_jit
+def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr):
+    """``_load`` of ``_edge_columns`` from the window at ``base`` ([1])."""
+    return tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER).to(CAST_TY).to(tl.float32)
+
+
+@_jit
+def _edge_store(ptr, base, cols, mask, value):
+    tl.store(ptr + tl.sum(base, 0) + cols, value.to(ptr.dtype.element_ty), mask=mask)
 
 
 @_jit
@@ -87,81 +142,8 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
 
 
 @_jit
-def _load_window(ptr, base, cols, col_stride, load, own, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
-                 ACC_FP64: tl.constexpr, ALIGN: tl.constexpr):
-    """``_load`` under ``_column_masks``: the loaded elements that are not the row's read as OTHER."""
-    if ALIGN > 1:
-        # No fill value for the load itself: a fill would keep each load's predicate alive until
-        # its data arrives, and with too few predicate registers ptxas then serialises the loads.
-        v = tl.where(own, _load(ptr, base, cols, col_stride, load, None, CAST_TY, ACC_FP64), OTHER)
-    else:
-        v = _load(ptr, base, cols, col_stride, load, OTHER, CAST_TY, ACC_FP64)
-    return v
-
-
-@_jit
 def _store(ptr, base, cols, col_stride, mask, value):
     tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)
-
-
-@_jit
-def _window_start(base, ALIGN: tl.constexpr):
-    """The element offset at or before each row start ``base`` that is a multiple of ``ALIGN``:
-    where a row's window begins. ALIGN elements are 16 bytes, so a window read from an aligned
-    pointer is whole vector loads even when rows are not (bf16 rows of 50257)."""
-    if ALIGN > 1:
-        base = base // ALIGN * ALIGN
-    return base
-
-
-@_jit
-def _window(row_start, ALIGN: tl.constexpr):
-    """A row's window start (``_window_start``) and the row's first column in it, as int32:
-    compares of 64-bit columns would cost two instructions per element."""
-    start = _window_start(row_start, ALIGN)
-    return start, (row_start - start).to(tl.int32)
-
-
-@_jit
-def _column_masks(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
-    """For window columns ``cols`` ([1, N]) of rows that begin ``lead`` ([M]) columns into their
-    window: what to load, which loaded elements are the row's, and what to store.
-
-    Loads and stores cover whole ALIGN-column groups, which keeps them vectors: the load takes
-    every group that touches the row (its neighbours' elements are read, then ignored; a group
-    lies in one 16-byte block, so it is never past the page of a valid element), the store only
-    the groups wholly inside the row. ``_edge_columns`` stores the rest."""
-    if ALIGN > 1:
-        first = lead[:, None]
-        end = first + n_cols
-        # Three separate predicates: sharing the load's would keep it alive until the load returns.
-        load = row_mask[:, None] & (cols < (end + ALIGN - 1) // ALIGN * ALIGN)
-        own = row_mask[:, None] & (cols >= first) & (cols < end)
-        store = row_mask[:, None] & (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < end // ALIGN * ALIGN)
-    else:
-        load = row_mask[:, None] & (cols < n_cols)
-        own = load
-        store = load
-    return load, own, store
-
-
-@_jit
-def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """The window columns ([M, 2 * ALIGN]) of the row's elements in its first and last group,
-    masked to those ``_column_masks`` does not store and to the block's own columns
-    [first_col, first_col + BLOCK_N). Callers recompute them from a small second read: a masked
-    store of the whole block would cost one instruction per element."""
-    j = tl.arange(0, 2 * ALIGN)[None, :]
-    first = lead[:, None]
-    end = first + n_cols
-    tail = end // ALIGN * ALIGN
-    # Descending columns: Triton then gives each thread one element, not a vector's worth.
-    cols = tl.where(j < ALIGN, ALIGN - 1 - j, tail + 2 * ALIGN - 1 - j)
-    inside = (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < tail)
-    # A row within one group has no separate last group.
-    distinct = (j < ALIGN) | (tail >= ALIGN)
-    mask = row_mask[:, None] & (cols >= first) & (cols < end) & ~inside & distinct
-    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
 
 
 @_jit
@@ -249,45 +231,29 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
 def _normalized(z, e, scale, shift, LOG: tl.constexpr):
     """The output from z = x - ref and e = exp(z): ``e * scale`` (softmax) or ``z + shift`` (log)."""
     if LOG:
-        return z + shift[:, None]
-    return e * scale[:, None]
-
-
-@_jit
-def _normalized_store(y_ptr, y_base, cols, y_col_stride, mask, x, ref, scale, shift, LOG: tl.constexpr):
-    """Write y at block columns ``cols`` from x there, given the row's reference and scale."""
-    z = x - ref[:, None]
-    _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG))
+        return z + shift
+    return e * scale
 
 
 @_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base, lead = _window(_row_starts(outer, rows, x_outer_stride, x_row_stride), ALIGN)
-        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        mask = row_mask[:, None] & (cols < n_cols)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load_window(x_ptr, x_base, cols, x_col_stride, load, own, -float("inf"), y_ptr.dtype.element_ty,
-                         ACC_FP64, ALIGN)
-        if ALIGN > 1:
-            # Read with the block: reading them after it would add a round trip per tile.
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
-            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-        row_max = tl.max(x, 1)
-        z = x - row_max[:, None]
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
+        z = x - tl.max(x, 1)[:, None]
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
-        scale = 1.0 / total
-        shift = -tl.log(total)
-        _store(y_ptr, y_base, cols, y_col_stride, store, _normalized(z, e, scale, shift, LOG))
-        if ALIGN > 1:
-            _normalized_store(y_ptr, y_base, edge, y_col_stride, edge_mask, x_edge, row_max, scale, shift, LOG)
+        _store(y_ptr, y_base, cols, y_col_stride, mask,
+               _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG))
 
 
 @_jit
@@ -297,25 +263,33 @@ def softmax_forward_split(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
+    tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        x_base, lead = _window(_row_starts(outer, rows, x_outer_stride, x_row_stride), ALIGN)
+        x_row = _row_starts(outer, rows, x_outer_stride, x_row_stride)
+        x_base = _window_start(x_row, ALIGN)
         y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
-        x = _load_window(x_ptr, x_base, cols, x_col_stride, load, own, -float("inf"), y_ptr.dtype.element_ty, False,
-                         ALIGN)
-        if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-            x_edge = _load(x_ptr, x_base, edge, x_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, False)
+        mask = _chunk_mask(cols, (x_row - x_base).to(tl.int32), n_cols, row_mask, ALIGN)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns((x_row - x_base).to(tl.int32), n_cols, row_mask, chunk * BLOCK_N, BLOCK_N,
+                                            ALIGN)
+            x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
+            chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
         z = x - ref[:, None]
         # One exponential per element: kept and rescaled once the row's maximum is known.
         e = tl.exp2(z * LOG2E)
-        packed = (_float_bits(ref) << 32) | _float_bits(tl.sum(e, 1))
+        total = tl.sum(e, 1)
+        if ALIGN > 1:
+            z_edge = x_edge - tl.sum(ref, 0)
+            e_edge = tl.exp2(z_edge * LOG2E)
+            total += tl.sum(e_edge, 0)
+        packed = (_float_bits(ref) << 32) | _float_bits(total)
         v = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2)
         present = v != EMPTY_SLOT
         peer_ref = tl.where(present, _bits_float(v >> 32), -float("inf"))
@@ -324,9 +298,10 @@ def softmax_forward_split(
         total = tl.sum(peer_sum * tl.exp2((peer_ref - row_max[:, None]) * LOG2E), 1)
         scale = tl.exp2((ref - row_max) * LOG2E) / total
         shift = ref - row_max - tl.log(total)
-        _store(y_ptr, y_base, cols, y_col_stride, store, _normalized(z, e, scale, shift, LOG))
+        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
         if ALIGN > 1:
-            _normalized_store(y_ptr, y_base, edge, y_col_stride, edge_mask, x_edge, ref, scale, shift, LOG)
+            _edge_store(y_ptr, y_base, edge, edge_mask,
+                        _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
@@ -367,7 +342,9 @@ def softmax_forward_loop(
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
             x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
                       ACC_FP64)
-            _normalized_store(y_ptr, y_base, cols[None, :], y_col_stride, mask, x, ref, scale, shift, LOG)
+            z = x - ref[:, None]
+            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask,
+                   _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,17 +365,8 @@ def _grad_terms(y, dy, LOG: tl.constexpr):
 @_jit
 def _grad(y, dy, row_sum, LOG: tl.constexpr):
     if LOG:
-        return dy - tl.exp2(y * LOG2E) * row_sum[:, None]
-    return y * (dy - row_sum[:, None])
-
-
-@_jit
-def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Write dx at block columns ``cols`` from y and dy read there."""
-    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
-    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
+        return dy - tl.exp2(y * LOG2E) * row_sum
+    return y * (dy - row_sum)
 
 
 @_jit
@@ -406,26 +374,19 @@ def softmax_backward_tile(
     y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        y_base, lead = _window(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-        dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
-        dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
-        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
-        y = _load_window(y_ptr, y_base, cols, y_col_stride, load, own, 0.0, y_ptr.dtype.element_ty, ACC_FP64, ALIGN)
-        dy = _load_window(dy_ptr, dy_base, cols, dy_col_stride, load, own, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
-                          ALIGN)
-        if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, 0, BLOCK_N, ALIGN)
-            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
+        mask = row_mask[:, None] & (cols < n_cols)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, store, _grad(y, dy, row_sum, LOG))
-        if ALIGN > 1:
-            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
 
 
 @_jit
@@ -436,28 +397,41 @@ def softmax_backward_split(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
+    tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
     chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        y_base, lead = _window(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        y_row = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        y_base = _window_start(y_row, ALIGN)
         dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
         dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
-        load, own, store = _column_masks(cols, lead, n_cols, row_mask, ALIGN)
-        y = _load_window(y_ptr, y_base, cols, y_col_stride, load, own, 0.0, y_ptr.dtype.element_ty, False, ALIGN)
-        dy = _load_window(dy_ptr, dy_base, cols, dy_col_stride, load, own, 0.0, dy_ptr.dtype.element_ty, False, ALIGN)
+        mask = _chunk_mask(cols, (y_row - y_base).to(tl.int32), n_cols, row_mask, ALIGN)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
+        partial = tl.sum(_grad_terms(y, dy, LOG), 1)
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-            y_edge = _load(y_ptr, y_base, edge, y_col_stride, edge_mask, 0.0, y_ptr.dtype.element_ty, False)
-            dy_edge = _load(dy_ptr, dy_base, edge, dy_col_stride, edge_mask, 0.0, dy_ptr.dtype.element_ty, False)
-        packed = _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1))
-        v = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2)
+            edge, edge_mask = _edge_columns((y_row - y_base).to(tl.int32), n_cols, row_mask, chunk * BLOCK_N, BLOCK_N,
+                                            ALIGN)
+            y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
+            dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
+            partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
+        v = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, store, _grad(y, dy, row_sum, LOG))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
         if ALIGN > 1:
-            _store(dx_ptr, dx_base, edge, dx_col_stride, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
+            _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, tl.sum(row_sum, 0), LOG))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
+
+
+@_jit
+def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Write dx at block columns ``cols`` from y and dy read there."""
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
 
 
 @_jit

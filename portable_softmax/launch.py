@@ -199,10 +199,8 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         tiles_per_outer = -(-view.rows_per_outer // config.block_m)
         tiles = view.n_outer * tiles_per_outer
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
-        if config.regime != "loop":
-            constexprs["ALIGN"] = config.align
         if config.regime == "split":
-            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2)
+            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64

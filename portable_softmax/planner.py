@@ -132,15 +132,16 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
                   rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
-    ``align`` (``window_align``) > 1 offers aligned windows; they are taken where the tuning
-    table's ``aligned_windows`` names the path and the window, up to ``align - 1`` columns wider
-    than the row, needs no wider block.
+    ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
+    directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
+    columns wider than the row, needs no more or wider chunks.
     """
     plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split)
-    if align == 1 or (("backward" if backward else "forward"), plain.regime) not in tuning_for(record).aligned_windows:
+    direction = "backward" if backward else "forward"
+    if align == 1 or plain.regime != "split" or direction not in tuning_for(record).split_windows:
         return plain
     windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split)
-    if (windowed.regime, windowed.block_m, windowed.block_n) != (plain.regime, plain.block_m, plain.block_n):
+    if dataclasses.replace(windowed, align=1) != plain:
         return plain
     return dataclasses.replace(windowed, align=align)
 

@@ -36,10 +36,9 @@ class Tuning:
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
-        aligned_windows: the (direction, regime) paths that read rows off 16-byte boundaries
-            through aligned windows (``kernels.py``) rather than one element per instruction.
-            On the H200 they lift the bf16 backward split at N=50257 and lose on tiles and the
-            forward split, whose extra registers and edge reads cost more than the vectors gain.
+        split_windows: the directions ("forward", "backward") whose split path reads rows off
+            16-byte boundaries through aligned windows (``kernels.py``) rather than one element
+            per instruction.
     """
 
     tile_elements: int = 2048
@@ -56,7 +55,7 @@ class Tuning:
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
-    aligned_windows: frozenset[tuple[str, str]] = frozenset({("backward", "split")})
+    split_windows: frozenset[str] = frozenset({"forward", "backward"})
 
 
 _DEFAULT = Tuning()

@@ -165,19 +165,16 @@ def test_window_align_only_where_one_window_fits_every_tensor(case, align):
                         case.get("aligned", True)) == align
 
 
-def test_windows_where_the_tuning_table_takes_them(monkeypatch):
-    """Windows are offered by the tensors (align) and taken per path by the tuning table; a window
-    spans up to ALIGN - 1 columns before its row, so the plan must cover them, and a window that
-    would need a wider block is declined."""
+def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):
+    """Windows are offered by the tensors (align) and taken by the split path in the directions
+    the tuning table names; a window spans up to ALIGN - 1 columns before its row, so the plan
+    must cover them, and a window that would need a wider chunk is declined."""
     record = profile_record("h200")
-    assert tuning_for(record).aligned_windows == {("backward", "split")}
+    key = (record.backend, "*")
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], split_windows=frozenset({"backward"})))
     plan = plan_launch(record, 4096, 50257, "float32", backward=True, align=8)
     assert plan.align == 8 and plan.chunks * plan.block_n >= 50257 + 7 and "aligned windows" in plan.reason
     assert plan_launch(record, 4096, 50257, "float32", backward=True, align=1).align == 1
     assert plan_launch(record, 4096, 50257, "float32", align=8).align == 1
-    key = (record.backend, "*")
-    every = frozenset({("forward", "tile"), ("forward", "split"), ("backward", "tile"), ("backward", "split")})
-    monkeypatch.setitem(TUNING, key, replace(TUNING[key], aligned_windows=every))
-    assert plan_launch(record, 4096, 50257, "float32", align=8).align == 8
-    assert plan_launch(record, 4096, 1001, "float32", align=8).align == 8
-    assert plan_launch(record, 4096, 1020, "float32", align=8).align == 1  # 1027 needs a block of 2048
+    assert plan_launch(record, 4096, 1001, "float32", backward=True, align=8).align == 1  # a tile
+    assert plan_launch(record, 64, 65535, "float32", backward=True, align=8).align == 1  # 65542: 17 chunks, not 16

@@ -249,28 +249,24 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-2
 
 
-@pytest.mark.parametrize("regime", ["tile", "split"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("cols", [9, 23, 1001])
+@pytest.mark.parametrize("cols", [129, 1001])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_unaligned_rows_through_windows(device, monkeypatch, regime, dtype, cols, log):
-    """Rows off 16-byte boundaries, every offset among 24 rows, read through aligned windows:
-    each element is written from its own row into poisoned outputs, the elements that share a
-    group with a neighbour's included, at every chunk boundary of the split path (chunks of 128);
-    a neighbour's NaN, inf or 1e4 must not leak into a row. Every path takes windows here, not
-    only those the tuning table gives them to."""
-    _force(monkeypatch, regime, device)
+def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log):
+    """Split rows off 16-byte boundaries, every offset among 24 rows, read through aligned
+    windows in both directions: each element is written from its own row into poisoned outputs,
+    the elements that share a group with a neighbour's included, at every chunk boundary (chunks
+    of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row."""
+    _force(monkeypatch, "split", device)
     key = (ps.device_info(device)["backend"], "*")
-    every = frozenset((direction, regime) for direction in ("forward", "backward") for regime in ("tile", "split"))
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], aligned_windows=every))
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
+                                                           split_windows=frozenset({"forward", "backward"})))
     fn = torch.log_softmax if log else torch.softmax
     x = torch.randn(24, cols, device=device, dtype=dtype) * 3
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
-    assert plan.align == 16 // x.element_size()
-    if cols > 64:
-        assert plan.regime == regime
+    assert plan.regime == "split" and plan.align == 16 // x.element_size()
     reference = fn(x.double(), -1)
     assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
     finite = reference.isfinite().all(-1)
@@ -279,7 +275,7 @@ def test_unaligned_rows_through_windows(device, monkeypatch, regime, dtype, cols
     dy = torch.randn_like(yd)
     dx = torch.full_like(yd, float("nan"))
     plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
-    assert plan.align == 16 // x.element_size()
+    assert plan.regime == "split" and plan.align == 16 // x.element_size()
     xd = x[finite].double().requires_grad_()
     grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
@@ -308,9 +304,8 @@ def test_cpu_launch_leaves_gpu_compilation_working():
                  "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
                  "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
                  "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "ALIGN": "constexpr"}
-    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "ALIGN": 4}
+                 "ACC_FP64": "constexpr"}
+    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False}
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm
