@@ -32,6 +32,8 @@ class Tuning:
         split_fill_per_unit: when rows are few, chunks are narrowed (down to split_min_chunk) until
             there are this many programs per unit: few-row shapes are latency-bound.
         split_min_chunk: the narrowest chunk.
+        split_max_padding: the largest share of a row's chunks that may be padding past its end;
+            above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
@@ -52,6 +54,7 @@ class Tuning:
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
+    split_max_padding: float = 1.0
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
