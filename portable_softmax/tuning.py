@@ -43,7 +43,7 @@ class Tuning:
             per instruction.
     """
 
-    tile_elements: int = 2048
+    tile_elements: int = 1024
     row_elements: int = 16384
     elements_per_thread: int = 16
     max_warps: int = 16
@@ -54,7 +54,7 @@ class Tuning:
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
-    split_max_padding: float = 1.0
+    split_max_padding: float = 0.1
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
