@@ -282,6 +282,27 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
 
 
+@pytest.mark.parametrize("case", ["wider_rows", "dtype_float32", "three_dims"])
+def test_split_windows_over_views_and_casts(device, monkeypatch, case):
+    """Windows where the tensors differ: x a view whose rows are 8 elements wider than y's
+    (equally far past an aligned element, so one window fits both), a bf16 input written as
+    float32 (``dtype=``), and a 3-D view whose groups and rows both stride."""
+    _force(monkeypatch, "split", device)
+    if case == "wider_rows":
+        x = (torch.randn(24, 1009, device=device, dtype=torch.bfloat16) * 3)[:, :1001]
+    elif case == "dtype_float32":
+        x = torch.randn(24, 1001, device=device, dtype=torch.bfloat16) * 3
+    else:
+        x = (torch.randn(3, 16, 1009, device=device, dtype=torch.bfloat16) * 3)[:, :8, :1001]
+    out_dtype = torch.float32 if case == "dtype_float32" else x.dtype
+    y = torch.full(x.shape, float("nan"), device=device, dtype=out_dtype)
+    view = ops.row_view(tuple(x.shape), x.dim() - 1, x, y)
+    plan = launch.run_forward(x, y, view, False)
+    assert plan.regime == "split" and plan.align == 8
+    reference = torch.softmax(x.double(), -1)
+    _check(y, torch.softmax(x, -1, dtype=out_dtype), reference, out_dtype if case == "dtype_float32" else x.dtype)
+
+
 def test_alignment_specializations_do_not_share_a_kernel(device):
     """A kernel specialised for 16-aligned rows must not serve a 781-wide bf16 row (this crashed
     the tutorial's cache with 'misaligned address')."""
