@@ -98,6 +98,16 @@ def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
 
 
 @_jit
+def _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride, ALIGN: tl.constexpr):
+    """For the tensor whose strides are given (its rows fix the offsets of every tensor's): where
+    each row's window starts, the row's first column in it (int32), and ``_chunk_mask``."""
+    row = _row_starts(outer, rows, outer_stride, row_stride)
+    base = _window_start(row, ALIGN)
+    lead = (row - base).to(tl.int32)
+    return base, lead, _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
+
+
+@_jit
 def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     """The window columns ([2 * ALIGN]) of the row's elements in its first and last group that
     ``_chunk_mask`` leaves out, and their mask, restricted to the chunk's own columns
@@ -268,15 +278,12 @@ def softmax_forward_split(
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        x_row = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        x_base = _window_start(x_row, ALIGN)
+        x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
         y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-        mask = _chunk_mask(cols, (x_row - x_base).to(tl.int32), n_cols, row_mask, ALIGN)
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns((x_row - x_base).to(tl.int32), n_cols, row_mask, chunk * BLOCK_N, BLOCK_N,
-                                            ALIGN)
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
@@ -402,17 +409,14 @@ def softmax_backward_split(
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        y_row = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        y_base = _window_start(y_row, ALIGN)
+        y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
         dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
         dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
-        mask = _chunk_mask(cols, (y_row - y_base).to(tl.int32), n_cols, row_mask, ALIGN)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
         partial = tl.sum(_grad_terms(y, dy, LOG), 1)
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns((y_row - y_base).to(tl.int32), n_cols, row_mask, chunk * BLOCK_N, BLOCK_N,
-                                            ALIGN)
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
