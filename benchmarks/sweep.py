@@ -1,6 +1,8 @@
 """Tuning sweep on one GPU: each variant of the backend's tuning table, forward and backward
 fraction of x.clone() bandwidth on the shapes that matter, in one run (METHOD.md: one call, many
-variants). Usage: python3 benchmarks/sweep.py [bfloat16,float32] [variant,...]"""
+variants). The copy is timed before and after a shape's variants and the faster kept, as ``bench``
+does: a first copy into freshly allocated memory runs slow. Usage: python3 benchmarks/sweep.py
+[bfloat16,float32] [variant,...]"""
 import dataclasses
 import os
 import sys
@@ -31,6 +33,10 @@ VARIANTS = {
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),
+    "reread": dict(split_reread_chunks=1),
+    "reread8": dict(split_reread_chunks=8),
+    "reread_fit96k": dict(split_reread_chunks=1, split_fit_bytes=98304),
+    "reread_c4k": dict(split_reread_chunks=1, split_chunk=4096),
 }
 
 
@@ -48,6 +54,7 @@ def main():
         for m, n in SHAPES:
             x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
             copy = bench(lambda: x.clone())
+            rows = []
             reference = torch.softmax(x.double(), -1)
             y, dy = reference.to(dtype), torch.randn_like(x)
             dx = torch.empty_like(x)
@@ -62,12 +69,16 @@ def main():
                     f = bench(lambda: launch.run_forward(x, out, forward_view, False))
                     bplan = launch.run_backward(y, dy, dx, backward_view, False)
                     b = bench(lambda: launch.run_backward(y, dy, dx, backward_view, False))
-                    print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
-                          f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                          f"bn{plan.block_n} c{plan.chunks} a{plan.align} occ{plan.occupancy} | bwd {bplan.regime} a{bplan.align} "
-                          f"P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} occ{bplan.occupancy}", flush=True)
+                    rows.append((name, plan, bplan, f, b, err))
                 except Exception as e:
                     print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} error {type(e).__name__}: {str(e)[:100]}")
+            copy = min(copy, bench(lambda: x.clone()))
+            for name, plan, bplan, f, b, err in rows:
+                print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
+                      f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
+                      f"bn{plan.block_n} c{plan.chunks} a{plan.align} r{int(plan.reread)} occ{plan.occupancy} | "
+                      f"bwd {bplan.regime} a{bplan.align} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
+                      f"occ{bplan.occupancy}", flush=True)
             del x, y, dy, dx, reference
             torch.cuda.empty_cache()
     tuning.TUNING[(backend, "*")] = base

@@ -38,6 +38,9 @@ class Tuning:
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
+        split_reread_chunks: rows of at least this many chunks take the split forward's re-read
+            form (``kernels.py``, ``REREAD``): the exchange deferred one item, the chunk read
+            again from L2 instead of held in registers across it; 0: never.
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels.py``) rather than one element
             per instruction.
@@ -59,6 +62,7 @@ class Tuning:
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
+    split_reread_chunks: int = 0
 
 
 _DEFAULT = Tuning()
