@@ -206,14 +206,29 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
+            if config.regime == "tile":
+                constexprs["STAGES"] = config.num_stages
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
             options["launch_cooperative_grid"] = True
-        wanted, fit = split_fit(record, config, sum(t.element_size() for t in tensors[:-1]))
-        if fit and backend.occupancy(record, compiled(kernel, args, constexprs, options)) < wanted:
-            options.update(fit)
+        caps = split_fit(record, config, sum(t.element_size() for t in tensors[:-1]))
+        if caps:
+            options = fitted(kernel, args, constexprs, options, caps)
         return kernel, args, constexprs, options
+
+    def fitted(kernel: Any, args: tuple, constexprs: dict, options: dict, caps: list) -> dict:
+        # The most programs per unit whose register cap spills no more than the tuning allows:
+        # a cap that spills in the loop costs more than the programs it adds.
+        held = backend.occupancy(record, compiled(kernel, args, constexprs, options))
+        for programs, fit in caps:
+            if programs <= held:
+                break
+            capped = {**options, **fit}
+            used = compiled(kernel, args, constexprs, capped)
+            if used.spills <= tuning_for(record).split_fit_max_spills and backend.occupancy(record, used) > held:
+                return capped
+        return options
 
     def compiled(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
         # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.

@@ -162,7 +162,8 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
             return _split_config(record, tuning, n_rows, n_cols, backward)
-        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning))
+        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning),
+                            tuning.tile_stages)
     if can_split:
         return _split_config(record, tuning, n_rows, n_cols, backward)
     chunk = min(tuning.loop_chunk, width)
@@ -188,14 +189,17 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
                         reread=reread)
 
 
-def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> tuple[int, dict[str, Any]]:
-    """The programs per unit a split kernel should hold (``Tuning.split_fit_bytes``; a chunk
-    reads ``input_bytes`` per column: x's element size forward, y's plus dy's backward) and the
-    backend's compile options that make that many fit; ``(0, {})`` for other regimes."""
+def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
+    """The register caps to try on a split kernel, most programs per unit first: from the count
+    ``Tuning.split_fit_bytes`` asks for (a chunk reads ``input_bytes`` per column: x's element
+    size forward, y's plus dy's backward) down to one, each with the backend's compile options
+    that make it fit. Empty for other regimes, or where the backend offers no such option."""
     wanted = _cdiv(tuning_for(record).split_fit_bytes, config.block_m * config.block_n * input_bytes)
     if config.regime != "split" or wanted < 1:
-        return 0, {}
-    return wanted, get_backend(record.backend).fit_options(record, config.num_warps, wanted)
+        return []
+    backend = get_backend(record.backend)
+    caps = [(programs, backend.fit_options(record, config.num_warps, programs)) for programs in range(wanted, 0, -1)]
+    return [(programs, options) for programs, options in caps if options]
 
 
 def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool) -> KernelResources:

@@ -27,13 +27,18 @@ class Tuning:
         split_fit_bytes: input bytes per unit that the split path wants in flight (programs per
             unit x bytes of a chunk). While one program waits on its peers the others keep
             memory busy, so where the compiled kernel holds too few programs for this, the
-            backend's ``fit_options`` (a register cap) are asked for enough; 0 turns that off.
+            backend's ``fit_options`` (a register cap) are asked for enough, or for as many as a
+            cap allows without spilling more than ``split_fit_max_spills``; 0 turns that off.
+        split_fit_max_spills: the most spilled 32-bit words per thread (as Triton reports
+            them: local memory / 4) a register cap may cost.
         split_min_cols: shortest row worth splitting when there are too few rows to fill the chip.
         split_fill_per_unit: when rows are few, chunks are narrowed (down to split_min_chunk) until
             there are this many programs per unit: few-row shapes are latency-bound.
         split_min_chunk: the narrowest chunk.
         split_max_padding: the largest share of a row's chunks that may be padding past its end;
             above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
+        tile_stages: the tile kernels' loop stages (``STAGES``): above 1 the compiler fetches the
+            next tiles while one is reduced, in shared memory that then counts against occupancy.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
         loop_chunk: chunk width of the streaming (two-read) path.
@@ -54,10 +59,12 @@ class Tuning:
     split_elements_per_thread: int = 64
     split_programs_per_unit: int = 16
     split_fit_bytes: int = 81920
+    split_fit_max_spills: int = 8
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
+    tile_stages: int = 1
     tile_waves: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1

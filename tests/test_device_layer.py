@@ -6,7 +6,7 @@ import pytest
 import portable_softmax
 from portable_softmax import vendors
 from portable_softmax.backend import get_backend
-from portable_softmax.planner import plan_launch, select_config, window_align
+from portable_softmax.planner import plan_launch, select_config, split_fit, window_align
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING, replace, tuning_for
@@ -114,6 +114,24 @@ def test_cuda_occupancy_from_registers_and_shared_memory():
     assert occupancy(h100, KernelResources(32, 100 * 1024, 4)) == 2
     # The thread limit (2048 on sm_90) bounds tiny kernels.
     assert occupancy(h100, KernelResources(16, 0, 4)) == 16
+
+
+def test_split_register_caps_from_the_most_programs_down():
+    """The caps a split launch tries (launch.py keeps the first that spills within the tuning's
+    limit): most programs first, each cap letting that many blocks share an SM; none for tiles
+    or where the compiler has no cap (the AMD backend here)."""
+    h100 = profile_record("h100")
+    config = select_config(h100, 4096, 262144, "bfloat16")
+    caps = split_fit(h100, config, 2)
+    wanted = -(-tuning_for(h100).split_fit_bytes // (config.block_n * 2))
+    assert [programs for programs, _ in caps] == list(range(wanted, 0, -1))
+    occupancy = vendors.CUDA.occupancy
+    for programs, options in caps:
+        assert occupancy(h100, KernelResources(options["maxnreg"], 0, config.num_warps)) >= programs
+    assert [options["maxnreg"] for _, options in caps] == sorted(options["maxnreg"] for _, options in caps)
+    assert split_fit(h100, select_config(h100, 32768, 256, "bfloat16"), 2) == []
+    mi300x = profile_record("mi300x")
+    assert split_fit(mi300x, select_config(mi300x, 4096, 262144, "bfloat16"), 2) == []
 
 
 def test_unsafe_forced_program_count_is_refused():
