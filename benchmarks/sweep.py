@@ -37,13 +37,9 @@ VARIANTS = {
     "tile_s3": dict(tile_stages=3),
     "tile_s2_w1": dict(tile_stages=2, tile_waves=1),
     "tile_s3_w1": dict(tile_stages=3, tile_waves=1),
-    "tile_np": dict(tile_waves=1 << 20),
-    "tile_np_ept32": dict(tile_waves=1 << 20, elements_per_thread=32),
-    "tile_s2_ept32": dict(tile_stages=2, elements_per_thread=32),
-    "reread": dict(split_reread_chunks=1),
-    "reread8": dict(split_reread_chunks=8),
-    "reread_fit96k": dict(split_reread_chunks=1, split_fit_bytes=98304),
-    "reread_c4k": dict(split_reread_chunks=1, split_chunk=4096),
+    "tile_loop_all": dict(tile_loop_occupancy=1 << 20),
+    "tile_np_s2": dict(tile_stages=2, tile_loop_occupancy=1),
+    "fit80k": dict(split_fit_bytes=81920),
 }
 
 
@@ -83,7 +79,7 @@ def main():
             for name, plan, bplan, f, b, err in rows:
                 print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                       f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                      f"bn{plan.block_n} c{plan.chunks} a{plan.align} r{int(plan.reread)} s{plan.num_stages} occ{plan.occupancy} | "
+                      f"bn{plan.block_n} c{plan.chunks} a{plan.align} s{plan.num_stages} occ{plan.occupancy} | "
                       f"bwd {bplan.regime} a{bplan.align} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
                       f"occ{bplan.occupancy}", flush=True)
             del x, y, dy, dx, reference

@@ -129,23 +129,21 @@ def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIG
 
 
 @_jit
-def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, EVICT: tl.constexpr = tl.constexpr("")):
+def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr):
     """``_load`` of ``_edge_columns`` from the window at ``base`` ([1])."""
-    return tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER,
-                   eviction_policy=EVICT).to(CAST_TY).to(tl.float32)
+    return tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER).to(CAST_TY).to(tl.float32)
 
 
 @_jit
-def _edge_store(ptr, base, cols, mask, value, EVICT: tl.constexpr = tl.constexpr("")):
-    tl.store(ptr + tl.sum(base, 0) + cols, value.to(ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+def _edge_store(ptr, base, cols, mask, value):
+    tl.store(ptr + tl.sum(base, 0) + cols, value.to(ptr.dtype.element_ty), mask=mask)
 
 
 @_jit
-def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
-          EVICT: tl.constexpr = tl.constexpr("")):
+def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
     """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
-    ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the L2 eviction policy."""
-    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT).to(CAST_TY)
+    ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
+    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER).to(CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
@@ -155,8 +153,8 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
 
 
 @_jit
-def _store(ptr, base, cols, col_stride, mask, value, EVICT: tl.constexpr = tl.constexpr("")):
-    tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+def _store(ptr, base, cols, col_stride, mask, value):
+    tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)
 
 
 @_jit
@@ -212,36 +210,31 @@ def _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.con
 
 @_jit
 def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                    CHUNKS: tl.constexpr, LAG: tl.constexpr):
-    """Empty this program's slots of the tile it held LAG tiles before ``tile`` (none if there
-    was none). Called once every chunk of ``tile`` has published. A peer publishes a tile only
-    after it has read all the slots of the tile LAG before it (LAG = 1 when a program waits on a
-    tile before publishing the next, 2 when it publishes the next first), and the peers of every
-    tile are the same programs (the grid is a multiple of CHUNKS), so a plain store is safe: no
-    program waits on a round trip to clean up."""
+                    CHUNKS: tl.constexpr):
+    """Empty this program's slots of the tile it held before ``tile`` (none on its first). Called
+    once every chunk of ``tile`` has published: a peer publishes only after it has read all of
+    the previous tile's slots, and the peers of every tile are the same programs (the grid is a
+    multiple of CHUNKS). A plain store: no program waits on a round trip to clean up."""
     # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
-    previous = tile - LAG * (tl.num_programs(0) // CHUNKS)
+    previous = tile - tl.num_programs(0) // CHUNKS
     slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     tl.store(slots + chunk, tl.full([BLOCK_M], EMPTY_SLOT, tl.int64), mask=row_mask & (previous >= 0))
 
 
 @_jit
 def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, LAG: tl.constexpr):
-    """Empty the slots of a program's last LAG tiles, which no later publication vouches for (see
-    ``_empty_previous``): the last of the chunks to arrive at the last tile's counter, which
-    every program reaches only after it has read all its tiles' slots, empties them all and
-    resets the counter, leaving the scratch clean for the next launch (kernel boundaries order
-    the resets before any later read)."""
+                CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Empty the slots of a program's last tile, which no later publication vouches for: the last
+    of its chunks to arrive at the tile's counter empties them all and resets the counter, leaving
+    the scratch clean for the next launch (kernel boundaries order the resets before any later
+    read)."""
     first, step = tl.program_id(0), tl.num_programs(0)
     tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
     last = tl.atomic_add(done_ptr + tile, 1, sem="relaxed") == CHUNKS - 1
+    slots, row_mask = _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
     peers = tl.arange(0, CHUNKS_P2)
-    for lag in tl.static_range(LAG):
-        held = tile - lag * (step // CHUNKS)
-        slots, row_mask = _tile_slots(slot_ptr, held, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-        tl.store(slots[:, None] + peers[None, :], tl.full([BLOCK_M, CHUNKS_P2], EMPTY_SLOT, tl.int64),
-                 mask=row_mask[:, None] & (peers < CHUNKS)[None, :] & last & (held >= 0))
+    tl.store(slots[:, None] + peers[None, :], tl.full([BLOCK_M, CHUNKS_P2], EMPTY_SLOT, tl.int64),
+             mask=row_mask[:, None] & (peers < CHUNKS)[None, :] & last)
     tl.store(done_ptr + tile, 0, mask=last)
 
 
@@ -283,8 +276,7 @@ def softmax_forward_tile(
 @_jit
 def _row_stats(v):
     """Each row's maximum and its sum of exp(x - maximum), from the gathered partials ``v``: per
-    chunk, its maximum and its sum of exp(x - its maximum), or of exp(x) where the maximum is
-    -inf (a chunk of -inf only, whose sum is 0)."""
+    chunk, its maximum and its sum of exp(x - its maximum) (0 for a chunk of -inf only)."""
     present = v != EMPTY_SLOT
     peer_max = tl.where(present, _bits_float(v >> 32), -float("inf"))
     peer_sum = tl.where(present, _bits_float(v), 0.0)
@@ -294,70 +286,29 @@ def _row_stats(v):
 
 
 @_jit
-def _forward_reread(
-    x_ptr, y_ptr, slot_ptr, item, tiles_per_outer, rows_per_outer, n_cols, chunk_cols,
-    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr,
-):
-    """Write the chunk of ``item`` once every chunk of its row has published, reading the chunk
-    again: its first read was kept in L2 for this (``evict_last``), and is let go now."""
-    tile, chunk, outer, rows, row_mask, cols = _split_item(
-        item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-    x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
-    y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-    row_max, total = _row_stats(_gather(slot_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2))
-    x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False, "evict_first")
-    z = x - row_max[:, None]
-    _store(y_ptr, y_base, cols, y_col_stride, mask,
-           _normalized(z, tl.exp2(z * LOG2E), (1.0 / total)[:, None], -tl.log(total)[:, None], LOG), "evict_first")
-    if ALIGN > 1:
-        edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-        x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty, "evict_first")
-        z_edge = x_edge - tl.sum(row_max, 0)
-        total = tl.sum(total, 0)
-        _edge_store(y_ptr, y_base, edge, edge_mask,
-                    _normalized(z_edge, tl.exp2(z_edge * LOG2E), 1.0 / total, -tl.log(total), LOG), "evict_first")
-    _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, 2)
-
-
-@_jit
 def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, REREAD: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
-    """``REREAD``: instead of holding its chunk in registers while it waits on the row's other
-    chunks, a program publishes its partial, moves on to its next item, and only then waits on
-    the previous row, whose chunk it reads again (from L2). The wait is then rarely a stall, and
-    no registers hold a chunk across it; the cost is a second exponential per element and an L2
-    read."""
     tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
     chunk_cols = tl.arange(0, BLOCK_N)
-    first, step = tl.program_id(0), tl.num_programs(0)
-    for item in tl.range(first, n_items, step):
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
-        if REREAD:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False,
-                      "evict_last")
-        else:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
+        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-            if REREAD:
-                x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty,
-                                    "evict_last")
-            else:
-                x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
+            x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
         z = x - ref[:, None]
-        # One exponential per element on the held path: kept and rescaled once the row's maximum is known.
+        # One exponential per element: kept and rescaled once the row's maximum is known.
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
         if ALIGN > 1:
@@ -365,29 +316,16 @@ def softmax_forward_split(
             e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
         _publish(slot_ptr, tile, chunk, row_mask, (_float_bits(chunk_max) << 32) | _float_bits(total), BLOCK_M, CHUNKS)
-        if REREAD:
-            if item != first:
-                _forward_reread(x_ptr, y_ptr, slot_ptr, item - step, tiles_per_outer, rows_per_outer, n_cols,
-                                chunk_cols, x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride,
-                                y_col_stride, BLOCK_M, BLOCK_N, CHUNKS, CHUNKS_P2, LOG, ALIGN)
-        else:
-            row_max, row_total = _row_stats(_gather(slot_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2))
-            # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
-            scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
-            shift = chunk_max - row_max - tl.log(row_total)
-            y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-            _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
-            if ALIGN > 1:
-                _edge_store(y_ptr, y_base, edge, edge_mask,
-                            _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
-            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, 1)
-    if REREAD:
-        _forward_reread(x_ptr, y_ptr, slot_ptr, first + (n_items - 1 - first) // step * step, tiles_per_outer,
-                        rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride, x_col_stride,
-                        y_outer_stride, y_row_stride, y_col_stride, BLOCK_M, BLOCK_N, CHUNKS, CHUNKS_P2, LOG, ALIGN)
-        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, 2)
-    else:
-        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, 1)
+        row_max, row_total = _row_stats(_gather(slot_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2))
+        # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
+        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
+        shift = chunk_max - row_max - tl.log(row_total)
+        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
+        if ALIGN > 1:
+            _edge_store(y_ptr, y_base, edge, edge_mask,
+                        _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
 
 @_jit
@@ -504,8 +442,8 @@ def softmax_backward_split(
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
         if ALIGN > 1:
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, tl.sum(row_sum, 0), LOG))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, 1)
-    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, 1)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
 
 @_jit

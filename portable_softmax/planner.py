@@ -39,8 +39,6 @@ class KernelConfig:
     num_stages: int = 1
     # The kernels' ALIGN: 1, or the elements in 16 bytes when rows are read in aligned windows.
     align: int = 1
-    # The split forward's REREAD: defer the exchange one item and read the chunk again from L2.
-    reread: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -65,12 +63,11 @@ class LaunchPlan:
     rows_per_program: int
     reason: str
     align: int = 1
-    reread: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.reread)
+                            self.align)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -184,9 +181,7 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
            and 1 - n_cols / (_cdiv(n_cols, block_n) * block_n) > tuning.split_max_padding):
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)
-    reread = not backward and 0 < tuning.split_reread_chunks <= chunks
-    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
-                        reread=reread)
+    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning))
 
 
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
@@ -194,7 +189,9 @@ def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> l
     ``Tuning.split_fit_bytes`` asks for (a chunk reads ``input_bytes`` per column: x's element
     size forward, y's plus dy's backward) down to one, each with the backend's compile options
     that make it fit. Empty for other regimes, or where the backend offers no such option."""
-    wanted = _cdiv(tuning_for(record).split_fit_bytes, config.block_m * config.block_n * input_bytes)
+    tuning = tuning_for(record)
+    wanted = _cdiv(tuning.split_fit_bytes, config.block_m * config.block_n * input_bytes)
+    wanted = min(wanted, tuning.split_programs_per_unit, record.max_programs_per_unit or wanted)
     if config.regime != "split" or wanted < 1:
         return []
     backend = get_backend(record.backend)
@@ -267,17 +264,18 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
                   f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
     else:
-        programs = min(tiles, max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves), cap)
+        per_tile = config.regime == "tile" and occupancy >= tuning.tile_loop_occupancy
+        waves = tiles if per_tile else max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves)
+        programs = min(tiles, waves, cap)
         if forced is not None:
             programs = min(forced, cap)
         shape = f"{config.block_m} rows x {config.block_n}" if config.regime == "tile" else f"chunks of {config.block_n}"
         reason = f"{note}{config.regime}: {shape}; {occupancy} programs/unit over {record.compute_units} units"
+        if per_tile:
+            reason += "; a program per tile"
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
-    if config.reread:
-        reason += "; chunks read again from L2 after an exchange deferred one item"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.reread)
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align)

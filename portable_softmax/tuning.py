@@ -41,11 +41,12 @@ class Tuning:
             next tiles while one is reduced, in shared memory that then counts against occupancy.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
+        tile_loop_occupancy: tile kernels that fit fewer programs per unit than this loop over
+            tiles on the ``tile_waves`` grid; at or above it the grid has a program per tile,
+            and the hardware starts a new one as each ends, overlapping one's loads with
+            another's reduction.
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
-        split_reread_chunks: rows of at least this many chunks take the split forward's re-read
-            form (``kernels.py``, ``REREAD``): the exchange deferred one item, the chunk read
-            again from L2 instead of held in registers across it; 0: never.
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels.py``) rather than one element
             per instruction.
@@ -58,7 +59,7 @@ class Tuning:
     split_chunk: int = 8192
     split_elements_per_thread: int = 64
     split_programs_per_unit: int = 16
-    split_fit_bytes: int = 81920
+    split_fit_bytes: int = 98304
     split_fit_max_spills: int = 8
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
@@ -66,10 +67,10 @@ class Tuning:
     split_max_padding: float = 0.1
     tile_stages: int = 1
     tile_waves: int = 4
+    tile_loop_occupancy: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    split_reread_chunks: int = 0
 
 
 _DEFAULT = Tuning()
@@ -79,7 +80,8 @@ TUNING: dict[tuple[str, str], Tuning] = {
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.
-    ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1),
+    ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
+                          tile_loop_occupancy=2**31 - 1),
     # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
     ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
                                   max_warps=1, max_programs=4, tile_waves=1),

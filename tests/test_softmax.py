@@ -168,17 +168,14 @@ def test_unserved_device_is_a_runtime_error():
 
 
 def _force(monkeypatch, regime: str, device: str) -> None:
-    """Shrink the current backend's tuning so small problems take ``regime`` (``split_reread``:
-    the split path with the forward's re-read form)."""
+    """Shrink the current backend's tuning so small problems take ``regime``."""
     record = ps.device_info(device)
-    if regime.startswith("split") and not record["residency_guaranteed"]:
+    if regime == "split" and not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
-    split = dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_reread_chunks=0)
     small = {"tile": dict(tile_elements=256),
-             "split": split,
-             "split_reread": {**split, "split_reread_chunks": 1},
+             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30),
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -186,7 +183,7 @@ def _force(monkeypatch, regime: str, device: str) -> None:
         monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
 
 
-@pytest.mark.parametrize("regime", ["tile", "split", "split_reread", "loop"])
+@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("cols", [1, 129, 1000])
 def test_every_regime_writes_every_element(device, monkeypatch, regime, log, cols):
@@ -196,7 +193,7 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
     if cols > 64:  # narrower rows fit a tile whatever is forced
-        assert (plan.regime, plan.reread) == (regime.split("_")[0], regime == "split_reread")
+        assert plan.regime == regime
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert not y.isnan().any()
     assert relative_error(y, reference) < 1e-5
@@ -210,7 +207,7 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     assert relative_error(dx, grad) < 1e-5
 
 
-@pytest.mark.parametrize("regime", ["tile", "split", "split_reread", "loop"])
+@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
 def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
     into the compiled kernel): each replay must compute its own input into a poisoned output, and
@@ -222,7 +219,7 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         y = torch.full_like(x, float("nan"))
         view = ops.row_view(tuple(x.shape), 1, x, y)
         plan = launch.run_forward(x, y, view, False)
-        assert plan.regime == regime.split("_")[0] and (first is None or plan is first)
+        assert plan.regime == regime and (first is None or plan is first)
         first = plan
         assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
@@ -231,24 +228,20 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
 
-@pytest.mark.parametrize("reread", [False, True], ids=["held", "reread"])
-def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, reread):
+def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch):
     """Rows of 32 chunks, each program taking many rows in turn: every program empties its slots
     of a row only after all of the row's chunks have moved on, including the programs whose first
-    row is the grid's last (a wrong 'previous row' there once emptied row 0 early and hung). The
-    re-read form publishes a row before it waits on the one before: its slots live a row longer."""
+    row is the grid's last (a wrong 'previous row' there once emptied row 0 early and hung)."""
     record = ps.device_info(device)
     if not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048,
-                                                           split_reread_chunks=1 if reread else 0))
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048))
     for _ in range(3):
         x = torch.randn(2048, 65536, device=device, dtype=torch.bfloat16) * 3
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
         assert plan.regime == "split" and plan.chunks == 32 and plan.items > 4 * plan.programs
-        assert plan.reread == reread
         _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
         launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
@@ -256,16 +249,15 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, reread):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-2
 
 
-@pytest.mark.parametrize("regime", ["split", "split_reread"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", [129, 1001])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_split_rows_off_alignment_through_windows(device, monkeypatch, regime, dtype, cols, log):
+def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log):
     """Split rows off 16-byte boundaries, every offset among 24 rows, read through aligned
     windows in both directions: each element is written from its own row into poisoned outputs,
     the elements that share a group with a neighbour's included, at every chunk boundary (chunks
     of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row."""
-    _force(monkeypatch, regime, device)
+    _force(monkeypatch, "split", device)
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
@@ -274,7 +266,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, regime, d
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
-    assert plan.regime == "split" and plan.align == 16 // x.element_size() and plan.reread == (regime != "split")
+    assert plan.regime == "split" and plan.align == 16 // x.element_size()
     reference = fn(x.double(), -1)
     assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
     finite = reference.isfinite().all(-1)
@@ -290,15 +282,14 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, regime, d
     _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
 
 
-@pytest.mark.parametrize("regime", ["split", "split_reread"])
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
-def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, regime, fns):
+def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns):
     """A split row whose first chunks hold only -inf (a long masked span) and whose finite values
     lie far below 0: the row's maximum must come from its finite chunk, not from the 0 that a
     chunk of -inf takes as its local reference (that once gave exp(-1000) = 0 sums and NaN rows).
     Rows of -inf only stay NaN, as in torch."""
     ours, theirs = fns
-    _force(monkeypatch, regime, device)
+    _force(monkeypatch, "split", device)
     x = torch.randn(6, 1000, device=device) - 1000
     x[:, :300] = -float("inf")
     x[1, 500:] = -float("inf")
@@ -307,7 +298,7 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, regime, 
     x[3, -1] = 10.0
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), ours is ps.log_softmax)
-    assert plan.regime == "split" and plan.chunks > 2 and plan.reread == (regime != "split")
+    assert plan.regime == "split" and plan.chunks > 2
     expected = theirs(x, -1)
     assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
     finite = expected.isfinite()
