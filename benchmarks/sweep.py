@@ -33,12 +33,7 @@ VARIANTS = {
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),
-    "tile_s2": dict(tile_stages=2),
-    "tile_s3": dict(tile_stages=3),
-    "tile_s2_w1": dict(tile_stages=2, tile_waves=1),
-    "tile_s3_w1": dict(tile_stages=3, tile_waves=1),
     "tile_loop_all": dict(tile_loop_occupancy=1 << 20),
-    "tile_np_s2": dict(tile_stages=2, tile_loop_occupancy=1),
     "fit80k": dict(split_fit_bytes=81920),
 }
 
@@ -79,7 +74,7 @@ def main():
             for name, plan, bplan, f, b, err in rows:
                 print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                       f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                      f"bn{plan.block_n} c{plan.chunks} a{plan.align} s{plan.num_stages} occ{plan.occupancy} | "
+                      f"bn{plan.block_n} c{plan.chunks} a{plan.align} occ{plan.occupancy} | "
                       f"bwd {bplan.regime} a{bplan.align} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
                       f"occ{bplan.occupancy}", flush=True)
             del x, y, dy, dx, reference

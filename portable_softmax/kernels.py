@@ -10,8 +10,7 @@ without a transposing copy. A *tile* is ``BLOCK_M`` adjacent rows of one group.
 Three ways to hold a row, chosen by the launch planner (``planner.py``):
 
 * ``*_tile``: each program loops over tiles and keeps a whole tile in registers: one read, one
-  write. Used whenever a row fits a program. ``STAGES`` > 1 lets the compiler fetch the next
-  tiles (into shared memory, where the target has asynchronous copies) while one is reduced.
+  write. Used whenever a row fits a program.
 * ``*_split``: a row is cut into ``CHUNKS`` chunks held by ``CHUNKS`` programs at once; they trade
   partial results through a small global scratch and then write what they hold: still one read,
   one write, for rows far larger than a program's registers. Waiting on a peer is only safe when
@@ -256,10 +255,9 @@ def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-    STAGES: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
@@ -397,10 +395,9 @@ def softmax_backward_tile(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-    STAGES: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=STAGES):
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)

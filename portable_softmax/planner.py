@@ -159,8 +159,7 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
             return _split_config(record, tuning, n_rows, n_cols, backward)
-        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning),
-                            tuning.tile_stages)
+        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning))
     if can_split:
         return _split_config(record, tuning, n_rows, n_cols, backward)
     chunk = min(tuning.loop_chunk, width)

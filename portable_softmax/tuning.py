@@ -37,8 +37,6 @@ class Tuning:
         split_min_chunk: the narrowest chunk.
         split_max_padding: the largest share of a row's chunks that may be padding past its end;
             above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
-        tile_stages: the tile kernels' loop stages (``STAGES``): above 1 the compiler fetches the
-            next tiles while one is reduced, in shared memory that then counts against occupancy.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
         tile_loop_occupancy: tile kernels that fit fewer programs per unit than this loop over
@@ -65,7 +63,6 @@ class Tuning:
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
-    tile_stages: int = 1
     tile_waves: int = 4
     tile_loop_occupancy: int = 4
     loop_chunk: int = 4096

@@ -348,9 +348,8 @@ def test_cpu_launch_leaves_gpu_compilation_working():
                  "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
                  "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
                  "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "STAGES": "constexpr"}
-    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "STAGES": 1}
+                 "ACC_FP64": "constexpr"}
+    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False}
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm
