@@ -33,11 +33,8 @@ VARIANTS = {
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),
-    "tile_loop_all": dict(persistent_below=1 << 20),
+    "tile_loop_all": dict(tile_loop_occupancy=1 << 20),
     "fit80k": dict(split_fit_bytes=81920),
-    "bwd_loop": dict(backward_reread=(2048, 32768)),
-    "bwd_loop_c16k": dict(backward_reread=(2048, 32768), loop_chunk=16384),
-    "bwd_loop_c32k": dict(backward_reread=(2048, 32768), loop_chunk=32768, max_warps=32),
 }
 
 

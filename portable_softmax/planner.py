@@ -154,10 +154,6 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
     width = _next_power_of_2(n_cols)
     row_limit = tuning.row_elements // (2 if backward else 1) // (2 if fp64 else 1)
     can_split = allow_split and record.residency_guaranteed and not fp64
-    shortest, longest = tuning.backward_reread
-    if backward and shortest <= n_cols <= longest and n_rows >= record.compute_units:
-        chunk = min(tuning.loop_chunk, width)
-        return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning))
     if width <= row_limit:
         block_m = max(1, min(tuning.tile_elements // width, _next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
@@ -267,7 +263,7 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
                   f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
     else:
-        per_tile = occupancy >= tuning.persistent_below
+        per_tile = config.regime == "tile" and occupancy >= tuning.tile_loop_occupancy
         waves = tiles if per_tile else max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves)
         programs = min(tiles, waves, cap)
         if forced is not None:

@@ -39,13 +39,10 @@ class Tuning:
             above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
-        persistent_below: tile and loop kernels that fit fewer programs per unit than this loop
-            over tiles on the ``tile_waves`` grid; at or above it the grid has a program per
-            tile, and the hardware starts a new one as each ends, overlapping one's loads with
+        tile_loop_occupancy: tile kernels that fit fewer programs per unit than this loop over
+            tiles on the ``tile_waves`` grid; at or above it the grid has a program per tile,
+            and the hardware starts a new one as each ends, overlapping one's loads with
             another's reduction.
-        backward_reread: (shortest, longest) backward rows that stream y and dy twice through
-            the loop kernel, the second read served from L1/L2, rather than holding them in
-            registers; (0, 0): none.
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
@@ -67,8 +64,7 @@ class Tuning:
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
     tile_waves: int = 4
-    persistent_below: int = 4
-    backward_reread: tuple[int, int] = (0, 0)
+    tile_loop_occupancy: int = 4
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
@@ -82,7 +78,7 @@ TUNING: dict[tuple[str, str], Tuning] = {
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.
     ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
-                          persistent_below=2**31 - 1),
+                          tile_loop_occupancy=2**31 - 1),
     # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
     ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
                                   max_warps=1, max_programs=4, tile_waves=1),

@@ -69,15 +69,17 @@ def test_plan_stays_within_what_the_chip_holds(name, rows, cols, backward):
         assert plan.programs % plan.chunks == 0
         assert plan.programs <= record.compute_units * plan.occupancy
         assert plan.chunks * plan.block_n >= cols > (plan.chunks - 1) * plan.block_n
-    else:
-        assert plan.regime in ("tile", "loop") and (plan.regime == "loop" or plan.block_n >= cols)
-        # Their programs never wait on each other: a grid of few resident programs per unit loops
+    elif plan.regime == "tile":
+        assert plan.block_n >= cols
+        # Tile programs never wait on each other: a grid of few resident programs per unit loops
         # over a few waves of tiles; one of many gets a program per tile.
         tuning = tuning_for(record)
-        if plan.occupancy >= tuning.persistent_below:
-            assert plan.programs == min(plan.tiles, record.grid_limit, tuning.max_programs)
+        if plan.occupancy >= tuning.tile_loop_occupancy:
+            assert plan.programs == plan.tiles
         else:
             assert plan.programs <= record.compute_units * max(plan.occupancy, 1) * tuning.tile_waves
+    else:
+        assert plan.regime == "loop"
     if record.backend == "npu":
         assert plan.regime != "split" and plan.programs <= min(record.compute_units, 65535)
 
