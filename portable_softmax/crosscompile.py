@@ -662,12 +662,15 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             else:
                 resident = record.compute_units * plan.occupancy
                 # Split programs wait on each other: the whole grid must be resident at once. Tile
-                # and loop programs never wait, so the planner may queue up to tile_waves waves.
-                waves = 1 if config.regime == "split" else tuning.tile_waves
+                # and loop programs never wait, so the planner may queue up to tile_waves waves,
+                # or give each tile a program (None: no bound) where many fit per unit.
+                waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
+                if config.regime == "tile" and plan.occupancy >= tuning.tile_loop_occupancy:
+                    waves = None
                 row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
                            compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),
                            allowed_waves=waves, reason=plan.reason)
-                if plan.programs > resident * waves:
+                if waves is not None and plan.programs > resident * waves:
                     row["problems"].append(f"{plan.programs} programs exceed {waves} wave(s) of "
                                            f"{record.compute_units} units x occupancy {plan.occupancy}")
         else:

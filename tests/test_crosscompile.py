@@ -15,6 +15,8 @@ from portable_softmax.tuning import tuning_for
 # splits across co-resident programs (its no-split fallback is the streaming loop), and an odd
 # long row, whose split kernels read aligned windows (ALIGN > 1).
 SMALL_TILE = (1024, 256)
+# More tiles than the chip holds at once: each gets a program of its own (no wave bound).
+MANY_TILES = (32768, 256)
 SPLIT_ROW = (64, 65536)
 ODD_SPLIT_ROW = (64, 50257)
 TARGETS = ("cuda:90", "hip:gfx942")
@@ -32,7 +34,7 @@ def report():
     missing = [t for t in TARGETS if not _installed(t)]
     if missing:
         pytest.skip(f"this Triton has no compiler backend for {missing}")
-    cases = crosscompile.cases_for([SMALL_TILE, SPLIT_ROW, ODD_SPLIT_ROW], ["bfloat16"], [False])
+    cases = crosscompile.cases_for([SMALL_TILE, MANY_TILES, SPLIT_ROW, ODD_SPLIT_ROW], ["bfloat16"], [False])
     result = crosscompile.run([crosscompile.parse_target(t) for t in TARGETS], cases, jobs=2, timeout=300)
     return {t["target"]: t for t in result["targets"]}, result
 
@@ -57,6 +59,15 @@ def test_odd_rows_compile_windowed_split_kernels(target):
     """The window code runs only where the split path does (GPUs): here it is at least built."""
     windowed = {v["kernel"] for v in target["variants"] if v["constexprs"].get("ALIGN", 1) == 8 and v["status"] == "ok"}
     assert windowed == {"softmax_forward_split", "softmax_backward_split"}
+
+
+def test_a_program_per_tile_is_within_the_plan_checks(target):
+    """32768 rows of 256 take 8192 tiles: more programs than an H100 holds at once (132 SMs x 32),
+    which the report once flagged as exceeding the tile waves."""
+    plans = [p for p in target["plans"] if (p["rows"], p["cols"]) == MANY_TILES]
+    assert plans and all(p["allowed_waves"] is None and not p["problems"] for p in plans)
+    if target["target"].startswith("cuda"):
+        assert all(p["programs"] > p["resident_limit"] for p in plans)
 
 
 def test_registers_read_without_a_driver(target):
