@@ -176,21 +176,16 @@ def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
 
 
 @_jit
-def _publish(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
-    """Publish this chunk's packed partial of each row of ``tile``.
+def _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
+              CHUNKS_P2: tl.constexpr):
+    """Publish this chunk's packed partial of each row, wait for every chunk of the row, and
+    return all of them as a [BLOCK_M, CHUNKS_P2] int64 block (``EMPTY_SLOT`` where padded).
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
     shared datum, so no fence (which would drain this program's output stores) is needed.
     """
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
-
-
-@_jit
-def _gather(slot_ptr, tile, row_mask, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """Wait until every chunk of each row of ``tile`` has published, and return the partials as
-    a [BLOCK_M, CHUNKS_P2] int64 block (``EMPTY_SLOT`` where padded)."""
-    slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     peers = tl.arange(0, CHUNKS_P2)
     peer_ptrs = slots[:, None] + peers[None, :]
     peer_mask = row_mask[:, None] & (peers < CHUNKS)[None, :]
@@ -313,8 +308,8 @@ def softmax_forward_split(
             z_edge = x_edge - tl.sum(ref, 0)
             e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
-        _publish(slot_ptr, tile, chunk, row_mask, (_float_bits(chunk_max) << 32) | _float_bits(total), BLOCK_M, CHUNKS)
-        row_max, row_total = _row_stats(_gather(slot_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2))
+        packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
+        row_max, row_total = _row_stats(_exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2))
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -433,8 +428,7 @@ def softmax_backward_split(
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-        _publish(slot_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS)
-        v = _gather(slot_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2)
+        v = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS, CHUNKS_P2)
         row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
         if ALIGN > 1:
