@@ -16,7 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from portable_softmax.device import device_record
-from portable_softmax.planner import DTYPE_BYTES, contiguous_layout, plan_launch
+from portable_softmax.planner import DTYPE_BYTES, contiguous_align, plan_launch
 from portable_softmax.profiles import profile_names, profile_record
 
 
@@ -66,7 +66,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     record = profile_record(args.profile) if args.profile else device_record(args.device)
     rows, cols = args.shape
     plan = plan_launch(record, rows, cols, args.dtype, backward=args.backward,
-                       **contiguous_layout(rows, cols, args.dtype))
+                       align=contiguous_align(rows, cols, DTYPE_BYTES[args.dtype]))
     if args.json:
         print(json.dumps({"device": record.to_dict(), "shape": [rows, cols], "dtype": args.dtype,
                           "backward": args.backward, **plan.to_dict()}, indent=2))

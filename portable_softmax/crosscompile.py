@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig, contiguous_layout, plan_launch, select_config
+from portable_softmax.planner import DTYPE_BYTES, KernelConfig, contiguous_align, plan_launch, select_config
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -177,9 +177,8 @@ class Case:
         return "backward" if self.backward else "forward"
 
     @property
-    def layout(self) -> dict[str, Any]:
-        """``align`` and ``pairs``, as launch.py finds them for such a tensor."""
-        return contiguous_layout(self.rows, self.cols, self.dtype)
+    def align(self) -> int:
+        return contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
 
     @property
     def plan_dtype(self) -> str:
@@ -221,8 +220,6 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
         constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
-        if not case.backward:
-            constexprs["PAIRED"] = config.paired
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
@@ -234,7 +231,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """The configurations a launch of ``case`` may use: the plan's, and its no-split fallback."""
-    common = dict(backward=case.backward, rows_per_group=case.rows, **case.layout)
+    common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":
@@ -657,7 +654,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         compiled_for_case = by_case.get(case, {})
         if config in compiled_for_case:
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
-                               rows_per_group=case.rows, allow_split=role == "primary", **case.layout,
+                               rows_per_group=case.rows, allow_split=role == "primary", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c])
             if plan.config != config:
                 # The split grid does not fit resident: launches take the fallback (its own row).

@@ -83,31 +83,28 @@ def _window_start(base, ALIGN: tl.constexpr):
 
 
 @_jit
-def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr, WORD: tl.constexpr):
-    """Which columns of a chunk ([1, BLOCK_N / WORD], in words of WORD elements) to load and
-    store as the block. With windows (``lead``: the row's first column in its window, int32 so
-    that compares take one instruction) only whole ALIGN-column groups inside the row: the mask
-    is constant over each group, so the accesses stay vectors, and needs no per-element test.
-    Bounds are compared in words, as Triton proves that constancy only for contiguous columns."""
+def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
+    """Which columns of a chunk ([1, BLOCK_N]) to load and store as the block. With windows
+    (``lead``: the row's first column in its window, int32 so that compares take one
+    instruction) only whole ALIGN-column groups inside the row: the mask is constant over each
+    group, so the accesses stay vectors, and needs no per-element test."""
     if ALIGN > 1:
         first = lead[:, None]
-        group = ALIGN // WORD
-        inside = (cols >= (first + ALIGN - 1) // ALIGN * group) & (cols < (first + n_cols) // ALIGN * group)
+        inside = (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < (first + n_cols) // ALIGN * ALIGN)
         mask = row_mask[:, None] & inside
     else:
-        mask = row_mask[:, None] & (cols < n_cols // WORD)
+        mask = row_mask[:, None] & (cols < n_cols)
     return mask
 
 
 @_jit
-def _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride, ALIGN: tl.constexpr,
-                  WORD: tl.constexpr):
+def _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride, ALIGN: tl.constexpr):
     """For the tensor whose strides are given (its rows fix the offsets of every tensor's): where
     each row's window starts, the row's first column in it (int32), and ``_chunk_mask``."""
     row = _row_starts(outer, rows, outer_stride, row_stride)
     base = _window_start(row, ALIGN)
     lead = (row - base).to(tl.int32)
-    return base, lead, _chunk_mask(cols, lead, n_cols, row_mask, ALIGN, WORD)
+    return base, lead, _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
 
 
 @_jit
@@ -157,47 +154,6 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
 @_jit
 def _store(ptr, base, cols, col_stride, mask, value):
     tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)
-
-
-@_jit
-def _word_ptrs(ptr, base, cols):
-    """Pointers to 32-bit words ``cols`` of 16-bit rows starting at (even) element ``base``."""
-    return (ptr + base[:, None]).to(tl.pointer_type(tl.int32)) + cols
-
-
-@_jit
-def _word_halves(words, DTYPE: tl.constexpr):
-    """The two 16-bit ``DTYPE`` elements of each word, widened to fp32: (first, second)."""
-    if DTYPE == tl.bfloat16:
-        first = (words << 16).to(tl.float32, bitcast=True)
-        second = (words & -65536).to(tl.float32, bitcast=True)
-    else:
-        first = words.to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
-        second = (words >> 16).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
-    return first, second
-
-
-@_jit
-def _halves_word(first, second, DTYPE: tl.constexpr):
-    """fp32 ``first`` and ``second`` rounded to 16-bit ``DTYPE`` and packed into words."""
-    low = first.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return low | (second.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) << 16)
-
-
-@_jit
-def _minus_inf_word(DTYPE: tl.constexpr):
-    """A word of two 16-bit ``DTYPE`` -inf (0xFF80 bfloat16, 0xFC00 float16), as int32."""
-    if DTYPE == tl.bfloat16:
-        word = -8323200
-    else:
-        word = -67044352
-    return word
-
-
-@_jit
-def _opaque_zero(n):
-    """0 for any ``n`` >= 0 (an int32 argument), which the compiler cannot prove."""
-    return n >> 31
 
 
 @_jit
@@ -290,15 +246,6 @@ def _normalized(z, e, scale, shift, LOG: tl.constexpr):
 
 
 @_jit
-def _normalized_from_row(x, row_max, row_total, LOG: tl.constexpr):
-    """The output from x and its row's maximum and sum of exp(x - maximum)."""
-    z = x - row_max[:, None]
-    if LOG:
-        return z - tl.log(row_total)[:, None]
-    return tl.exp2(z * LOG2E) * (1.0 / row_total)[:, None]
-
-
-@_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
@@ -336,40 +283,27 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, PAIRED: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
-    WORD: tl.constexpr = 2 if PAIRED else 1
-    chunk_cols = tl.arange(0, BLOCK_N // WORD)
+    chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
-            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N // WORD, CHUNKS)
-        x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN,
-                                           WORD)
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
         y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-        if PAIRED:
-            words = tl.load(_word_ptrs(x_ptr, x_base, cols), mask=mask, other=_minus_inf_word(x_ptr.dtype.element_ty))
-            lo, hi = _word_halves(words, x_ptr.dtype.element_ty)
-            chunk_max = tl.maximum(tl.max(lo, 1), tl.max(hi, 1))
-        else:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
-            chunk_max = tl.max(x, 1)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
+        chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-        if PAIRED:
-            # Widened again, each time in a form the compiler cannot merge with the others (see
-            # _opaque_zero): otherwise it keeps the widened values, twice the words' registers.
-            lo, hi = _word_halves(words ^ _opaque_zero(n_cols), x_ptr.dtype.element_ty)
-            total = tl.sum(tl.exp2((lo - ref[:, None]) * LOG2E), 1) + tl.sum(tl.exp2((hi - ref[:, None]) * LOG2E), 1)
-        else:
-            z = x - ref[:, None]
-            # One exponential per element: kept and rescaled once the row's maximum is known.
-            e = tl.exp2(z * LOG2E)
-            total = tl.sum(e, 1)
+        z = x - ref[:, None]
+        # One exponential per element: kept and rescaled once the row's maximum is known.
+        e = tl.exp2(z * LOG2E)
+        total = tl.sum(e, 1)
         if ALIGN > 1:
             z_edge = x_edge - tl.sum(ref, 0)
             e_edge = tl.exp2(z_edge * LOG2E)
@@ -379,14 +313,7 @@ def softmax_forward_split(
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
-        if PAIRED:
-            # Held as words, half the registers of fp32 values: the exponentials are taken again.
-            lo, hi = _word_halves(words | _opaque_zero(n_cols), x_ptr.dtype.element_ty)
-            y_lo = _normalized_from_row(lo, row_max, row_total, LOG)
-            y_hi = _normalized_from_row(hi, row_max, row_total, LOG)
-            tl.store(_word_ptrs(y_ptr, y_base, cols), _halves_word(y_lo, y_hi, y_ptr.dtype.element_ty), mask=mask)
-        else:
-            _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
+        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
         if ALIGN > 1:
             _edge_store(y_ptr, y_base, edge, edge_mask,
                         _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
@@ -490,7 +417,7 @@ def softmax_backward_split(
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-        y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN, 1)
+        y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
         dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
         dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)

@@ -21,7 +21,7 @@ import torch
 from portable_softmax import compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, window_align, word_pairs
+from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, window_align
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 
@@ -193,9 +193,6 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
     backward = direction == "backward"
     align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                          [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
-    pairs = word_pairs(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
-                       [str(t.dtype).removeprefix("torch.") for t in tensors], all(t.data_ptr() % 4 == 0 for t in tensors),
-                       align)
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, f"softmax_{direction}_{config.regime}")
@@ -204,8 +201,6 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
-            if not backward:
-                constexprs["PAIRED"] = config.paired
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
@@ -241,7 +236,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
 
     plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split, align=align, pairs=pairs)
+                       allow_split=allow_split, align=align)
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None
@@ -255,7 +250,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
 def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool) -> LaunchPlan:
     device = tensors[0].device
     key = (direction, log, acc_fp64, view, device, device_record(device).name, os.environ.get(PROGRAMS_ENV),
-           tuple((t.dtype, t.data_ptr() % 16 == 0, t.data_ptr() % 4 == 0) for t in tensors))
+           tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
     prepared = _prepared.get(key)
     if prepared is None or prepared.tuning is not tuning_for(prepared.record):
         if len(_prepared) >= _PREPARED_LIMIT:

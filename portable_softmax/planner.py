@@ -39,8 +39,6 @@ class KernelConfig:
     num_stages: int = 1
     # The kernels' ALIGN: 1, or the elements in 16 bytes when rows are read in aligned windows.
     align: int = 1
-    # The split forward's PAIRED: 16-bit rows read, held and written as words of two elements.
-    paired: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -65,12 +63,11 @@ class LaunchPlan:
     rows_per_program: int
     reason: str
     align: int = 1
-    paired: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.paired)
+                            self.align)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -101,28 +98,9 @@ def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequen
     return align
 
 
-def word_pairs(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequence[tuple[int, int, int]],
-               dtypes: Sequence[str], pointers_aligned: bool, align: int) -> bool:
-    """Whether the split forward may read, hold and write rows as 32-bit words of two elements
-    (``PAIRED``, ``kernels.py``): every tensor of one 16-bit dtype with contiguous columns, and
-    every row starting at a word, either through aligned windows (``align`` > 1) or at an even
-    element of an even-length row. ``pointers_aligned``: every pointer on a 4-byte boundary."""
-    if len(set(dtypes)) != 1 or DTYPE_BYTES.get(dtypes[0]) != 2 or not pointers_aligned:
-        return False
-    if any(col != 1 for _, _, col in strides):
-        return False
-    if align > 1:
-        return True
-    used = [i for i, count in enumerate((n_outer, rows_per_outer)) if count > 1]
-    return n_cols % 2 == 0 and all(triple[i] % 2 == 0 for triple in strides for i in used)
-
-
-def contiguous_layout(rows: int, cols: int, dtype: str) -> dict[str, Any]:
-    """``window_align`` and ``word_pairs`` for contiguous [rows, cols] tensors of one dtype with
-    16-byte aligned pointers, as keywords of ``plan_launch`` and ``select_config``."""
-    strides = [(0, cols, 1)]
-    align = window_align(1, rows, cols, strides, [DTYPE_BYTES[dtype]], True)
-    return {"align": align, "pairs": word_pairs(1, rows, cols, strides, [dtype], True, align)}
+def contiguous_align(rows: int, cols: int, element_size: int) -> int:
+    """``window_align`` for contiguous [rows, cols] tensors of one element size."""
+    return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -142,7 +120,7 @@ def _warps(elements: int, per_thread: int, record: DeviceRecord, tuning: Tuning)
 def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: bool = False) -> KernelResources:
     """A register and shared-memory guess for a config, for planning without a compiler."""
     lanes = max(record.warp_size, 1) * config.num_warps
-    per_thread = _cdiv(config.block_m * config.block_n, lanes * (2 if config.paired else 1)) * (2 if backward else 1)
+    per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
     if config.regime == "loop":
         per_thread = _cdiv(per_thread, 2)
     registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
@@ -151,23 +129,13 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
-                  rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                  pairs: bool = False) -> KernelConfig:
+                  rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks. ``pairs`` (``word_pairs``) lets
-    the split forward hold words of two elements where the tuning table's ``split_pairs`` says.
+    columns wider than the row, needs no more or wider chunks.
     """
-    config = _windowed_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, align)
-    if pairs and not backward and config.regime == "split" and tuning_for(record).split_pairs:
-        config = dataclasses.replace(config, paired=True)
-    return config
-
-
-def _windowed_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, backward: bool,
-                     rows_per_group: Optional[int], allow_split: bool, align: int) -> KernelConfig:
     plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split)
     direction = "backward" if backward else "forward"
     if align == 1 or plain.regime != "split" or direction not in tuning_for(record).split_windows:
@@ -240,8 +208,7 @@ def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfi
 
 def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
-                programs: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                pairs: bool = False) -> LaunchPlan:
+                programs: Optional[int] = None, allow_split: bool = True, align: int = 1) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -254,7 +221,6 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         programs: a forced grid size (``PORTABLE_SOFTMAX_PROGRAMS``); checked for safety.
         allow_split: False rules the split path out (e.g. no scratch can be allocated now).
         align: ``window_align`` of the tensors: offers aligned windows (``select_config``).
-        pairs: ``word_pairs`` of the tensors: offers words of two elements (``select_config``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -263,11 +229,11 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split, align=align, pairs=pairs)
+                           allow_split=allow_split, align=align)
     plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False, align=align, pairs=pairs)
+                               allow_split=False, align=align)
         plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs,
                      note="split path does not fit resident; ")
     return plan
@@ -310,8 +276,5 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
-    if config.paired:
-        reason += "; held as words of two elements"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.paired)
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align)

@@ -48,9 +48,6 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels.py``) rather than one element
             per instruction.
-        split_pairs: whether the split forward holds 16-bit rows as words of two elements
-            (``kernels.py``, ``PAIRED``): half the registers of widened values, for a second
-            exponential per element.
     """
 
     tile_elements: int = 1024
@@ -71,7 +68,6 @@ class Tuning:
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    split_pairs: bool = True
 
 
 _DEFAULT = Tuning()

@@ -6,7 +6,7 @@ import pytest
 import portable_softmax
 from portable_softmax import vendors
 from portable_softmax.backend import get_backend
-from portable_softmax.planner import estimate_resources, plan_launch, select_config, split_fit, window_align, word_pairs
+from portable_softmax.planner import plan_launch, select_config, split_fit, window_align
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING, replace, tuning_for
@@ -186,39 +186,6 @@ def test_cli_plan_json_for_recorded_chips(capsys):
 def test_window_align_only_where_one_window_fits_every_tensor(case, align):
     assert window_align(case.get("outer", 1), case["rows"], case["cols"], case["strides"], case["sizes"],
                         case.get("aligned", True)) == align
-
-
-@pytest.mark.parametrize("case, pairs", [
-    (dict(cols=1024, strides=[(0, 1024, 1)] * 2, dtypes=["bfloat16"] * 2), True),     # even rows, even starts
-    (dict(cols=1024, strides=[(0, 1024, 1)] * 2, dtypes=["float16"] * 2), True),
-    (dict(cols=781, strides=[(0, 781, 1)] * 2, dtypes=["bfloat16"] * 2, align=8), True),  # odd rows, windows
-    (dict(cols=781, strides=[(0, 781, 1)] * 2, dtypes=["bfloat16"] * 2), False),      # odd rows, no window
-    (dict(cols=1000, strides=[(0, 1001, 1), (0, 1000, 1)], dtypes=["bfloat16"] * 2), False),  # odd start
-    (dict(cols=1000, strides=[(0, 1000, 1)] * 2, dtypes=["bfloat16"] * 2, aligned=False), False),  # pointer
-    (dict(cols=1024, strides=[(0, 1024, 1)] * 2, dtypes=["bfloat16", "float16"]), False),  # a cast (dtype=)
-    (dict(cols=1024, strides=[(0, 1024, 1)] * 2, dtypes=["float32"] * 2), False),
-    (dict(cols=1024, strides=[(0, 1, 1024)] * 2, dtypes=["bfloat16"] * 2), False),    # columns not contiguous
-    (dict(rows=1, cols=1024, strides=[(0, 0, 1)] * 2, dtypes=["bfloat16"] * 2), True),  # one row: stride unused
-])
-def test_word_pairs_only_where_every_row_starts_at_a_word(case, pairs):
-    assert word_pairs(1, case.get("rows", 4), case["cols"], case["strides"], case["dtypes"], case.get("aligned", True),
-                      case.get("align", 1)) is pairs
-
-
-def test_split_forward_holds_pairs_where_the_tuning_table_takes_them(monkeypatch):
-    """Pairs are offered by the tensors and taken only by the split forward, unless the tuning
-    table turns them off; the estimate counts a word's two elements as one register."""
-    record = profile_record("h200")
-    paired = plan_launch(record, 4096, 262144, "float32", pairs=True)
-    assert paired.paired and "words of two elements" in paired.reason
-    assert not plan_launch(record, 4096, 262144, "float32", pairs=True, backward=True).paired
-    assert not plan_launch(record, 32768, 1024, "float32", pairs=True).paired  # a tile
-    assert not plan_launch(record, 4096, 262144, "float32").paired
-    assert estimate_resources(record, paired.config).registers < estimate_resources(
-        record, replace(paired.config, paired=False)).registers
-    key = (record.backend, "*")
-    monkeypatch.setitem(TUNING, key, replace(TUNING[key], split_pairs=False))
-    assert not plan_launch(record, 4096, 262144, "float32", pairs=True).paired
 
 
 def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):

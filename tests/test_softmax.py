@@ -282,53 +282,13 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("start", ["aligned", "word", "odd"])
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_split_forward_holds_word_pairs(device, monkeypatch, dtype, start, log):
-    """The split forward reads, holds and writes 16-bit rows as words of two elements where every
-    row starts at a word: rows Triton proves 16-byte aligned, and rows only 4-byte aligned (read
-    a word at a time); rows at odd elements are read as elements. Views into wider, poisoned
-    tensors: nothing outside the view may be written, and a neighbour's NaN, inf or 1e4 must
-    not leak into a row."""
-    _force(monkeypatch, "split", device)
-    width, offset = {"aligned": (1024, 0), "word": (1016, 2), "odd": (1016, 1)}[start]
-    x = (torch.randn(24, width, device=device, dtype=dtype) * 3)[:, offset:offset + 1000]
-    x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
-    out = torch.full((24, width), float("nan"), device=device, dtype=dtype)
-    y = out[:, offset:offset + 1000]
-    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
-    assert plan.regime == "split" and plan.align == 1 and plan.paired == (start != "odd")
-    fn = torch.log_softmax if log else torch.softmax
-    reference = fn(x.double(), -1)
-    assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
-    outside = torch.ones_like(out, dtype=torch.bool)
-    outside[:, offset:offset + 1000] = False
-    assert out[outside].isnan().all()
-    finite = reference.isfinite().all(-1)
-    _check(y[finite], fn(x, -1)[finite], reference[finite], dtype)
-
-
-def test_word_pairs_are_not_replayed_onto_odd_starts(device, monkeypatch):
-    """A launch prepared for rows at 4-byte boundaries (held as word pairs) must not be replayed
-    for the same shape and strides at a 2-byte boundary: Triton specialises both alike."""
-    _force(monkeypatch, "split", device)
-    base = torch.randn(24, 1016, device=device, dtype=torch.bfloat16) * 3
-    for offset, paired in ((2, True), (1, False), (2, True)):
-        x = base[:, offset:offset + 1000]
-        y = torch.full((24, 1000), float("nan"), device=device, dtype=x.dtype)
-        plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
-        assert plan.paired == paired
-        _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), x.dtype)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
 def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dtype):
     """A split row whose first chunks hold only -inf (a long masked span) and whose finite values
     lie far below 0: the row's maximum must come from its finite chunk, not from the 0 that a
     chunk of -inf takes as its local reference (that once gave exp(-1000) = 0 sums and NaN rows).
-    Rows of -inf only stay NaN, as in torch. bf16 rows are held as word pairs."""
+    Rows of -inf only stay NaN, as in torch."""
     ours, theirs = fns
     _force(monkeypatch, "split", device)
     x = torch.randn(6, 1000, device=device, dtype=dtype) - 1000
@@ -339,12 +299,12 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     x[3, -1] = 10.0
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), ours is ps.log_softmax)
-    assert plan.regime == "split" and plan.chunks > 2 and plan.paired == (dtype == torch.bfloat16)
+    assert plan.regime == "split" and plan.chunks > 2
     expected = theirs(x, -1)
     assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
     finite = expected.isfinite()
-    torch.testing.assert_close(y[finite], expected[finite], **({} if dtype == torch.bfloat16 else
-                                                              dict(rtol=1e-5, atol=1e-6)))
+    tolerances = {} if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y[finite], expected[finite], **tolerances)
 
 
 @pytest.mark.parametrize("case", ["wider_rows", "dtype_float32", "three_dims"])
