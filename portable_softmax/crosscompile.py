@@ -220,8 +220,6 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
         constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
-        if not case.backward:
-            constexprs["FOLD"] = config.fold
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"

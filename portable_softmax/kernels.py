@@ -283,7 +283,7 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, FOLD: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr,
 ):
     tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
     chunk_cols = tl.arange(0, BLOCK_N)
@@ -293,7 +293,7 @@ def softmax_forward_split(
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
         y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
-        chunk_max = tl.max(tl.max(tl.reshape(x, [BLOCK_M, FOLD, BLOCK_N // FOLD]), 1), 1)
+        chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
@@ -303,7 +303,7 @@ def softmax_forward_split(
         z = x - ref[:, None]
         # One exponential per element: kept and rescaled once the row's maximum is known.
         e = tl.exp2(z * LOG2E)
-        total = tl.sum(tl.sum(tl.reshape(e, [BLOCK_M, FOLD, BLOCK_N // FOLD]), 1), 1)
+        total = tl.sum(e, 1)
         if ALIGN > 1:
             z_edge = x_edge - tl.sum(ref, 0)
             e_edge = tl.exp2(z_edge * LOG2E)

@@ -201,8 +201,6 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
-            if not backward:
-                constexprs["FOLD"] = config.fold
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64

@@ -39,8 +39,6 @@ class KernelConfig:
     num_stages: int = 1
     # The kernels' ALIGN: 1, or the elements in 16 bytes when rows are read in aligned windows.
     align: int = 1
-    # The split forward's FOLD (``Tuning.split_fold``).
-    fold: int = 1
 
     @property
     def chunks_p2(self) -> int:
@@ -65,12 +63,11 @@ class LaunchPlan:
     rows_per_program: int
     reason: str
     align: int = 1
-    fold: int = 1
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.fold)
+                            self.align)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -183,8 +180,7 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
            and 1 - n_cols / (_cdiv(n_cols, block_n) * block_n) > tuning.split_max_padding):
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)
-    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
-                        fold=1 if backward else min(tuning.split_fold, block_n))
+    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning))
 
 
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
@@ -281,5 +277,4 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.fold)
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align)

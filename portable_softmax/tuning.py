@@ -48,9 +48,6 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels.py``) rather than one element
             per instruction.
-        split_fold: the split forward folds a chunk's max and sum over this many interleaved
-            slices first: each thread then runs that many independent chains instead of one
-            chain over all its elements (1: no fold).
     """
 
     tile_elements: int = 1024
@@ -71,7 +68,6 @@ class Tuning:
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    split_fold: int = 8
 
 
 _DEFAULT = Tuning()
