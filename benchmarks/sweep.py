@@ -35,6 +35,9 @@ VARIANTS = {
     "win_bwd": dict(split_windows=frozenset({"backward"})),
     "tile_loop_all": dict(tile_loop_occupancy=1 << 20),
     "fit80k": dict(split_fit_bytes=81920),
+    "noticket": dict(split_tickets=frozenset()),
+    "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
+    "ticket_all": dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0),
 }
 
 
@@ -74,8 +77,8 @@ def main():
             for name, plan, bplan, f, b, err in rows:
                 print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                       f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                      f"bn{plan.block_n} c{plan.chunks} a{plan.align} occ{plan.occupancy} | "
-                      f"bwd {bplan.regime} a{bplan.align} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
+                      f"bn{plan.block_n} c{plan.chunks} a{plan.align}{'t' if plan.ticketed else ''} occ{plan.occupancy} | "
+                      f"bwd {bplan.regime} a{bplan.align}{'t' if bplan.ticketed else ''} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
                       f"occ{bplan.occupancy}", flush=True)
             del x, y, dy, dx, reference
             torch.cuda.empty_cache()

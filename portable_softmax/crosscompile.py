@@ -23,6 +23,7 @@ a compile that never ends is reported as a timeout instead of hanging the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -219,7 +220,8 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
     if config.regime == "split":
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
-        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
+        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
+                          TICKETED=config.ticketed)
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
@@ -230,11 +232,15 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
-    """The configurations a launch of ``case`` may use: the plan's, and its no-split fallback."""
+    """The configurations a launch of ``case`` may use: the plan's, its ticketed form where the
+    tuning table allows one in its direction (the plan picks between them from the compiled
+    occupancy), and its no-split fallback."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":
+        if case.direction in tuning_for(record).split_tickets:
+            found.append(("ticketed", dataclasses.replace(primary, ticketed=True)))
         found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
                                                 **common)))
     return found
@@ -244,7 +250,7 @@ def _options(target: Target, config: KernelConfig) -> dict[str, Any]:
     from portable_softmax import compat
 
     options: dict[str, Any] = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.regime == "split" and compat.COOPERATIVE_LAUNCH:
+    if config.regime == "split" and not config.ticketed and compat.COOPERATIVE_LAUNCH:
         options["launch_cooperative_grid"] = True  # as launch.py asks on cuda and hip
     return options
 
@@ -654,18 +660,21 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         compiled_for_case = by_case.get(case, {})
         if config in compiled_for_case:
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
-                               rows_per_group=case.rows, allow_split=role == "primary", align=case.align,
-                               resources=lambda c, found=compiled_for_case: found[c])
+                               rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
+                               resources=lambda c, found=compiled_for_case: found[c],
+                               input_bytes=DTYPE_BYTES[case.dtype] * (2 if case.backward else 1))
             if plan.config != config:
-                # The split grid does not fit resident: launches take the fallback (its own row).
+                # Another configuration serves the case: the ticketed or persistent form, or the
+                # fallback where the split grid does not fit resident (each has its own row).
                 row["note"] = f"not used: {plan.reason}"
             else:
                 resident = record.compute_units * plan.occupancy
-                # Split programs wait on each other: the whole grid must be resident at once. Tile
-                # and loop programs never wait, so the planner may queue up to tile_waves waves,
-                # or give each tile a program (None: no bound) where many fit per unit.
+                # Persistent split programs wait on each other: the whole grid must be resident at
+                # once. Ticketed split, tile and loop programs never wait on one that has not
+                # started, so the planner may queue up to tile_waves waves, or give each tile or
+                # item a program (None: no bound).
                 waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
-                if config.regime == "tile" and plan.occupancy >= tuning.tile_loop_occupancy:
+                if (config.regime == "tile" and plan.occupancy >= tuning.tile_loop_occupancy) or config.ticketed:
                     waves = None
                 row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
                            compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),

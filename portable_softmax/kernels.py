@@ -14,8 +14,9 @@ Three ways to hold a row, chosen by the launch planner (``planner.py``):
 * ``*_split``: a row is cut into ``CHUNKS`` chunks held by ``CHUNKS`` programs at once; they trade
   partial results through a small global scratch and then write what they hold: still one read,
   one write, for rows far larger than a program's registers. Waiting on a peer is only safe when
-  the whole grid is resident on the chip at once, which the planner guarantees by sizing the grid
-  from the device's occupancy, and only on backends that can promise residency.
+  the peer runs too: either the whole grid is resident at once (a persistent grid sized from the
+  device's occupancy), or each program takes its item by ticket as it starts (``_split_items``),
+  which needs only a row's chunks resident at once. Only on backends that can promise residency.
 * ``*_loop``: a row is streamed in chunks twice (online max/sum, then normalise): 1.5x the
   traffic of the others, but no program ever waits on another, so it is the path for backends
   that cannot promise residency (the CPU interpreter, Ascend, unknown plugins).
@@ -72,6 +73,27 @@ def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.c
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
     return tile, chunk, outer, rows, row_mask, (chunk * BLOCK_N + chunk_cols)[None, :]
+
+
+@_jit
+def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
+    """The items a split program takes, as ``tl.range(first, stop, step)``.
+
+    Persistent (the grid is resident at once): every grid-th item from the program's id.
+    Ticketed (a program per item): the one item numbered by the order in which programs start,
+    drawn from the counter at ``done_ptr``. Every lower item then belongs to a program that has
+    started, so a row's programs wait only on started peers or on peers that start as soon as a
+    complete row ends: the grid need not be resident, only a row's chunks at once. The last to
+    draw resets the counter for the next launch (every draw is then done).
+    """
+    if TICKETED:
+        first = tl.atomic_add(done_ptr, 1, sem="relaxed")
+        tl.store(done_ptr, 0, mask=first == n_items - 1)
+        stop = first + 1
+    else:
+        first = tl.program_id(0)
+        stop = n_items
+    return first, stop, 1 if TICKETED else tl.num_programs(0)
 
 
 @_jit
@@ -283,11 +305,12 @@ def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr,
 ):
     tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
     chunk_cols = tl.arange(0, BLOCK_N)
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+    first, stop, step = _split_items(n_items, done_ptr, TICKETED)
+    for item in tl.range(first, stop, step):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
@@ -317,8 +340,10 @@ def softmax_forward_split(
         if ALIGN > 1:
             _edge_store(y_ptr, y_base, edge, edge_mask,
                         _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
+        if not TICKETED:
+            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
+    if not TICKETED:
+        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
 
 @_jit
@@ -410,11 +435,12 @@ def softmax_backward_split(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr,
 ):
     tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
     chunk_cols = tl.arange(0, BLOCK_N)
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+    first, stop, step = _split_items(n_items, done_ptr, TICKETED)
+    for item in tl.range(first, stop, step):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
@@ -433,8 +459,10 @@ def softmax_backward_split(
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
         if ALIGN > 1:
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, tl.sum(row_sum, 0), LOG))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
+        if not TICKETED:
+            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
+    if not TICKETED:
+        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
 
 
 @_jit

@@ -127,6 +127,9 @@ class _Scratch:
 
 
 _scratch = _Scratch()
+# Ticketed split launches (a program per item) fill their slots before each launch, so they keep
+# their own: the persistent path's slots must stay empty between launches.
+_ticket_scratch = _Scratch()
 
 
 class _Prepared:
@@ -152,11 +155,16 @@ class _Prepared:
     def __call__(self, device: torch.device, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
         scratch: tuple = ()
         if self.plan.regime == "split":
-            scratch = _scratch.get(device, self.plan.tiles * self.plan.block_m * self.plan.chunks, self.plan.tiles)
+            slots = self.plan.tiles * self.plan.block_m * self.plan.chunks
+            pool = _ticket_scratch if self.plan.ticketed else _scratch
+            scratch = pool.get(device, slots, self.plan.tiles)
             if scratch is None:
                 if self._fallback_prepared is None:
                     self._fallback_prepared = self._fallback(tensors)
                 return self._fallback_prepared(device, tensors)
+            if self.plan.ticketed:
+                # Ticketed programs leave their row's slots full (only the counter resets itself).
+                scratch[0][:slots].fill_(-1)
         if self._direct is not None:
             self._direct(*tensors, *scratch, *self._tail)
             return self.plan
@@ -191,6 +199,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
     strides = tuple(s for triple in view.strides for s in triple)
     tiles_rows = (view.rows_per_outer, view.n_cols)
     backward = direction == "backward"
+    input_bytes = sum(t.element_size() for t in tensors[:-1])
     align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                          [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
 
@@ -200,15 +209,16 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         tiles = view.n_outer * tiles_per_outer
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
-            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align)
+            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
+                              TICKETED=config.ticketed)
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        if config.regime == "split" and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
+        if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
             options["launch_cooperative_grid"] = True
-        caps = split_fit(record, config, sum(t.element_size() for t in tensors[:-1]))
+        caps = split_fit(record, config, input_bytes)
         if caps:
             options = fitted(kernel, args, constexprs, options, caps)
         return kernel, args, constexprs, options
@@ -236,7 +246,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
 
     plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split, align=align)
+                       allow_split=allow_split, align=align, input_bytes=input_bytes)
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None

@@ -39,6 +39,8 @@ class KernelConfig:
     num_stages: int = 1
     # The kernels' ALIGN: 1, or the elements in 16 bytes when rows are read in aligned windows.
     align: int = 1
+    # The split kernels' TICKETED: a program per item, items taken by ticket (kernels._split_items).
+    ticketed: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -63,11 +65,12 @@ class LaunchPlan:
     rows_per_program: int
     reason: str
     align: int = 1
+    ticketed: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align)
+                            self.align, self.ticketed)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -208,7 +211,8 @@ def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfi
 
 def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
-                programs: Optional[int] = None, allow_split: bool = True, align: int = 1) -> LaunchPlan:
+                programs: Optional[int] = None, allow_split: bool = True, align: int = 1,
+                input_bytes: Optional[int] = None) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -221,6 +225,8 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         programs: a forced grid size (``PORTABLE_SOFTMAX_PROGRAMS``); checked for safety.
         allow_split: False rules the split path out (e.g. no scratch can be allocated now).
         align: ``window_align`` of the tensors: offers aligned windows (``select_config``).
+        input_bytes: bytes a row's column reads (x forward; y and dy backward); from ``dtype``
+            if None. Decides between a persistent and a ticketed split grid (``_ticketed``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -228,9 +234,13 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    if input_bytes is None:
+        input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align)
-    plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs)
+    kernel = _resources(resources, record, config, backward)
+    plan = _size(record, config, kernel, n_rows, rows_per_group, programs,
+                 ticketed=_ticketed(record, config, kernel, n_rows, rows_per_group, backward, input_bytes, programs))
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align)
@@ -239,15 +249,41 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     return plan
 
 
+def _ticketed(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
+              backward: bool, input_bytes: int, forced: Optional[int]) -> bool:
+    """Whether a split launch gives each item a program that takes it by ticket, rather than
+    running a persistent grid: in the directions ``Tuning.split_tickets`` names, where the
+    programs resident on a unit hold ``split_ticket_bytes`` of input or more, and the items
+    fill ``split_ticket_waves`` resident grids (few-row shapes keep the persistent grid, which
+    needs no scratch reset before each launch). A forced grid size is a persistent grid."""
+    tuning = tuning_for(record)
+    if config.regime != "split" or forced is not None:
+        return False
+    if ("backward" if backward else "forward") not in tuning.split_tickets:
+        return False
+    per_unit = min(get_backend(record.backend).occupancy(record, kernel), tuning.split_programs_per_unit)
+    items = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, config.block_m) * config.chunks
+    held = per_unit * config.block_m * config.block_n * input_bytes
+    return held >= tuning.split_ticket_bytes and items >= tuning.split_ticket_waves * record.compute_units * per_unit
+
+
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
-          forced: Optional[int], note: str = "") -> Optional[LaunchPlan]:
+          forced: Optional[int], note: str = "", ticketed: bool = False) -> Optional[LaunchPlan]:
     tuning = tuning_for(record)
     occupancy = get_backend(record.backend).occupancy(record, kernel)
     groups = _cdiv(n_rows, max(rows_per_group, 1))
     tiles = groups * _cdiv(rows_per_group, config.block_m)
     items = tiles * config.chunks
     cap = min(record.grid_limit, tuning.max_programs)
-    if config.regime == "split":
+    if config.regime == "split" and ticketed:
+        per_unit = min(occupancy, tuning.split_programs_per_unit)
+        if record.compute_units * per_unit < config.chunks or items > cap:
+            return None
+        config = dataclasses.replace(config, ticketed=True)
+        programs = items
+        reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "
+                  f"ticket; {per_unit} programs/unit resident (occupancy {occupancy})")
+    elif config.regime == "split":
         per_unit = min(occupancy, tuning.split_programs_per_unit)
         resident = record.compute_units * per_unit
         programs = min(items, resident)
@@ -277,4 +313,5 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
-                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align)
+                      config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
+                      config.ticketed)

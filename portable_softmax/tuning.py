@@ -48,6 +48,12 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels.py``) rather than one element
             per instruction.
+        split_tickets: the directions whose split path may give each item a program that takes
+            it by ticket (``kernels._split_items``) instead of running a persistent grid: the
+            hardware then starts a program wherever one ends, rather than a fixed group of
+            programs stepping through rows together. Taken where the resident programs hold
+            ``split_ticket_bytes`` of input per unit or more and the items fill
+            ``split_ticket_waves`` resident grids.
     """
 
     tile_elements: int = 1024
@@ -68,6 +74,9 @@ class Tuning:
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
+    split_tickets: frozenset[str] = frozenset({"forward"})
+    split_ticket_bytes: int = 131072
+    split_ticket_waves: int = 2
 
 
 _DEFAULT = Tuning()

@@ -67,7 +67,11 @@ def test_plan_stays_within_what_the_chip_holds(name, rows, cols, backward):
     if plan.regime == "split":
         assert record.residency_guaranteed
         assert plan.programs % plan.chunks == 0
-        assert plan.programs <= record.compute_units * plan.occupancy
+        if plan.ticketed:
+            # A program per item; only a row's chunks need to be resident at once.
+            assert plan.programs == plan.items and plan.chunks <= record.compute_units * plan.occupancy
+        else:
+            assert plan.programs <= record.compute_units * plan.occupancy
         assert plan.chunks * plan.block_n >= cols > (plan.chunks - 1) * plan.block_n
     elif plan.regime == "tile":
         assert plan.block_n >= cols
@@ -186,6 +190,25 @@ def test_cli_plan_json_for_recorded_chips(capsys):
 def test_window_align_only_where_one_window_fits_every_tensor(case, align):
     assert window_align(case.get("outer", 1), case["rows"], case["cols"], case["strides"], case["sizes"],
                         case.get("aligned", True)) == align
+
+
+def test_split_grids_are_ticketed_where_the_resident_programs_hold_enough():
+    """A split launch gives each item a program taken by ticket where its resident programs hold
+    ``split_ticket_bytes`` of input per unit and the items fill ``split_ticket_waves`` resident
+    grids; otherwise, and in directions the tuning table leaves out, the grid is persistent."""
+    record = profile_record("h200")
+    tuning = tuning_for(record)
+    four = KernelResources(registers=128, shared_memory=1024, num_warps=4)  # 4 programs of 4 warps per unit
+    fp32 = plan_launch(record, 4096, 262144, "float32", resources=four)
+    assert fp32.regime == "split" and fp32.ticketed and fp32.programs == fp32.items and "ticket" in fp32.reason
+    assert 4 * fp32.block_n * 4 >= tuning.split_ticket_bytes
+    bf16 = plan_launch(record, 4096, 262144, "float32", resources=four, input_bytes=2)
+    assert bf16.regime == "split" and not bf16.ticketed and bf16.programs <= record.compute_units * 4
+    assert not plan_launch(record, 4096, 262144, "float32", resources=four, backward=True, input_bytes=8).ticketed
+    few = plan_launch(record, 32, 128256, "float32", resources=four)
+    assert few.regime == "split" and not few.ticketed  # 512 items: not two resident grids
+    forced = plan_launch(record, 4096, 262144, "float32", resources=four, programs=512)
+    assert not forced.ticketed and forced.programs == 512
 
 
 def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):

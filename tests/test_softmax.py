@@ -170,12 +170,15 @@ def test_unserved_device_is_a_runtime_error():
 def _force(monkeypatch, regime: str, device: str) -> None:
     """Shrink the current backend's tuning so small problems take ``regime``."""
     record = ps.device_info(device)
-    if regime == "split" and not record["residency_guaranteed"]:
+    if regime in ("split", "ticketed") and not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
+    split = dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_tickets=frozenset())
     small = {"tile": dict(tile_elements=256),
-             "split": dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30),
+             "split": split,
+             "ticketed": {**split, "split_tickets": frozenset({"forward", "backward"}), "split_ticket_bytes": 0,
+                          "split_ticket_waves": 0},
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -183,7 +186,7 @@ def _force(monkeypatch, regime: str, device: str) -> None:
         monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
 
 
-@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
+@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "loop"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("cols", [1, 129, 1000])
 def test_every_regime_writes_every_element(device, monkeypatch, regime, log, cols):
@@ -193,7 +196,7 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
     if cols > 64:  # narrower rows fit a tile whatever is forced
-        assert plan.regime == regime
+        assert _regime(plan) == regime
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert not y.isnan().any()
     assert relative_error(y, reference) < 1e-5
@@ -207,11 +210,15 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     assert relative_error(dx, grad) < 1e-5
 
 
-@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
+def _regime(plan: launch.LaunchPlan) -> str:
+    return "ticketed" if plan.ticketed else plan.regime
+
+
+@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "loop"])
 def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
     into the compiled kernel): each replay must compute its own input into a poisoned output, and
-    the split path's exchange slots must come back clean for the next one."""
+    the split path's exchange slots (and the ticket counter) must come back ready for the next."""
     _force(monkeypatch, regime, device)
     first = None
     for _ in range(3):
@@ -219,7 +226,7 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         y = torch.full_like(x, float("nan"))
         view = ops.row_view(tuple(x.shape), 1, x, y)
         plan = launch.run_forward(x, y, view, False)
-        assert plan.regime == regime and (first is None or plan is first)
+        assert _regime(plan) == regime and (first is None or plan is first)
         first = plan
         assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
@@ -228,25 +235,49 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
 
-def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch):
-    """Rows of 32 chunks, each program taking many rows in turn: every program empties its slots
-    of a row only after all of the row's chunks have moved on, including the programs whose first
-    row is the grid's last (a wrong 'previous row' there once emptied row 0 early and hung)."""
+@pytest.mark.parametrize("ticketed", [False, True], ids=["persistent", "ticketed"])
+def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, ticketed):
+    """Rows of 32 chunks over many items. Persistent: each program takes many rows in turn and
+    empties its slots of a row only after all of the row's chunks have moved on, including the
+    programs whose first row is the grid's last (a wrong 'previous row' there once emptied row 0
+    early and hung). Ticketed: 65536 programs, far more than fit the chip, take their items by
+    ticket; the counter must come back to 0 for the next launch."""
     record = ps.device_info(device)
     if not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048))
+    tickets = dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0) if ticketed else \
+        dict(split_tickets=frozenset())
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048, **tickets))
     for _ in range(3):
         x = torch.randn(2048, 65536, device=device, dtype=torch.bfloat16) * 3
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
-        assert plan.regime == "split" and plan.chunks == 32 and plan.items > 4 * plan.programs
+        assert plan.regime == "split" and plan.chunks == 32 and plan.ticketed == ticketed
+        assert plan.programs == plan.items if ticketed else plan.items > 4 * plan.programs
         _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
         launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
         yd = y.double()
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-2
+
+
+def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
+    """Ticketed launches leave their slots full and fill them before each launch; persistent
+    launches need theirs empty. Alternating the two (and shapes) must keep both right."""
+    record = ps.device_info(device)
+    if not record["residency_guaranteed"]:
+        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
+    key = (record["backend"], "*")
+    base = tuning.replace(tuning.TUNING[key], row_elements=64, split_chunk=128, split_min_cols=1 << 30,
+                          split_ticket_bytes=0, split_ticket_waves=0)
+    for tickets, rows in [("forward", 37), ("", 37), ("forward", 64), ("", 64), ("forward", 37)]:
+        monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, split_tickets=frozenset({tickets} - {""})))
+        x = torch.randn(rows, 1000, device=device) * 3
+        y = torch.full_like(x, float("nan"))
+        plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
+        assert plan.regime == "split" and plan.ticketed == bool(tickets)
+        assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
