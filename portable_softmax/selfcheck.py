@@ -119,7 +119,8 @@ def run(device: Optional[str] = None, cases: Optional[list] = None, echo: Callab
         dtype_name = "float64" if dtype == torch.float64 else "float32"
         for backward in (False, True):
             plan = plan_launch(record, rows, cols, dtype_name, backward=backward,
-                               align=contiguous_align(rows, cols, dtype.itemsize))
+                               align=contiguous_align(rows, cols, dtype.itemsize),
+                               input_bytes=dtype.itemsize * (2 if backward else 1))
             echo(f"  {rows}x{cols} {'bwd' if backward else 'fwd'}: {plan.programs} programs, {plan.reason}")
     echo("\ncorrectness (relative error of the whole tensor vs torch float64; torch's own beside it):")
     echo(f"  {'shape':>12} {'dtype':>9} {'function':>11} {'pass':>8} {'ours':>9} {'torch':>9}  ok")

@@ -74,7 +74,7 @@ class Tuning:
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    split_tickets: frozenset[str] = frozenset({"forward"})
+    split_tickets: frozenset[str] = frozenset({"forward", "backward"})
     split_ticket_bytes: int = 131072
     split_ticket_waves: int = 2
 

@@ -204,11 +204,21 @@ def test_split_grids_are_ticketed_where_the_resident_programs_hold_enough():
     assert 4 * fp32.block_n * 4 >= tuning.split_ticket_bytes
     bf16 = plan_launch(record, 4096, 262144, "float32", resources=four, input_bytes=2)
     assert bf16.regime == "split" and not bf16.ticketed and bf16.programs <= record.compute_units * 4
-    assert not plan_launch(record, 4096, 262144, "float32", resources=four, backward=True, input_bytes=8).ticketed
+    assert plan_launch(record, 4096, 262144, "float32", resources=four, backward=True, input_bytes=8).ticketed
+    assert not plan_launch(record, 4096, 262144, "float32", resources=four, backward=True, input_bytes=4).ticketed
     few = plan_launch(record, 32, 128256, "float32", resources=four)
     assert few.regime == "split" and not few.ticketed  # 512 items: not two resident grids
     forced = plan_launch(record, 4096, 262144, "float32", resources=four, programs=512)
     assert not forced.ticketed and forced.programs == 512
+
+
+def test_split_tickets_only_in_the_directions_the_tuning_table_names(monkeypatch):
+    record = profile_record("h200")
+    four = KernelResources(registers=128, shared_memory=1024, num_warps=4)
+    key = (record.backend, "*")
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], split_tickets=frozenset({"backward"})))
+    assert not plan_launch(record, 4096, 262144, "float32", resources=four).ticketed
+    assert plan_launch(record, 4096, 262144, "float32", resources=four, backward=True, input_bytes=8).ticketed
 
 
 def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):
