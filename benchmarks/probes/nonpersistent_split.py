@@ -24,6 +24,23 @@ from portable_softmax.kernels import EMPTY_SLOT, LOG2E, _bits_float, _float_bits
 
 
 @triton.jit
+def _row_exchange(slot_ptr, row, chunk, chunk_max, total, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Publish this chunk's (max, sum), wait for the row's others, and return the row's maximum and
+    its sum of exp(x - maximum)."""
+    slots = slot_ptr + row.to(tl.int64) * CHUNKS
+    tl.atomic_xchg(slots + chunk, (_float_bits(chunk_max) << 32) | _float_bits(total), sem="relaxed")
+    peers = tl.arange(0, CHUNKS_P2)
+    live = peers < CHUNKS
+    v = tl.load(slots + peers, mask=live, other=0, volatile=True)
+    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
+        v = tl.load(slots + peers, mask=live, other=0, volatile=True)
+    peer_max = tl.where(live, _bits_float(v >> 32), -float("inf"))
+    peer_sum = tl.where(live, _bits_float(v), 0.0)
+    row_max = tl.max(peer_max, 0)
+    return row_max, tl.sum(peer_sum * tl.exp2((peer_max - row_max) * LOG2E), 0)
+
+
+@triton.jit
 def split_forward_once(x_ptr, y_ptr, slot_ptr, ticket_ptr, n_cols, row_stride, BLOCK_N: tl.constexpr,
                        CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, TICKET: tl.constexpr):
     if TICKET:
@@ -40,17 +57,7 @@ def split_forward_once(x_ptr, y_ptr, slot_ptr, ticket_ptr, n_cols, row_stride, B
     ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
     e = tl.exp2((x - ref) * LOG2E)
     total = tl.sum(e, 0)
-    slots = slot_ptr + row.to(tl.int64) * CHUNKS
-    tl.atomic_xchg(slots + chunk, (_float_bits(chunk_max) << 32) | _float_bits(total), sem="relaxed")
-    peers = tl.arange(0, CHUNKS_P2)
-    live = peers < CHUNKS
-    v = tl.load(slots + peers, mask=live, other=0, volatile=True)
-    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
-        v = tl.load(slots + peers, mask=live, other=0, volatile=True)
-    peer_max = tl.where(live, _bits_float(v >> 32), -float("inf"))
-    peer_sum = tl.where(live, _bits_float(v), 0.0)
-    row_max = tl.max(peer_max, 0)
-    row_total = tl.sum(peer_sum * tl.exp2((peer_max - row_max) * LOG2E), 0)
+    row_max, row_total = _row_exchange(slot_ptr, row, chunk, chunk_max, total, CHUNKS, CHUNKS_P2)
     scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
     tl.store(y_ptr + base + cols, (e * scale).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -79,17 +86,8 @@ def split_forward_once_paired(x_ptr, y_ptr, slot_ptr, ticket_ptr, n_cols, row_st
     ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
     lo, hi = _halves(words ^ (n_cols >> 31))
     total = tl.sum(tl.exp2((lo - ref) * LOG2E), 0) + tl.sum(tl.exp2((hi - ref) * LOG2E), 0)
-    slots = slot_ptr + row.to(tl.int64) * CHUNKS
-    tl.atomic_xchg(slots + chunk, (_float_bits(chunk_max) << 32) | _float_bits(total), sem="relaxed")
-    peers = tl.arange(0, CHUNKS_P2)
-    live = peers < CHUNKS
-    v = tl.load(slots + peers, mask=live, other=0, volatile=True)
-    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
-        v = tl.load(slots + peers, mask=live, other=0, volatile=True)
-    peer_max = tl.where(live, _bits_float(v >> 32), -float("inf"))
-    peer_sum = tl.where(live, _bits_float(v), 0.0)
-    row_max = tl.max(peer_max, 0)
-    inverse = 1.0 / tl.sum(peer_sum * tl.exp2((peer_max - row_max) * LOG2E), 0)
+    row_max, row_total = _row_exchange(slot_ptr, row, chunk, chunk_max, total, CHUNKS, CHUNKS_P2)
+    inverse = 1.0 / row_total
     lo, hi = _halves(words | (n_cols >> 31))
     y_lo = (tl.exp2((lo - row_max) * LOG2E) * inverse).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
     y_hi = (tl.exp2((hi - row_max) * LOG2E) * inverse).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
