@@ -226,32 +226,35 @@ def _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.con
 
 @_jit
 def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                    CHUNKS: tl.constexpr):
+                    CHUNKS: tl.constexpr, TICKETED: tl.constexpr):
     """Empty this program's slots of the tile it held before ``tile`` (none on its first). Called
     once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
-    multiple of CHUNKS). A plain store: no program waits on a round trip to clean up."""
-    # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
-    previous = tile - tl.num_programs(0) // CHUNKS
-    slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-    tl.store(slots + chunk, tl.full([BLOCK_M], EMPTY_SLOT, tl.int64), mask=row_mask & (previous >= 0))
+    multiple of CHUNKS). A plain store: no program waits on a round trip to clean up. Ticketed
+    grids leave their slots full (the launch fills them before the next)."""
+    if not TICKETED:
+        # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
+        previous = tile - tl.num_programs(0) // CHUNKS
+        slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
+        tl.store(slots + chunk, tl.full([BLOCK_M], EMPTY_SLOT, tl.int64), mask=row_mask & (previous >= 0))
 
 
 @_jit
 def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+                CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, TICKETED: tl.constexpr):
     """Empty the slots of a program's last tile, which no later publication vouches for: the last
     of its chunks to arrive at the tile's counter empties them all and resets the counter, leaving
     the scratch clean for the next launch (kernel boundaries order the resets before any later
-    read)."""
-    first, step = tl.program_id(0), tl.num_programs(0)
-    tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
-    last = tl.atomic_add(done_ptr + tile, 1, sem="relaxed") == CHUNKS - 1
-    slots, row_mask = _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-    peers = tl.arange(0, CHUNKS_P2)
-    tl.store(slots[:, None] + peers[None, :], tl.full([BLOCK_M, CHUNKS_P2], EMPTY_SLOT, tl.int64),
-             mask=row_mask[:, None] & (peers < CHUNKS)[None, :] & last)
-    tl.store(done_ptr + tile, 0, mask=last)
+    read). Nothing for ticketed grids, whose counter is their ticket (``_split_items``)."""
+    if not TICKETED:
+        first, step = tl.program_id(0), tl.num_programs(0)
+        tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
+        last = tl.atomic_add(done_ptr + tile, 1, sem="relaxed") == CHUNKS - 1
+        slots, row_mask = _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
+        peers = tl.arange(0, CHUNKS_P2)
+        tl.store(slots[:, None] + peers[None, :], tl.full([BLOCK_M, CHUNKS_P2], EMPTY_SLOT, tl.int64),
+                 mask=row_mask[:, None] & (peers < CHUNKS)[None, :] & last)
+        tl.store(done_ptr + tile, 0, mask=last)
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,10 +343,8 @@ def softmax_forward_split(
         if ALIGN > 1:
             _edge_store(y_ptr, y_base, edge, edge_mask,
                         _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
-        if not TICKETED:
-            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-    if not TICKETED:
-        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
 @_jit
@@ -459,10 +460,8 @@ def softmax_backward_split(
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
         if ALIGN > 1:
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, tl.sum(row_sum, 0), LOG))
-        if not TICKETED:
-            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
-    if not TICKETED:
-        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
 @_jit
