@@ -38,6 +38,13 @@ VARIANTS = {
     "noticket": dict(split_tickets=frozenset()),
     "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
     "ticket_all": dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0),
+    "pipe_fwd": dict(split_pipelined=frozenset({"forward"})),
+    "pipe_both": dict(split_pipelined=frozenset({"forward", "backward"})),
+    "pipe_nt": dict(split_pipelined=frozenset({"forward", "backward"}), split_tickets=frozenset()),
+    "pipe_s4": dict(split_pipelined=frozenset({"forward", "backward"}), split_stages=4),
+    "pipe_fit128k": dict(split_pipelined=frozenset({"forward", "backward"}), split_fit_bytes=131072),
+    "pipe_c4k": dict(split_pipelined=frozenset({"forward", "backward"}), split_chunk=4096,
+                     split_elements_per_thread=32),
 }
 
 
@@ -77,8 +84,9 @@ def main():
             for name, plan, bplan, f, b, err in rows:
                 print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                       f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
-                      f"bn{plan.block_n} c{plan.chunks} a{plan.align}{'t' if plan.ticketed else ''} occ{plan.occupancy} | "
-                      f"bwd {bplan.regime} a{bplan.align}{'t' if bplan.ticketed else ''} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
+                      f"bn{plan.block_n} c{plan.chunks} a{plan.align}{'t' if plan.ticketed else ''} s{plan.num_stages} "
+                      f"occ{plan.occupancy} | bwd {bplan.regime} a{bplan.align}{'t' if bplan.ticketed else ''} "
+                      f"s{bplan.num_stages} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
                       f"occ{bplan.occupancy}", flush=True)
             del x, y, dy, dx, reference
             torch.cuda.empty_cache()

@@ -221,7 +221,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
         constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                          TICKETED=config.ticketed)
+                          TICKETED=config.ticketed, STAGES=config.num_stages)
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
@@ -240,7 +240,7 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     found = [("primary", primary)]
     if primary.regime == "split":
         if case.direction in tuning_for(record).split_tickets:
-            found.append(("ticketed", dataclasses.replace(primary, ticketed=True)))
+            found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))
         found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
                                                 **common)))
     return found

@@ -41,8 +41,11 @@ if __name__.endswith("_interpreted"):
     # The interpreter looks for triton.language itself among a kernel's globals.
     _language = tl
     tl = interpreted_language()
+    _jit_call = _jit
 else:
     _jit = triton.jit
+    # For a function that the caller calls rather than inlines (its arguments must be scalars).
+    _jit_call = triton.jit(noinline=True)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # An empty scratch slot. Packed partials can never equal it: NaN halves are canonicalised first.
@@ -73,6 +76,20 @@ def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.c
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
     return tile, chunk, outer, rows, row_mask, (chunk * BLOCK_N + chunk_cols)[None, :]
+
+
+@_jit
+def _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N: tl.constexpr,
+                    CHUNKS: tl.constexpr, ALIGN: tl.constexpr, STAGES: tl.constexpr):
+    """The columns ([1, BLOCK_N]) of ``item``'s chunk and their ``_chunk_mask``, for what follows
+    the loads. A pipelined loop (``STAGES`` > 1) runs the loads stages ahead and would carry the
+    values they share with the rest from stage to stage, a register per element each: there
+    they are computed again from the item, in a form (a remainder) that common-subexpression
+    elimination keeps apart."""
+    if STAGES > 1:
+        cols = ((item % CHUNKS) * BLOCK_N + chunk_cols)[None, :]
+        mask = _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
+    return cols, mask
 
 
 @_jit
@@ -198,23 +215,61 @@ def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
 
 
 @_jit
-def _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
-              CHUNKS_P2: tl.constexpr):
-    """Publish this chunk's packed partial of each row, wait for every chunk of the row, and
-    return all of them as a [BLOCK_M, CHUNKS_P2] int64 block (``EMPTY_SLOT`` where padded).
+def _row_stats(v, MAXIMA: tl.constexpr):
+    """From a row's partials ``v`` ([CHUNKS_P2], ``EMPTY_SLOT`` where padded), its maximum and
+    its total. With ``MAXIMA`` (the forward) a partial is a chunk's maximum and its sum of
+    exp(x - that maximum) (0 for a chunk of -inf only), and the total is the row's sum of
+    exp(x - row maximum); without, a partial is a sum, and the total their sum (maximum 0)."""
+    present = v != EMPTY_SLOT
+    if MAXIMA:
+        peer_max = tl.where(present, _bits_float(v >> 32), -float("inf"))
+        peer_sum = tl.where(present, _bits_float(v), 0.0)
+        row_max = tl.max(peer_max, 0)
+        # A row of -inf only gives -inf - -inf = NaN here, and NaN outputs, as torch does.
+        total = tl.sum(peer_sum * tl.exp2((peer_max - row_max) * LOG2E), 0)
+    else:
+        row_max = 0.0
+        total = tl.sum(tl.where(present, _bits_float(v), 0.0), 0)
+    return row_max, total
+
+
+@_jit
+def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+              MAXIMA: tl.constexpr, STAGES: tl.constexpr):
+    """Publish this chunk's partial of the item's row (``packed``: a [1] int64 block of
+    ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
+    the row, and return ``_row_stats`` of them all.
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
     shared datum, so no fence (which would drain this program's output stores) is needed.
     """
-    slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
+    slots = _row_slots(slot_ptr, tile, 1, CHUNKS)
     tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
+    first_slot = slot_ptr + tile * CHUNKS
+    exists = tl.sum(row_mask.to(tl.int32), 0) > 0
+    # Triton does not software-pipeline a loop that holds another loop, but one that calls a
+    # function holding it. The call costs registers (the calling convention), so only pipelined
+    # kernels make it.
+    if STAGES > 1:
+        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA)
+    else:
+        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA)
+    return stats
+
+
+def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr):
+    """Wait until the CHUNKS slots from ``first_slot`` are full; the row statistics of
+    ``_row_stats``."""
     peers = tl.arange(0, CHUNKS_P2)
-    peer_ptrs = slots[:, None] + peers[None, :]
-    peer_mask = row_mask[:, None] & (peers < CHUNKS)[None, :]
-    v = tl.load(peer_ptrs, mask=peer_mask, other=0, volatile=True)
+    present = (peers < CHUNKS) & exists
+    v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)
     while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
-        v = tl.load(peer_ptrs, mask=peer_mask, other=0, volatile=True)
-    return tl.where(peer_mask, v, EMPTY_SLOT)
+        v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)
+    return _row_stats(tl.where(present, v, EMPTY_SLOT), MAXIMA)
+
+
+_gathered_row = _jit(_gather_row)
+_gathered_row_called = _jit_call(_gather_row)
 
 
 @_jit
@@ -292,33 +347,29 @@ def softmax_forward_tile(
 
 
 @_jit
-def _row_stats(v):
-    """Each row's maximum and its sum of exp(x - maximum), from the gathered partials ``v``: per
-    chunk, its maximum and its sum of exp(x - its maximum) (0 for a chunk of -inf only)."""
-    present = v != EMPTY_SLOT
-    peer_max = tl.where(present, _bits_float(v >> 32), -float("inf"))
-    peer_sum = tl.where(present, _bits_float(v), 0.0)
-    row_max = tl.max(peer_max, 1)
-    # A row of -inf only gives -inf - -inf = NaN here, and NaN outputs, as torch does.
-    return row_max, tl.sum(peer_sum * tl.exp2((peer_max - row_max[:, None]) * LOG2E), 1)
-
-
-@_jit
 def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
 ):
-    tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
+    tl.static_assert(BLOCK_M == 1, "a split item is a chunk of one row")
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    for item in tl.range(first, stop, step):
+    for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
         y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
-        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
+        if STAGES > 1:
+            # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
+            # the load's would be carried.
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
+            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
+                                         ALIGN, STAGES)
+            x = tl.where(mask, x, -float("inf"))
+        else:
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
@@ -335,7 +386,7 @@ def softmax_forward_split(
             e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-        row_max, row_total = _row_stats(_exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2))
+        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, STAGES)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -436,12 +487,12 @@ def softmax_backward_split(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-    LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr,
+    LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
 ):
-    tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "aligned windows take one row per item")
+    tl.static_assert(BLOCK_M == 1, "a split item is a chunk of one row")
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    for item in tl.range(first, stop, step):
+    for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
@@ -449,17 +500,18 @@ def softmax_backward_split(
         dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
+        cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
+                                     STAGES)
         partial = tl.sum(_grad_terms(y, dy, LOG), 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-        v = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS, CHUNKS_P2)
-        row_sum = tl.sum(tl.where(v != EMPTY_SLOT, _bits_float(v), 0.0), 1)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
+        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), CHUNKS, CHUNKS_P2, False, STAGES)
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
-            _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, tl.sum(row_sum, 0), LOG))
+            _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 

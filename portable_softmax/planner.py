@@ -120,14 +120,19 @@ def _warps(elements: int, per_thread: int, record: DeviceRecord, tuning: Tuning)
     return max(1, min(warps, tuning.max_warps))
 
 
-def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: bool = False) -> KernelResources:
-    """A register and shared-memory guess for a config, for planning without a compiler."""
+def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: bool = False,
+                       input_bytes: Optional[int] = None) -> KernelResources:
+    """A register and shared-memory guess for a config, for planning without a compiler.
+    ``input_bytes``: what a column reads (as ``plan_launch`` takes it), for pipeline buffers."""
     lanes = max(record.warp_size, 1) * config.num_warps
     per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
     if config.regime == "loop":
         per_thread = _cdiv(per_thread, 2)
     registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
     shared = 4 * config.block_m * config.num_warps * (2 if config.regime == "split" else 1)
+    if config.num_stages > 1:
+        column = input_bytes if input_bytes is not None else 4 * (2 if backward else 1)
+        shared += (config.num_stages - 1) * config.block_m * config.block_n * column
     return KernelResources(registers=registers, shared_memory=shared, num_warps=config.num_warps)
 
 
@@ -183,7 +188,9 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
            and 1 - n_cols / (_cdiv(n_cols, block_n) * block_n) > tuning.split_max_padding):
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)
-    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning))
+    stages = tuning.split_stages if ("backward" if backward else "forward") in tuning.split_pipelined else 1
+    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
+                        stages)
 
 
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
@@ -201,9 +208,10 @@ def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> l
     return [(programs, options) for programs, options in caps if options]
 
 
-def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool) -> KernelResources:
+def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool,
+               input_bytes: int) -> KernelResources:
     if source is None:
-        return estimate_resources(record, config, backward)
+        return estimate_resources(record, config, backward, input_bytes)
     if isinstance(source, KernelResources):
         return source
     return source(config)
@@ -226,7 +234,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         allow_split: False rules the split path out (e.g. no scratch can be allocated now).
         align: ``window_align`` of the tensors: offers aligned windows (``select_config``).
         input_bytes: bytes a row's column reads (x forward; y and dy backward); from ``dtype``
-            if None. Decides between a persistent and a ticketed split grid (``_ticketed``).
+            if None. Decides between a persistent and a ticketed split grid (``_ticket_fits``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -238,29 +246,33 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align)
-    kernel = _resources(resources, record, config, backward)
-    plan = _size(record, config, kernel, n_rows, rows_per_group, programs,
-                 ticketed=_ticketed(record, config, kernel, n_rows, rows_per_group, backward, input_bytes, programs))
+    if config.regime == "split" and programs is None and ("backward" if backward else "forward") in tuning_for(
+            record).split_tickets:
+        # One item per program: nothing to pipeline.
+        ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
+        kernel = _resources(resources, record, ticketed, backward, input_bytes)
+        if _ticket_fits(record, ticketed, kernel, n_rows, rows_per_group, input_bytes):
+            config = ticketed
+    if not config.ticketed:
+        kernel = _resources(resources, record, config, backward, input_bytes)
+    plan = _size(record, config, kernel, n_rows, rows_per_group, programs)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align)
-        plan = _size(record, config, _resources(resources, record, config, backward), n_rows, rows_per_group, programs,
-                     note="split path does not fit resident; ")
+        kernel = _resources(resources, record, config, backward, input_bytes)
+        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, note="split path does not fit resident; ")
     return plan
 
 
-def _ticketed(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
-              backward: bool, input_bytes: int, forced: Optional[int]) -> bool:
-    """Whether a split launch gives each item a program that takes it by ticket, rather than
-    running a persistent grid: in the directions ``Tuning.split_tickets`` names, where the
-    programs resident on a unit hold ``split_ticket_bytes`` of input or more, and the items
-    fill ``split_ticket_waves`` resident grids (few-row shapes keep the persistent grid, which
-    needs no scratch reset before each launch). A forced grid size is a persistent grid."""
+def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int,
+                 rows_per_group: int, input_bytes: int) -> bool:
+    """Whether a split launch gives each item a program that takes it by ticket (``config``,
+    compiled as ``kernel``), rather than running a persistent grid. ``plan_launch`` asks in the
+    directions ``Tuning.split_tickets`` names, with no forced grid size; it is yes where the
+    ticketed programs resident on a unit hold ``split_ticket_bytes`` of input or more, and the
+    items fill ``split_ticket_waves`` resident grids (few-row shapes keep the persistent grid,
+    which needs no scratch reset before each launch)."""
     tuning = tuning_for(record)
-    if config.regime != "split" or forced is not None:
-        return False
-    if ("backward" if backward else "forward") not in tuning.split_tickets:
-        return False
     per_unit = min(get_backend(record.backend).occupancy(record, kernel), tuning.split_programs_per_unit)
     items = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, config.block_m) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
@@ -268,18 +280,17 @@ def _ticketed(record: DeviceRecord, config: KernelConfig, kernel: KernelResource
 
 
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
-          forced: Optional[int], note: str = "", ticketed: bool = False) -> Optional[LaunchPlan]:
+          forced: Optional[int], note: str = "") -> Optional[LaunchPlan]:
     tuning = tuning_for(record)
     occupancy = get_backend(record.backend).occupancy(record, kernel)
     groups = _cdiv(n_rows, max(rows_per_group, 1))
     tiles = groups * _cdiv(rows_per_group, config.block_m)
     items = tiles * config.chunks
     cap = min(record.grid_limit, tuning.max_programs)
-    if config.regime == "split" and ticketed:
+    if config.ticketed:
         per_unit = min(occupancy, tuning.split_programs_per_unit)
         if record.compute_units * per_unit < config.chunks or items > cap:
             return None
-        config = dataclasses.replace(config, ticketed=True)
         programs = items
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "
                   f"ticket; {per_unit} programs/unit resident (occupancy {occupancy})")
@@ -298,6 +309,8 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
             programs = forced
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
                   f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
+        if config.num_stages > 1:
+            reason += f"; pipelined, {config.num_stages} stages"
     else:
         per_tile = config.regime == "tile" and occupancy >= tuning.tile_loop_occupancy
         waves = tiles if per_tile else max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves)

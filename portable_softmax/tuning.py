@@ -54,6 +54,12 @@ class Tuning:
             programs stepping through rows together. Taken where the resident programs hold
             ``split_ticket_bytes`` of input per unit or more and the items fill
             ``split_ticket_waves`` resident grids.
+        split_pipelined: the directions whose persistent split grids are software-pipelined:
+            each program copies its next items' chunks into ``split_stages`` - 1 shared-memory
+            buffers while it waits on its current row's peers, so that memory stays busy without
+            more registers. (A ticketed program has one item: nothing to pipeline.)
+        split_stages: the pipeline depth (Triton's ``num_stages``) there; 3 keeps one chunk
+            in flight during a wait (the other buffer holds the chunk being used).
     """
 
     tile_elements: int = 1024
@@ -77,6 +83,8 @@ class Tuning:
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})
     split_ticket_bytes: int = 131072
     split_ticket_waves: int = 2
+    split_pipelined: frozenset[str] = frozenset()
+    split_stages: int = 3
 
 
 _DEFAULT = Tuning()

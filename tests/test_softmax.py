@@ -170,7 +170,7 @@ def test_unserved_device_is_a_runtime_error():
 def _force(monkeypatch, regime: str, device: str) -> None:
     """Shrink the current backend's tuning so small problems take ``regime``."""
     record = ps.device_info(device)
-    if regime in ("split", "ticketed") and not record["residency_guaranteed"]:
+    if regime in ("split", "ticketed", "pipelined") and not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
@@ -179,6 +179,8 @@ def _force(monkeypatch, regime: str, device: str) -> None:
              "split": split,
              "ticketed": {**split, "split_tickets": frozenset({"forward", "backward"}), "split_ticket_bytes": 0,
                           "split_ticket_waves": 0},
+             # One resident program per unit: each then takes several items, the pipeline's steady state.
+             "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1},
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -186,7 +188,7 @@ def _force(monkeypatch, regime: str, device: str) -> None:
         monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
 
 
-@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "loop"])
+@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("cols", [1, 129, 1000])
 def test_every_regime_writes_every_element(device, monkeypatch, regime, log, cols):
@@ -211,10 +213,12 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
 
 
 def _regime(plan: launch.LaunchPlan) -> str:
-    return "ticketed" if plan.ticketed else plan.regime
+    if plan.ticketed:
+        return "ticketed"
+    return "pipelined" if plan.regime == "split" and plan.num_stages > 1 else plan.regime
 
 
-@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "loop"])
+@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop"])
 def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
     into the compiled kernel): each replay must compute its own input into a poisoned output, and
@@ -235,26 +239,29 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
 
-@pytest.mark.parametrize("ticketed", [False, True], ids=["persistent", "ticketed"])
-def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, ticketed):
+@pytest.mark.parametrize("grid", ["persistent", "ticketed", "pipelined"])
+def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid):
     """Rows of 32 chunks over many items. Persistent: each program takes many rows in turn and
     empties its slots of a row only after all of the row's chunks have moved on, including the
     programs whose first row is the grid's last (a wrong 'previous row' there once emptied row 0
     early and hung). Ticketed: 65536 programs, far more than fit the chip, take their items by
-    ticket; the counter must come back to 0 for the next launch."""
+    ticket; the counter must come back to 0 for the next launch. Pipelined: as persistent, each
+    program's next chunks on their way while it waits on its row."""
     record = ps.device_info(device)
     if not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
-    tickets = dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0) if ticketed else \
-        dict(split_tickets=frozenset())
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048, **tickets))
+    both = frozenset({"forward", "backward"})
+    tables = {"persistent": dict(split_tickets=frozenset()),
+              "ticketed": dict(split_tickets=both, split_ticket_bytes=0),
+              "pipelined": dict(split_tickets=frozenset(), split_pipelined=both)}
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048, **tables[grid]))
     for _ in range(3):
         x = torch.randn(2048, 65536, device=device, dtype=torch.bfloat16) * 3
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
-        assert plan.regime == "split" and plan.chunks == 32 and plan.ticketed == ticketed
-        assert plan.programs == plan.items if ticketed else plan.items > 4 * plan.programs
+        assert plan.regime == "split" and plan.chunks == 32 and _regime(plan) == ("split" if grid == "persistent" else grid)
+        assert plan.programs == plan.items if grid == "ticketed" else plan.items > 4 * plan.programs
         _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
         launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
@@ -283,12 +290,16 @@ def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", [129, 1001])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log):
+@pytest.mark.parametrize("regime", ["split", "pipelined"])
+def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log, regime):
     """Split rows off 16-byte boundaries, every offset among 24 rows, read through aligned
     windows in both directions: each element is written from its own row into poisoned outputs,
     the elements that share a group with a neighbour's included, at every chunk boundary (chunks
     of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row."""
-    _force(monkeypatch, "split", device)
+    _force(monkeypatch, regime, device)
+    if regime == "pipelined":
+        # A multiple of every chunk count here (2, 3, 8, 16): each program takes 1 to 8 items.
+        monkeypatch.setenv(launch.PROGRAMS_ENV, "48")
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
@@ -297,7 +308,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
-    assert plan.regime == "split" and plan.align == 16 // x.element_size()
+    assert _regime(plan) == regime and plan.align == 16 // x.element_size()
     reference = fn(x.double(), -1)
     assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
     finite = reference.isfinite().all(-1)
@@ -306,7 +317,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     dy = torch.randn_like(yd)
     dx = torch.full_like(yd, float("nan"))
     plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
-    assert plan.regime == "split" and plan.align == 16 // x.element_size()
+    assert _regime(plan) == regime and plan.align == 16 // x.element_size()
     xd = x[finite].double().requires_grad_()
     grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
@@ -315,13 +326,16 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
-def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dtype):
+@pytest.mark.parametrize("regime", ["split", "pipelined"])
+def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dtype, regime):
     """A split row whose first chunks hold only -inf (a long masked span) and whose finite values
     lie far below 0: the row's maximum must come from its finite chunk, not from the 0 that a
     chunk of -inf takes as its local reference (that once gave exp(-1000) = 0 sums and NaN rows).
     Rows of -inf only stay NaN, as in torch."""
     ours, theirs = fns
-    _force(monkeypatch, "split", device)
+    _force(monkeypatch, regime, device)
+    if regime == "pipelined":
+        monkeypatch.setenv(launch.PROGRAMS_ENV, "16")  # rows of 8 chunks: 3 items per program
     x = torch.randn(6, 1000, device=device, dtype=dtype) - 1000
     x[:, :300] = -float("inf")
     x[1, 500:] = -float("inf")
@@ -330,7 +344,7 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     x[3, -1] = 10.0
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), ours is ps.log_softmax)
-    assert plan.regime == "split" and plan.chunks > 2
+    assert _regime(plan) == regime and plan.chunks > 2
     expected = theirs(x, -1)
     assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
     finite = expected.isfinite()
