@@ -40,6 +40,7 @@ VARIANTS = {
     "ticket_all": dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0),
     "pipe_fwd": dict(split_pipelined=frozenset({"forward"})),
     "pipe_both": dict(split_pipelined=frozenset({"forward", "backward"})),
+    "pipe_bwd": dict(split_pipelined=frozenset({"backward"})),
     "pipe_nt": dict(split_pipelined=frozenset({"forward", "backward"}), split_tickets=frozenset()),
     "pipe_s4": dict(split_pipelined=frozenset({"forward", "backward"}), split_stages=4),
     "pipe_fit128k": dict(split_pipelined=frozenset({"forward", "backward"}), split_fit_bytes=131072),
@@ -66,6 +67,9 @@ def main():
             reference = torch.softmax(x.double(), -1)
             y, dy = reference.to(dtype), torch.randn_like(x)
             dx = torch.empty_like(x)
+            y64, dy64 = y.double(), dy.double()
+            grad = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+            del y64, dy64
             forward_view = ops.row_view((m, n), 1, x, y)
             backward_view = ops.row_view((m, n), 1, y, dy, dx)
             for name in chosen:
@@ -75,20 +79,22 @@ def main():
                     plan = launch.run_forward(x, out, forward_view, False)
                     err = ((out.double() - reference).norm() / reference.norm()).item()
                     f = bench(lambda: launch.run_forward(x, out, forward_view, False))
+                    dx.fill_(float("nan"))
                     bplan = launch.run_backward(y, dy, dx, backward_view, False)
+                    berr = ((dx.double() - grad).norm() / grad.norm()).item()
                     b = bench(lambda: launch.run_backward(y, dy, dx, backward_view, False))
-                    rows.append((name, plan, bplan, f, b, err))
+                    rows.append((name, plan, bplan, f, b, err, berr))
                 except Exception as e:
                     print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} error {type(e).__name__}: {str(e)[:100]}")
             copy = min(copy, bench(lambda: x.clone()))
-            for name, plan, bplan, f, b, err in rows:
+            for name, plan, bplan, f, b, err, berr in rows:
                 print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
-                      f"{1.5 * copy / b:5.2f} err {err:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
+                      f"{1.5 * copy / b:5.2f} err {err:.1e}/{berr:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
                       f"bn{plan.block_n} c{plan.chunks} a{plan.align}{'t' if plan.ticketed else ''} s{plan.num_stages} "
                       f"occ{plan.occupancy} | bwd {bplan.regime} a{bplan.align}{'t' if bplan.ticketed else ''} "
                       f"s{bplan.num_stages} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
                       f"occ{bplan.occupancy}", flush=True)
-            del x, y, dy, dx, reference
+            del x, y, dy, dx, reference, grad
             torch.cuda.empty_cache()
     tuning.TUNING[(backend, "*")] = base
 

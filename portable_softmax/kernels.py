@@ -50,6 +50,8 @@ else:
 LOG2E = tl.constexpr(1.4426950408889634)
 # An empty scratch slot. Packed partials can never equal it: NaN halves are canonicalised first.
 EMPTY_SLOT = tl.constexpr(-1)
+# The narrowest warp of any target: a reduction over this many exchange slots stays in one warp.
+PEER_GROUP = tl.constexpr(32)
 CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
@@ -215,22 +217,22 @@ def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
 
 
 @_jit
-def _row_stats(v, MAXIMA: tl.constexpr):
-    """From a row's partials ``v`` ([CHUNKS_P2], ``EMPTY_SLOT`` where padded), its maximum and
-    its total. With ``MAXIMA`` (the forward) a partial is a chunk's maximum and its sum of
-    exp(x - that maximum) (0 for a chunk of -inf only), and the total is the row's sum of
-    exp(x - row maximum); without, a partial is a sum, and the total their sum (maximum 0)."""
+def _peer_values(v):
+    """The maxima (high halves; -inf where ``EMPTY_SLOT``) and sums (low halves; 0 there) of a
+    row's packed partials ``v``."""
     present = v != EMPTY_SLOT
+    return tl.where(present, _bits_float(v >> 32), -float("inf")), tl.where(present, _bits_float(v), 0.0)
+
+
+@_jit
+def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
+    """What partials contribute to their row's total. With ``MAXIMA`` (the forward) a partial
+    is a chunk's maximum and its sum of exp(x - that maximum) (0 for a chunk of -inf only),
+    rescaled here to the row's maximum; without, a partial is a sum."""
     if MAXIMA:
-        peer_max = tl.where(present, _bits_float(v >> 32), -float("inf"))
-        peer_sum = tl.where(present, _bits_float(v), 0.0)
-        row_max = tl.max(peer_max, 0)
         # A row of -inf only gives -inf - -inf = NaN here, and NaN outputs, as torch does.
-        total = tl.sum(peer_sum * tl.exp2((peer_max - row_max) * LOG2E), 0)
-    else:
-        row_max = 0.0
-        total = tl.sum(tl.where(present, _bits_float(v), 0.0), 0)
-    return row_max, total
+        peer_sum = peer_sum * tl.exp2((peer_max - row_max) * LOG2E)
+    return tl.sum(peer_sum, 0)
 
 
 @_jit
@@ -251,21 +253,47 @@ def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHU
     # function holding it. The call costs registers (the calling convention), so only pipelined
     # kernels make it.
     if STAGES > 1:
-        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA)
+        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP)
     else:
-        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA)
+        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2)
     return stats
 
 
-def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr):
-    """Wait until the CHUNKS slots from ``first_slot`` are full; the row statistics of
-    ``_row_stats``."""
-    peers = tl.arange(0, CHUNKS_P2)
+@_jit
+def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.constexpr):
+    """Slots [start, start + GROUP) of a row, once those of its CHUNKS chunks are all full
+    (``EMPTY_SLOT`` past them)."""
+    peers = start + tl.arange(0, GROUP)
     present = (peers < CHUNKS) & exists
     v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)
     while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
         v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)
-    return _row_stats(tl.where(present, v, EMPTY_SLOT), MAXIMA)
+    return tl.where(present, v, EMPTY_SLOT)
+
+
+def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
+                GROUP: tl.constexpr):
+    """Wait until the CHUNKS slots from ``first_slot`` are full; the row's maximum (with
+    ``MAXIMA``, else 0) and total (``_peer_total``). Read ``GROUP`` slots at a time: called (not
+    inlined), a function's shared memory overlaps the caller's pipeline buffers (Triton 3.6 passes
+    it none of its own; rows of 38 and 64 chunks came out NaN on the H200), and a reduction over
+    at most ``PEER_GROUP`` slots stays within a warp, needing none."""
+    if GROUP >= CHUNKS_P2:
+        peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, 0, CHUNKS, CHUNKS_P2))
+        row_max = tl.max(peer_max, 0) if MAXIMA else 0.0
+        total = _peer_total(peer_max, peer_sum, row_max, MAXIMA)
+    else:
+        row_max = -float("inf") if MAXIMA else 0.0
+        if MAXIMA:
+            for start in tl.static_range(0, CHUNKS_P2, GROUP):
+                peer_max, _ = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP))
+                row_max = tl.maximum(row_max, tl.max(peer_max, 0))
+        total = 0.0
+        for start in tl.static_range(0, CHUNKS_P2, GROUP):
+            # In the forward the slots are full by now: one read each.
+            peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP))
+            total += _peer_total(peer_max, peer_sum, row_max, MAXIMA)
+    return row_max, total
 
 
 _gathered_row = _jit(_gather_row)
@@ -423,9 +451,12 @@ def softmax_forward_loop(
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
             x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
                       ACC_FP64)
-            row_max = tl.maximum(row_max, tl.max(x, 1))
-            new_ref = tl.where(row_max == -float("inf"), 0.0, row_max)
-            total = total * tl.exp2((ref - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
+            new_max = tl.maximum(row_max, tl.max(x, 1))
+            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
+            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
+            # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
+            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
+            row_max = new_max
             ref = new_ref
         scale = 1.0 / total
         shift = -tl.log(total)

@@ -239,9 +239,12 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
 
-@pytest.mark.parametrize("grid", ["persistent", "ticketed", "pipelined"])
-def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid):
-    """Rows of 32 chunks over many items. Persistent: each program takes many rows in turn and
+@pytest.mark.parametrize("grid, cols", [("persistent", 65536), ("ticketed", 65536), ("pipelined", 65536),
+                                        ("pipelined", 98304)])
+def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, cols):
+    """Rows of 32 chunks (48 forward and 96 backward in the last case, more than a warp's lanes:
+    the pipelined row wait, a called function, once read such rows through shared memory that
+    the pipeline was still filling, and gave NaN) over many items. Persistent: each program takes many rows in turn and
     empties its slots of a row only after all of the row's chunks have moved on, including the
     programs whose first row is the grid's last (a wrong 'previous row' there once emptied row 0
     early and hung). Ticketed: 65536 programs, far more than fit the chip, take their items by
@@ -257,16 +260,36 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid):
               "pipelined": dict(split_tickets=frozenset(), split_pipelined=both)}
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048, **tables[grid]))
     for _ in range(3):
-        x = torch.randn(2048, 65536, device=device, dtype=torch.bfloat16) * 3
+        x = torch.randn(2048, cols, device=device, dtype=torch.bfloat16) * 3
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
-        assert plan.regime == "split" and plan.chunks == 32 and _regime(plan) == ("split" if grid == "persistent" else grid)
+        assert plan.regime == "split" and plan.chunks == cols // 2048
+        assert _regime(plan) == ("split" if grid == "persistent" else grid)
         assert plan.programs == plan.items if grid == "ticketed" else plan.items > 4 * plan.programs
         _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
         launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
         yd = y.double()
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-2
+
+
+@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
+    """Rows whose values all lie below -88, where exp underflows: the streaming loop once
+    rescaled its empty running sum by exp(0 - maximum) = inf and gave NaN (0 * inf). Also a row
+    that starts with a span of -inf."""
+    _force(monkeypatch, regime, device)
+    x = torch.randn(37, 1000, device=device) * 3 - 1000
+    x[3] = -100.0
+    x[4, :500], x[4, 500:] = -float("inf"), x[4, 500:] - 4000
+    y = torch.full_like(x, float("nan"))
+    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    assert _regime(plan) == regime
+    reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+    assert torch.equal(y.isinf(), reference.isinf()) and not y.isnan().any()
+    finite = reference.isfinite()
+    assert relative_error(y[finite], reference[finite]) < 1e-5
 
 
 def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
