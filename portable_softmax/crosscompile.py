@@ -234,13 +234,16 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """The configurations a launch of ``case`` may use: the plan's, its ticketed form where the
     tuning table allows one in its direction (the plan picks between them from the compiled
-    occupancy), and its no-split fallback."""
+    occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
+    get too few items), and its no-split fallback."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":
         if case.direction in tuning_for(record).split_tickets:
             found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))
+        if primary.num_stages > 1:
+            found.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
         found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
                                                 **common)))
     return found
@@ -335,6 +338,21 @@ def amdgcn_resources(asm: str) -> dict[str, int]:
     return found
 
 
+def called_shared_memory(llir: str) -> list[str]:
+    """The functions in a kernel's LLVM IR, other than the kernel, that address shared memory.
+    Triton 3.6 gives a called function none of its own: what it uses overlaps the caller's,
+    pipeline buffers in flight included (a pipelined split kernel gave NaN so, NOTES v9)."""
+    found: list[str] = []
+    name = None
+    for line in llir.splitlines():
+        if line.startswith("define "):
+            kernel = "ptx_kernel" in line or "amdgpu_kernel" in line
+            name = None if kernel else line.split("@", 1)[1].split("(", 1)[0]
+        elif name is not None and "global_smem" in line and name not in found:
+            found.append(name)
+    return found
+
+
 def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
     """Compile one variant for its target and read its resource use. Runs in a worker process."""
     import triton
@@ -368,7 +386,8 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
     name = compiled.metadata.name
     result: dict[str, Any] = {"compile_s": round(compile_s, 2), "shared": int(compiled.metadata.shared),
                               "signature": {k: v for k, v in signature.items() if v != "constexpr"},
-                              "specialised": {"divisible_by_16": divisible, "equal_to_1": equal_to_1}}
+                              "specialised": {"divisible_by_16": divisible, "equal_to_1": equal_to_1},
+                              "called_shared": called_shared_memory(compiled.asm.get("llir", ""))}
     if backend == "cuda":
         usage = cubin_resources(compiled.asm["cubin"], name)
         # As the driver reports them: n_regs, and n_spills = local bytes / 4.
@@ -632,7 +651,9 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             # Triton's launcher grants dynamic shared memory up to the per-block limit less the static part.
             shared_total = result["shared"] + result["static_shared"]
             entry.update({k: result[k] for k in ("registers", "spills", "shared", "static_shared", "compile_s",
-                                                 "signature", "specialised", "detail")})
+                                                 "signature", "specialised", "detail", "called_shared")})
+            if result["called_shared"]:
+                entry["problems"].append(f"called functions use shared memory: {', '.join(result['called_shared'])}")
             entry.update(shared_limit=limit, shared_ok=limit is None or shared_total <= limit, occupancy=occupancy)
             entry["resources"] = resources
             if not entry["shared_ok"]:
@@ -664,8 +685,9 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                                resources=lambda c, found=compiled_for_case: found[c],
                                input_bytes=DTYPE_BYTES[case.dtype] * (2 if case.backward else 1))
             if plan.config != config:
-                # Another configuration serves the case: the ticketed or persistent form, or the
-                # fallback where the split grid does not fit resident (each has its own row).
+                # Another configuration serves the case: the ticketed, persistent or unpipelined
+                # form, or the fallback where the split grid does not fit resident (each has its
+                # own row).
                 row["note"] = f"not used: {plan.reason}"
             else:
                 resident = record.compute_units * plan.occupancy

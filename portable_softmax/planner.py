@@ -151,7 +151,8 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
     windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split)
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
-    return dataclasses.replace(windowed, align=align)
+    # Windowed rows run unpipelined: the pipeline's buffers cost them more programs than it buys.
+    return dataclasses.replace(windowed, align=align, num_stages=1)
 
 
 def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, backward: bool,
@@ -256,6 +257,10 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     if not config.ticketed:
         kernel = _resources(resources, record, config, backward, input_bytes)
     plan = _size(record, config, kernel, n_rows, rows_per_group, programs)
+    if plan is not None and config.num_stages > 1 and plan.items < tuning_for(record).split_pipeline_items * plan.programs:
+        config = dataclasses.replace(config, num_stages=1)
+        kernel = _resources(resources, record, config, backward, input_bytes)
+        plan = _size(record, config, kernel, n_rows, rows_per_group, programs)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align)
