@@ -174,13 +174,17 @@ def _force(monkeypatch, regime: str, device: str) -> None:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
-    split = dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_tickets=frozenset())
+    split = dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_tickets=frozenset(),
+                 split_pipelined=frozenset())
     small = {"tile": dict(tile_elements=256),
              "split": split,
              "ticketed": {**split, "split_tickets": frozenset({"forward", "backward"}), "split_ticket_bytes": 0,
                           "split_ticket_waves": 0},
-             # One resident program per unit: each then takes several items, the pipeline's steady state.
-             "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1},
+             # One resident program per unit: each then takes several items, the pipeline's steady
+             # state. Pipelined however few its items, and rows off 16-byte boundaries (which the
+             # plan reads through windows, unpipelined) read element by element.
+             "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1,
+                           "split_pipeline_items": 0, "split_windows": frozenset()},
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -255,7 +259,7 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, co
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     both = frozenset({"forward", "backward"})
-    tables = {"persistent": dict(split_tickets=frozenset()),
+    tables = {"persistent": dict(split_tickets=frozenset(), split_pipelined=frozenset()),
               "ticketed": dict(split_tickets=both, split_ticket_bytes=0),
               "pipelined": dict(split_tickets=frozenset(), split_pipelined=both)}
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048, **tables[grid]))
@@ -313,16 +317,12 @@ def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", [129, 1001])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("regime", ["split", "pipelined"])
-def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log, regime):
+def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log):
     """Split rows off 16-byte boundaries, every offset among 24 rows, read through aligned
     windows in both directions: each element is written from its own row into poisoned outputs,
     the elements that share a group with a neighbour's included, at every chunk boundary (chunks
     of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row."""
-    _force(monkeypatch, regime, device)
-    if regime == "pipelined":
-        # A multiple of every chunk count here (2, 3, 8, 16): each program takes 1 to 8 items.
-        monkeypatch.setenv(launch.PROGRAMS_ENV, "48")
+    _force(monkeypatch, "split", device)
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
@@ -331,7 +331,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
-    assert _regime(plan) == regime and plan.align == 16 // x.element_size()
+    assert plan.regime == "split" and plan.align == 16 // x.element_size()
     reference = fn(x.double(), -1)
     assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
     finite = reference.isfinite().all(-1)
@@ -340,7 +340,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     dy = torch.randn_like(yd)
     dx = torch.full_like(yd, float("nan"))
     plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
-    assert _regime(plan) == regime and plan.align == 16 // x.element_size()
+    assert plan.regime == "split" and plan.align == 16 // x.element_size()
     xd = x[finite].double().requires_grad_()
     grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
