@@ -17,6 +17,8 @@ Three ways to hold a row, chosen by the launch planner (``planner.py``):
   the peer runs too: either the whole grid is resident at once (a persistent grid sized from the
   device's occupancy), or each program takes its item by ticket as it starts (``_split_items``),
   which needs only a row's chunks resident at once. Only on backends that can promise residency.
+  A persistent program that steps through several items may be software-pipelined (``STAGES``
+  > 1): its next chunks are copied into shared memory while it waits on its current row.
 * ``*_loop``: a row is streamed in chunks twice (online max/sum, then normalise): 1.5x the
   traffic of the others, but no program ever waits on another, so it is the path for backends
   that cannot promise residency (the CPU interpreter, Ascend, unknown plugins).
