@@ -242,7 +242,7 @@ def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHU
               MAXIMA: tl.constexpr, STAGES: tl.constexpr):
     """Publish this chunk's partial of the item's row (``packed``: a [1] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
-    the row, and return ``_row_stats`` of them all.
+    the row, and return the row's maximum and total from them all (``_gather_row``).
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
     shared datum, so no fence (which would drain this program's output stores) is needed.

@@ -114,6 +114,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _direction(backward: bool) -> str:
+    """The direction as the tuning table's direction sets name it."""
+    return "backward" if backward else "forward"
+
+
+def _tiles(config: KernelConfig, n_rows: int, rows_per_group: int) -> int:
+    """Tiles of ``config.block_m`` rows, which never span two groups."""
+    return _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, config.block_m)
+
+
 def _warps(elements: int, per_thread: int, record: DeviceRecord, tuning: Tuning) -> int:
     lanes = max(record.warp_size, 1)
     warps = _next_power_of_2(max(1, elements // (per_thread * lanes)))
@@ -145,8 +155,7 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
     columns wider than the row, needs no more or wider chunks.
     """
     plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split)
-    direction = "backward" if backward else "forward"
-    if align == 1 or plain.regime != "split" or direction not in tuning_for(record).split_windows:
+    if align == 1 or plain.regime != "split" or _direction(backward) not in tuning_for(record).split_windows:
         return plain
     windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split)
     if dataclasses.replace(windowed, align=1) != plain:
@@ -189,7 +198,7 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
            and 1 - n_cols / (_cdiv(n_cols, block_n) * block_n) > tuning.split_max_padding):
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)
-    stages = tuning.split_stages if ("backward" if backward else "forward") in tuning.split_pipelined else 1
+    stages = tuning.split_stages if _direction(backward) in tuning.split_pipelined else 1
     return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
                         stages)
 
@@ -247,8 +256,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align)
-    if config.regime == "split" and programs is None and ("backward" if backward else "forward") in tuning_for(
-            record).split_tickets:
+    if config.regime == "split" and programs is None and _direction(backward) in tuning_for(record).split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
         kernel = _resources(resources, record, ticketed, backward, input_bytes)
@@ -279,7 +287,7 @@ def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResou
     which needs no scratch reset before each launch)."""
     tuning = tuning_for(record)
     per_unit = min(get_backend(record.backend).occupancy(record, kernel), tuning.split_programs_per_unit)
-    items = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, config.block_m) * config.chunks
+    items = _tiles(config, n_rows, rows_per_group) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
     return held >= tuning.split_ticket_bytes and items >= tuning.split_ticket_waves * record.compute_units * per_unit
 
@@ -288,8 +296,7 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
           forced: Optional[int], note: str = "") -> Optional[LaunchPlan]:
     tuning = tuning_for(record)
     occupancy = get_backend(record.backend).occupancy(record, kernel)
-    groups = _cdiv(n_rows, max(rows_per_group, 1))
-    tiles = groups * _cdiv(rows_per_group, config.block_m)
+    tiles = _tiles(config, n_rows, rows_per_group)
     items = tiles * config.chunks
     cap = min(record.grid_limit, tuning.max_programs)
     if config.ticketed:
