@@ -225,6 +225,8 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
+        if config.regime == "tile":
+            constexprs["REREAD"] = config.reread
     for value in (*counts, *(0, row_stride, 1) * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))

@@ -182,10 +182,11 @@ def _edge_store(ptr, base, cols, mask, value):
 
 
 @_jit
-def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
+def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
+          EVICT: tl.constexpr = ""):
     """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
-    ``CAST_TY`` (torch's ``dtype=`` cast), then widen."""
-    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER).to(CAST_TY)
+    ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
+    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT).to(CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
@@ -359,19 +360,28 @@ def _normalized(z, e, scale, shift, LOG: tl.constexpr):
 def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
 ):
+    # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
+    # rather than held across the row's sum (see softmax_backward_tile).
     cols = tl.arange(0, BLOCK_N)[None, :]
+    keep: tl.constexpr = "evict_last" if REREAD else ""
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         mask = row_mask[:, None] & (cols < n_cols)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64)
-        z = x - tl.max(x, 1)[:, None]
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
+        row_max = tl.max(x, 1)
+        z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
+        if REREAD:
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
+                      "evict_first")
+            z = x - row_max[:, None]
+            e = tl.exp2(z * LOG2E)
         _store(y_ptr, y_base, cols, y_col_stride, mask,
                _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG))
 
@@ -499,19 +509,28 @@ def softmax_backward_tile(
     y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
 ):
+    # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
+    # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
+    # use at a time: half as many, so that wide programs stay resident in numbers (torch.compile's
+    # backward does this).
     cols = tl.arange(0, BLOCK_N)[None, :]
+    keep: tl.constexpr = "evict_last" if REREAD else ""
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
         dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
         mask = row_mask[:, None] & (cols < n_cols)
-        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
+        if REREAD:
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "evict_first")
+        else:
+            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
 
 
 @_jit
@@ -551,10 +570,11 @@ def softmax_backward_split(
 
 @_jit
 def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+                EVICT: tl.constexpr = ""):
     """Write dx at block columns ``cols`` from y and dy read there."""
-    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, EVICT)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, EVICT)
     _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
 
 

@@ -214,6 +214,8 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64
+            if config.regime == "tile":
+                constexprs["REREAD"] = config.reread
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:

@@ -41,6 +41,8 @@ class KernelConfig:
     align: int = 1
     # The split kernels' TICKETED: a program per item, items taken by ticket (kernels._split_items).
     ticketed: bool = False
+    # The tile kernels' REREAD: the inputs read twice rather than held.
+    reread: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -66,11 +68,12 @@ class LaunchPlan:
     reason: str
     align: int = 1
     ticketed: bool = False
+    reread: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.ticketed)
+                            self.align, self.ticketed, self.reread)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -136,7 +139,7 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
     ``input_bytes``: what a column reads (as ``plan_launch`` takes it), for pipeline buffers."""
     lanes = max(record.warp_size, 1) * config.num_warps
     per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
-    if config.regime == "loop":
+    if config.regime == "loop" or config.reread:
         per_thread = _cdiv(per_thread, 2)
     registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
     shared = 4 * config.block_m * config.num_warps * (2 if config.regime == "split" else 1)
@@ -172,6 +175,11 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
     width = _next_power_of_2(n_cols)
     row_limit = tuning.row_elements // (2 if backward else 1) // (2 if fp64 else 1)
     can_split = allow_split and record.residency_guaranteed and not fp64
+    low, high = tuning.reread_cols.get(_direction(backward), (0, 0))
+    if not fp64 and low <= width <= high:
+        lanes = max(record.warp_size, 1)
+        warps = _next_power_of_2(max(1, width // (tuning.reread_elements_per_thread * lanes)))
+        return KernelConfig("tile", 1, width, 1, min(warps, tuning.max_program_threads // lanes), reread=True)
     if width <= row_limit:
         block_m = max(1, min(tuning.tile_elements // width, _next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
@@ -333,10 +341,12 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         reason = f"{note}{config.regime}: {shape}; {occupancy} programs/unit over {record.compute_units} units"
         if per_tile:
             reason += "; a program per tile"
+        if config.reread:
+            reason += "; inputs read twice"
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.ticketed)
+                      config.ticketed, config.reread)

@@ -6,7 +6,8 @@ resident waves); a new target gets its backend's defaults until someone measures
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from portable_softmax.record import DeviceRecord
 
@@ -64,6 +65,12 @@ class Tuning:
             in flight during a wait (the other buffer holds the chunk being used).
         split_pipeline_items: the fewest items per program, on average, that a pipelined grid
             takes; below it (few-row shapes) the pipeline's buffers only cost occupancy.
+        reread_cols: per direction, (shortest, longest) rows, by power-of-two width, that a
+            program reads twice: y and dy (x forward) for the row's sum, then again (from L2) for
+            the output, as torch.compile's backward does, rather than holding them across the sum
+            or splitting the row. The forward computes its exponentials twice. Off where absent.
+        reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
+        max_program_threads: the most threads a program may have.
     """
 
     tile_elements: int = 1024
@@ -90,6 +97,9 @@ class Tuning:
     split_pipelined: frozenset[str] = frozenset()
     split_stages: int = 3
     split_pipeline_items: int = 2
+    reread_cols: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    reread_elements_per_thread: int = 8
+    max_program_threads: int = 1024
 
 
 _DEFAULT = Tuning()
