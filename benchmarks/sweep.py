@@ -49,6 +49,7 @@ VARIANTS = {
     "rr_bwd": dict(reread_cols={"backward": (4096, 32768)}),
     "rr_bwd16": dict(reread_cols={"backward": (4096, 32768)}, reread_elements_per_thread=16),
     "rr_bwd_wide": dict(reread_cols={"backward": (1024, 65536)}),
+    "rr_bwd_8k": dict(reread_cols={"backward": (4096, 8192)}),
     "rr_fwd": dict(reread_cols={"forward": (16384, 65536), "backward": (4096, 32768)}),
     "rr_fwd16": dict(reread_cols={"forward": (16384, 65536), "backward": (4096, 32768)},
                      reread_elements_per_thread=16),

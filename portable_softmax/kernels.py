@@ -183,7 +183,7 @@ def _edge_store(ptr, base, cols, mask, value):
 
 @_jit
 def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
-          EVICT: tl.constexpr = ""):
+          EVICT: tl.constexpr):
     """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
     ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
     v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT).to(CAST_TY)
@@ -404,12 +404,12 @@ def softmax_forward_split(
         if STAGES > 1:
             # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
             # the load's would be carried.
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
             cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
             x = tl.where(mask, x, -float("inf"))
         else:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False)
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False, "")
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
@@ -462,7 +462,7 @@ def softmax_forward_loop(
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
             x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64)
+                      ACC_FP64, "")
             new_max = tl.maximum(row_max, tl.max(x, 1))
             new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
             # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
@@ -476,7 +476,7 @@ def softmax_forward_loop(
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
             x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64)
+                      ACC_FP64, "")
             z = x - ref[:, None]
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask,
                    _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
@@ -550,8 +550,8 @@ def softmax_backward_split(
         y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
         dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
         dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
-        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False)
-        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
         cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
                                      STAGES)
         partial = tl.sum(_grad_terms(y, dy, LOG), 1)
@@ -571,7 +571,7 @@ def softmax_backward_split(
 @_jit
 def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
                 y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-                EVICT: tl.constexpr = ""):
+                EVICT: tl.constexpr):
     """Write dx at block columns ``cols`` from y and dy read there."""
     y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, EVICT)
     dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, EVICT)
@@ -598,11 +598,11 @@ def softmax_backward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = (start + chunk_cols)[None, :]
             mask = row_mask[:, None] & (cols < n_cols)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64)
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64)
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "")
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
             row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = (start + chunk_cols)[None, :]
             mask = row_mask[:, None] & (cols < n_cols)
             _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64)
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "")
