@@ -46,13 +46,9 @@ VARIANTS = {
     "pipe_fit128k": dict(split_pipelined=frozenset({"forward", "backward"}), split_fit_bytes=131072),
     "pipe_c4k": dict(split_pipelined=frozenset({"forward", "backward"}), split_chunk=4096,
                      split_elements_per_thread=32),
-    "rr_bwd": dict(reread_cols={"backward": (4096, 32768)}),
-    "rr_bwd16": dict(reread_cols={"backward": (4096, 32768)}, reread_elements_per_thread=16),
-    "rr_bwd_wide": dict(reread_cols={"backward": (1024, 65536)}),
-    "rr_bwd_8k": dict(reread_cols={"backward": (4096, 8192)}),
-    "rr_fwd": dict(reread_cols={"forward": (16384, 65536), "backward": (4096, 32768)}),
-    "rr_fwd16": dict(reread_cols={"forward": (16384, 65536), "backward": (4096, 32768)},
-                     reread_elements_per_thread=16),
+    # v10 (sweeps/run2-reread.log) swept twice-read tiles per direction: rows of 4096-65536.
+    "no_reread": dict(reread_cols={}),
+    "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
 }
 
 

@@ -238,7 +238,8 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     tuning table allows one in its direction (the plan picks between them from the compiled
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
     get too few items), and its no-split fallback."""
-    common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align)
+    common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
+                  input_bytes=DTYPE_BYTES[case.dtype] * (2 if case.backward else 1))
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "split":

@@ -150,17 +150,22 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
-                  rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1) -> KernelConfig:
+                  rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
+                  input_bytes: Optional[int] = None) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks.
+    columns wider than the row, needs no more or wider chunks. ``input_bytes``: as
+    ``plan_launch`` takes it.
     """
-    plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split)
+    if input_bytes is None:
+        input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
+    plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
     if align == 1 or plain.regime != "split" or _direction(backward) not in tuning_for(record).split_windows:
         return plain
-    windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split)
+    windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
+                             input_bytes)
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
     # Windowed rows run unpipelined: the pipeline's buffers cost them more programs than it buys.
@@ -168,15 +173,16 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
 
 
 def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, backward: bool,
-                  rows_per_group: Optional[int], allow_split: bool) -> KernelConfig:
+                  rows_per_group: Optional[int], allow_split: bool, input_bytes: int) -> KernelConfig:
     tuning = tuning_for(record)
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
     width = _next_power_of_2(n_cols)
     row_limit = tuning.row_elements // (2 if backward else 1) // (2 if fp64 else 1)
     can_split = allow_split and record.residency_guaranteed and not fp64
-    low, high = tuning.reread_cols.get(_direction(backward), (0, 0))
-    if not fp64 and low <= width <= high:
+    low, high = tuning.reread_cols.get((_direction(backward), input_bytes), (0, 0))
+    few_rows = can_split and n_rows < record.compute_units and n_cols >= tuning.split_min_cols
+    if low <= width <= high and not few_rows:
         lanes = max(record.warp_size, 1)
         warps = _next_power_of_2(max(1, width // (tuning.reread_elements_per_thread * lanes)))
         return KernelConfig("tile", 1, width, 1, min(warps, tuning.max_program_threads // lanes), reread=True)
@@ -263,7 +269,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     if input_bytes is None:
         input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split, align=align)
+                           allow_split=allow_split, align=align, input_bytes=input_bytes)
     if config.regime == "split" and programs is None and _direction(backward) in tuning_for(record).split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
@@ -279,7 +285,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         plan = _size(record, config, kernel, n_rows, rows_per_group, programs)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False, align=align)
+                               allow_split=False, align=align, input_bytes=input_bytes)
         kernel = _resources(resources, record, config, backward, input_bytes)
         plan = _size(record, config, kernel, n_rows, rows_per_group, programs, note="split path does not fit resident; ")
     return plan

@@ -65,10 +65,12 @@ class Tuning:
             in flight during a wait (the other buffer holds the chunk being used).
         split_pipeline_items: the fewest items per program, on average, that a pipelined grid
             takes; below it (few-row shapes) the pipeline's buffers only cost occupancy.
-        reread_cols: per direction, (shortest, longest) rows, by power-of-two width, that a
-            program reads twice: y and dy (x forward) for the row's sum, then again (from L2) for
-            the output, as torch.compile's backward does, rather than holding them across the sum
-            or splitting the row. The forward computes its exponentials twice. Off where absent.
+        reread_cols: per (direction, bytes a column reads: x's element size forward, y's plus
+            dy's backward), the (shortest, longest) rows, by power-of-two width, that a program
+            reads twice where there are rows enough to fill the chip: y
+            and dy (x forward) for the row's sum, then again (from L2) for the output, as
+            torch.compile's backward does, rather than holding them across the sum or splitting
+            the row. The forward computes its exponentials twice. Off where absent.
         reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
         max_program_threads: the most threads a program may have.
     """
@@ -97,17 +99,22 @@ class Tuning:
     split_pipelined: frozenset[str] = frozenset()
     split_stages: int = 3
     split_pipeline_items: int = 2
-    reread_cols: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    reread_cols: Mapping[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     reread_elements_per_thread: int = 8
     max_program_threads: int = 1024
 
 
 _DEFAULT = Tuning()
 
+# Rows of 16384 read twice where a column reads 4 bytes, measured on the H200 only (NOTES v10):
+# fp32 forward 0.90 -> 0.95 of copy, bf16 backward 0.99 -> 1.02. Elsewhere twice-read tiles were level or lower:
+# bf16 forward (twice the exponentials) 0.69-0.84, fp32 backward of 16384-32768 0.87-0.96.
+_CUDA_REREAD = {("forward", 4): (16384, 16384), ("backward", 4): (16384, 16384)}
+
 TUNING: dict[tuple[str, str], Tuning] = {
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
     # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
-    ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"})),
+    ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD),
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.

@@ -234,3 +234,20 @@ def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):
     assert plan_launch(record, 4096, 50257, "float32", align=8).align == 1
     assert plan_launch(record, 4096, 1001, "float32", backward=True, align=8).align == 1  # a tile
     assert plan_launch(record, 64, 65535, "float32", backward=True, align=8).align == 1  # 65542: 17 chunks, not 16
+
+
+def test_twice_read_tiles_where_the_tuning_table_names_them():
+    """H100 (CUDA's table): rows of 16384 read twice for the fp32 forward and the 16-bit backward,
+    not for the bf16 forward or fp32 backward, nor for fewer rows than units (those split)."""
+    record = profile_record("h100")
+    reread = plan_launch(record, 16384, 16384, "float32")
+    assert reread.regime == "tile" and reread.reread and reread.block_m == 1 and reread.num_warps == 32
+    # launch.py plans every dtype but float64 as float32 and says what a column reads.
+    assert plan_launch(record, 16384, 16384, "float32", backward=True, input_bytes=4).reread
+    assert plan_launch(record, 16384, 16000, "float32", backward=True, input_bytes=4).reread
+    assert not plan_launch(record, 16384, 16384, "float32", input_bytes=2).reread
+    assert not plan_launch(record, 16384, 16384, "float32", backward=True).reread
+    assert not plan_launch(record, 16384, 32768, "float32").reread
+    assert plan_launch(record, 64, 16384, "float32").regime == "split"
+    assert not plan_launch(profile_record("mi300x"), 16384, 16384, "float32").reread
+

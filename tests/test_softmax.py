@@ -382,8 +382,8 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     """The tile kernels that read their inputs twice (``Tuning.reread_cols``): every element of
     a poisoned output, odd widths, strided and grouped views, -inf."""
     key = (ps.device_info(device)["backend"], "*")
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], reread_cols={"forward": (1, 1 << 20),
-                                                                                 "backward": (1, 1 << 20)}))
+    everywhere = {(direction, size): (1, 1 << 20) for direction in ("forward", "backward") for size in (2, 4, 8)}
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], reread_cols=everywhere))
     x = torch.randn(24, 781, device=device) * 3
     if layout == "transposed":
         x = torch.randn(781, 24, device=device).t() * 3
