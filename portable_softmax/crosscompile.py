@@ -39,7 +39,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig, contiguous_align, plan_launch, select_config
+from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, contiguous_align, next_power_of_2, plan_launch,
+                                      select_config)
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -237,11 +238,16 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     """The configurations a launch of ``case`` may use: the plan's, its ticketed form where the
     tuning table allows one in its direction (the plan picks between them from the compiled
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
-    get too few items), and its no-split fallback."""
+    get too few items), its no-split fallback, and for tiles the taller ones that may fill the
+    waves better (``Tuning.tile_wave_fill``)."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
                   input_bytes=DTYPE_BYTES[case.dtype] * (2 if case.backward else 1))
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
+    if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
+        for factor in (2, 4):
+            if primary.block_m * factor <= next_power_of_2(case.rows):
+                found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
     if primary.regime == "split":
         if case.direction in tuning_for(record).split_tickets:
             found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))

@@ -21,7 +21,7 @@ import torch
 from portable_softmax import compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, window_align
+from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 
@@ -223,6 +223,14 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         caps = split_fit(record, config, input_bytes)
         if caps:
             options = fitted(kernel, args, constexprs, options, caps)
+        fit = tile_fit(record, config, tiles)
+        if fit and backend.occupancy(record, compiled(kernel, args, constexprs, options)) * record.compute_units < tiles:
+            # Taken only where every tile then has a program at once: a second wave left partly
+            # empty costs as much as a full one.
+            used = compiled(kernel, args, constexprs, {**options, **fit})
+            if (used.spills <= tuning_for(record).split_fit_max_spills
+                    and backend.occupancy(record, used) * record.compute_units >= tiles):
+                options = {**options, **fit}
         return kernel, args, constexprs, options
 
     def fitted(kernel: Any, args: tuple, constexprs: dict, options: dict, caps: list) -> dict:

@@ -46,7 +46,7 @@ class KernelConfig:
 
     @property
     def chunks_p2(self) -> int:
-        return _next_power_of_2(self.chunks)
+        return next_power_of_2(self.chunks)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def contiguous_align(rows: int, cols: int, element_size: int) -> int:
     return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
 
 
-def _next_power_of_2(n: int) -> int:
+def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
@@ -129,7 +129,7 @@ def _tiles(config: KernelConfig, n_rows: int, rows_per_group: int) -> int:
 
 def _warps(elements: int, per_thread: int, record: DeviceRecord, tuning: Tuning) -> int:
     lanes = max(record.warp_size, 1)
-    warps = _next_power_of_2(max(1, elements // (per_thread * lanes)))
+    warps = next_power_of_2(max(1, elements // (per_thread * lanes)))
     return max(1, min(warps, tuning.max_warps))
 
 
@@ -177,17 +177,17 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
     tuning = tuning_for(record)
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
-    width = _next_power_of_2(n_cols)
+    width = next_power_of_2(n_cols)
     row_limit = tuning.row_elements // (2 if backward else 1) // (2 if fp64 else 1)
     can_split = allow_split and record.residency_guaranteed and not fp64
     low, high = tuning.reread_cols.get((_direction(backward), input_bytes), (0, 0))
     few_rows = can_split and n_rows < record.compute_units and n_cols >= tuning.split_min_cols
     if low <= width <= high and not few_rows:
         lanes = max(record.warp_size, 1)
-        warps = _next_power_of_2(max(1, width // (tuning.reread_elements_per_thread * lanes)))
+        warps = next_power_of_2(max(1, width // (tuning.reread_elements_per_thread * lanes)))
         return KernelConfig("tile", 1, width, 1, min(warps, tuning.max_program_threads // lanes), reread=True)
     if width <= row_limit:
-        block_m = max(1, min(tuning.tile_elements // width, _next_power_of_2(rows_per_group)))
+        block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
             return _split_config(record, tuning, n_rows, n_cols, backward)
@@ -206,7 +206,7 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
         # Few rows: narrower chunks put more of the chip to work on each row.
         chunks = max(chunks, min(wanted, _cdiv(n_cols, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
     # The narrowest power of two that still needs no more chunks: odd rows (50257) waste less.
-    block_n = _next_power_of_2(_cdiv(n_cols, chunks))
+    block_n = next_power_of_2(_cdiv(n_cols, chunks))
     # Halve chunks whose padding still idles too much of the row's programs (50257 in 8K chunks: 12%).
     while (block_n // 2 >= tuning.split_min_chunk and _cdiv(n_cols, block_n // 2) <= MAX_SPLIT_CHUNKS
            and 1 - n_cols / (_cdiv(n_cols, block_n) * block_n) > tuning.split_max_padding):
@@ -230,6 +230,25 @@ def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> l
     backend = get_backend(record.backend)
     caps = [(programs, backend.fit_options(record, config.num_warps, programs)) for programs in range(wanted, 0, -1)]
     return [(programs, options) for programs, options in caps if options]
+
+
+def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> dict[str, Any]:
+    """The backend's compile options (a register cap) that let a program per tile of ``config``
+    be resident at once, ``tiles`` of them, where ``Tuning.tile_wave_fill`` asks for it: empty
+    if it does not, if that is one wave already, or if no cap can."""
+    tuning = tuning_for(record)
+    wanted = _cdiv(tiles, max(record.compute_units, 1))
+    if (config.regime != "tile" or config.reread or not tuning.tile_wave_fill or tiles <= record.compute_units
+            or wanted > (record.max_programs_per_unit or wanted)):
+        return {}
+    return get_backend(record.backend).fit_options(record, config.num_warps, wanted)
+
+
+def wave_fill(record: DeviceRecord, plan: LaunchPlan) -> float:
+    """How full the waves of resident programs are that run a plan's tiles, on average: 1 when
+    its tiles split evenly into them."""
+    resident = max(1, record.compute_units * plan.occupancy)
+    return plan.tiles / (_cdiv(plan.tiles, resident) * resident)
 
 
 def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool,
@@ -288,7 +307,29 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
                                allow_split=False, align=align, input_bytes=input_bytes)
         kernel = _resources(resources, record, config, backward, input_bytes)
         plan = _size(record, config, kernel, n_rows, rows_per_group, programs, note="split path does not fit resident; ")
+    if (programs is None and plan.regime == "tile" and not plan.reread
+            and plan.tiles > record.compute_units * plan.occupancy
+            and wave_fill(record, plan) < tuning_for(record).tile_wave_fill):
+        plan = _fuller_waves(record, plan, resources, n_rows, backward, input_bytes, rows_per_group)
     return plan
+
+
+def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSource, n_rows: int, backward: bool,
+                  input_bytes: int, rows_per_group: int) -> LaunchPlan:
+    """``plan``'s tile grid or one of tiles 2 or 4 times taller, whichever fills its waves of
+    resident programs best (``Tuning.tile_wave_fill``). The launcher's resources function
+    compiles each with the register cap of ``tile_fit`` where that makes room for every tile at
+    once, as it did ``plan``'s."""
+    best = plan
+    for factor in (2, 4):
+        config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
+        if config.block_m > next_power_of_2(rows_per_group):
+            break
+        found = _size(record, config, _resources(resources, record, config, backward, input_bytes), n_rows,
+                      rows_per_group, None)
+        if found is not None and wave_fill(record, found) > wave_fill(record, best) + 0.05:
+            best = dataclasses.replace(found, reason=f"{found.reason}; waves {wave_fill(record, found):.2f} full")
+    return best
 
 
 def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int,

@@ -71,6 +71,11 @@ class Tuning:
             and dy (x forward) for the row's sum, then again (from L2) for the output, as
             torch.compile's backward does, rather than holding them across the sum or splitting
             the row. The forward computes its exponentials twice. Off where absent.
+        tile_wave_fill: a grid of a program per tile whose last wave of resident programs is
+            filled less than this (tiles / (waves x resident)) looks for one that fills it
+            better: a register cap that makes room for every tile at once, or tiles of 2 or 4
+            times the rows with such a cap. Short rows end in one or two waves, and a second
+            wave a third full costs as much as a full one. 0 turns it off.
         reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
         max_program_threads: the most threads a program may have.
     """
@@ -90,6 +95,7 @@ class Tuning:
     split_max_padding: float = 0.1
     tile_waves: int = 4
     tile_loop_occupancy: int = 4
+    tile_wave_fill: float = 0.0
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
@@ -114,7 +120,8 @@ _CUDA_REREAD = {("forward", 4): (16384, 16384), ("backward", 4): (16384, 16384)}
 TUNING: dict[tuple[str, str], Tuning] = {
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
     # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
-    ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD),
+    ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
+                           tile_wave_fill=0.85),
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.

@@ -251,3 +251,15 @@ def test_twice_read_tiles_where_the_tuning_table_names_them():
     assert plan_launch(record, 64, 16384, "float32").regime == "split"
     assert not plan_launch(profile_record("mi300x"), 16384, 16384, "float32").reread
 
+
+def test_tile_grids_fill_their_waves_where_the_tuning_table_asks():
+    """H100, fp32 backward of 32768 rows of 128: tiles of 8 rows at 20 programs per SM take 4096
+    programs, 1.55 waves of 2640; tiles of 16 at 16 per SM take 2048, one wave of 2112."""
+    registers = {8: 48, 16: 64, 32: 128}
+    resources = lambda config: KernelResources(registers=registers[config.block_m], shared_memory=0, num_warps=2)
+    record = profile_record("h100")
+    plan = plan_launch(record, 32768, 128, "float32", backward=True, resources=resources)
+    assert (plan.block_m, plan.programs, plan.occupancy) == (16, 2048, 16) and "waves 0.97 full" in plan.reason
+    assert plan_launch(record, 32768, 128, "float32", backward=True, resources=resources, programs=4096).block_m == 8
+    assert plan_launch(profile_record("mi300x"), 32768, 128, "float32", backward=True).block_m == 8
+
