@@ -49,6 +49,7 @@ VARIANTS = {
     # v10 (sweeps/run2-reread.log) swept twice-read tiles per direction: rows of 4096-65536.
     "no_reread": dict(reread_cols={}),
     "nofill": dict(tile_wave_fill=0.0),
+    "tile4k_e64": dict(tile_elements=4096, elements_per_thread=64),
     "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
 }
 
