@@ -25,6 +25,8 @@ MAX_SPLIT_CHUNKS = 1024
 # The widest vector load, and the divisibility Triton specialises integer arguments on.
 VECTOR_BYTES = 16
 TRITON_DIVISIBILITY = 16
+# Taller tiles hold more per thread: taken only where they fill their waves this much better.
+WAVE_FILL_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSou
             break
         found = _size(record, config, _resources(resources, record, config, backward, input_bytes), n_rows,
                       rows_per_group, None)
-        if found is not None and wave_fill(record, found) > wave_fill(record, best) + 0.05:
+        if found is not None and wave_fill(record, found) > wave_fill(record, best) + WAVE_FILL_MARGIN:
             best = dataclasses.replace(found, reason=f"{found.reason}; waves {wave_fill(record, found):.2f} full")
     return best
 
