@@ -50,6 +50,8 @@ VARIANTS = {
     "no_reread": dict(reread_cols={}),
     "nofill": dict(tile_wave_fill=0.0),
     "tile4k_e64": dict(tile_elements=4096, elements_per_thread=64),
+    "fill4": dict(split_fill_per_unit=4),
+    "fill8": dict(split_fill_per_unit=8),
     "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
 }
 
