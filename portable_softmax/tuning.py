@@ -44,6 +44,11 @@ class Tuning:
             tiles on the ``tile_waves`` grid; at or above it the grid has a program per tile,
             and the hardware starts a new one as each ends, overlapping one's loads with
             another's reduction.
+        tile_wave_fill: a grid of a program per tile whose last wave of resident programs is
+            filled less than this (tiles / (waves x resident)) looks for one that fills it
+            better: a register cap that makes room for every tile at once, or tiles of 2 or 4
+            times the rows with such a cap. Short rows end in one or two waves, and a second
+            wave a third full costs as much as a full one. 0 turns it off.
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
@@ -67,15 +72,10 @@ class Tuning:
             takes; below it (few-row shapes) the pipeline's buffers only cost occupancy.
         reread_cols: per (direction, bytes a column reads: x's element size forward, y's plus
             dy's backward), the (shortest, longest) rows, by power-of-two width, that a program
-            reads twice where there are rows enough to fill the chip: y
-            and dy (x forward) for the row's sum, then again (from L2) for the output, as
-            torch.compile's backward does, rather than holding them across the sum or splitting
-            the row. The forward computes its exponentials twice. Off where absent.
-        tile_wave_fill: a grid of a program per tile whose last wave of resident programs is
-            filled less than this (tiles / (waves x resident)) looks for one that fills it
-            better: a register cap that makes room for every tile at once, or tiles of 2 or 4
-            times the rows with such a cap. Short rows end in one or two waves, and a second
-            wave a third full costs as much as a full one. 0 turns it off.
+            reads twice where there are rows enough to fill the chip: y and dy (x forward) for
+            the row's sum, then again (from L2) for the output, as torch.compile's backward
+            does, rather than holding them across the sum or splitting the row. The forward
+            computes its exponentials twice. Off where absent.
         reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
         max_program_threads: the most threads a program may have.
     """
