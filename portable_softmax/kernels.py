@@ -228,24 +228,22 @@ def _peer_values(v):
 
 
 @_jit
-def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr, TO_BASE2: tl.constexpr):
+def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
     """What partials contribute to their row's total. With ``MAXIMA`` (the forward) a partial
     is a chunk's maximum and its sum of exp(x - that maximum) (0 for a chunk of -inf only),
-    rescaled here to the row's maximum; without, a partial is a sum. ``TO_BASE2``: what turns
-    the maxima's units into base-2 exponents (log2(e) for natural units, 1 for base 2)."""
+    rescaled here to the row's maximum; without, a partial is a sum."""
     if MAXIMA:
         # A row of -inf only gives -inf - -inf = NaN here, and NaN outputs, as torch does.
-        peer_sum = peer_sum * tl.exp2((peer_max - row_max) * TO_BASE2)
+        peer_sum = peer_sum * tl.exp2((peer_max - row_max) * LOG2E)
     return tl.sum(peer_sum, 0)
 
 
 @_jit
 def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-              MAXIMA: tl.constexpr, TO_BASE2: tl.constexpr, STAGES: tl.constexpr):
+              MAXIMA: tl.constexpr, STAGES: tl.constexpr):
     """Publish this chunk's partial of the item's row (``packed``: a [1] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
-    the row, and return the row's maximum and total from them all (``_gather_row``; ``TO_BASE2``
-    as ``_peer_total`` takes it).
+    the row, and return the row's maximum and total from them all (``_gather_row``).
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
     shared datum, so no fence (which would drain this program's output stores) is needed.
@@ -258,9 +256,9 @@ def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHU
     # function holding it. The call costs registers (the calling convention), so only pipelined
     # kernels make it.
     if STAGES > 1:
-        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, TO_BASE2, PEER_GROUP)
+        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP)
     else:
-        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, TO_BASE2, CHUNKS_P2)
+        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2)
     return stats
 
 
@@ -277,7 +275,7 @@ def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.co
 
 
 def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
-                TO_BASE2: tl.constexpr, GROUP: tl.constexpr):
+                GROUP: tl.constexpr):
     """Wait until the CHUNKS slots from ``first_slot`` are full; the row's maximum (with
     ``MAXIMA``, else 0) and total (``_peer_total``). Read ``GROUP`` slots at a time: called (not
     inlined), a function's shared memory overlaps the caller's pipeline buffers (Triton 3.6 passes
@@ -286,7 +284,7 @@ def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexp
     if GROUP >= CHUNKS_P2:
         peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, 0, CHUNKS, CHUNKS_P2))
         row_max = tl.max(peer_max, 0) if MAXIMA else 0.0
-        total = _peer_total(peer_max, peer_sum, row_max, MAXIMA, TO_BASE2)
+        total = _peer_total(peer_max, peer_sum, row_max, MAXIMA)
     else:
         row_max = -float("inf") if MAXIMA else 0.0
         if MAXIMA:
@@ -297,7 +295,7 @@ def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexp
         for start in tl.static_range(0, CHUNKS_P2, GROUP):
             # In the forward the slots are full by now: one read each.
             peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP))
-            total += _peer_total(peer_max, peer_sum, row_max, MAXIMA, TO_BASE2)
+            total += _peer_total(peer_max, peer_sum, row_max, MAXIMA)
     return row_max, total
 
 
@@ -351,21 +349,6 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
 
 
 @_jit
-def _exponentials(x, ref, LOG: tl.constexpr):
-    """z = x - ref for the log-softmax (its output needs it) and e = exp(z), ``ref`` broadcast
-    against ``x``. The softmax takes e in base 2 from one fused multiply-add per element,
-    x * log2(e) - ref * log2(e), and returns x for z: the rounding of ref * log2(e) scales all of
-    a row's e alike."""
-    if LOG:
-        z = x - ref
-        e = tl.exp2(z * LOG2E)
-    else:
-        z = x
-        e = tl.exp2(tl.fma(x, LOG2E, -(ref * LOG2E)))
-    return z, e
-
-
-@_jit
 def _normalized(z, e, scale, shift, LOG: tl.constexpr):
     """The output from z = x - ref and e = exp(z): ``e * scale`` (softmax) or ``z + shift`` (log)."""
     if LOG:
@@ -391,12 +374,14 @@ def softmax_forward_tile(
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
         row_max = tl.max(x, 1)
-        z, e = _exponentials(x, row_max[:, None], LOG)
+        z = x - row_max[:, None]
+        e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
         if REREAD:
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
                       "evict_first")
-            z, e = _exponentials(x, row_max[:, None], LOG)
+            z = x - row_max[:, None]
+            e = tl.exp2(z * LOG2E)
         _store(y_ptr, y_base, cols, y_col_stride, mask,
                _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG))
 
@@ -432,24 +417,18 @@ def softmax_forward_split(
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-        # One exponential per element: kept and rescaled once the row's maximum is known. The
-        # softmax's are in base 2 (_exponentials), and so is the maximum it publishes: the rescale
-        # then uses the very reference its exponents did, ref * log2(e) as rounded.
-        TO_BASE2: tl.constexpr = LOG2E if LOG else 1.0
-        z, e = _exponentials(x, ref[:, None], LOG)
-        if LOG:
-            published = chunk_max
-        else:
-            published = chunk_max * LOG2E
+        z = x - ref[:, None]
+        # One exponential per element: kept and rescaled once the row's maximum is known.
+        e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
         if ALIGN > 1:
-            z_edge, e_edge = _exponentials(x_edge, tl.sum(ref, 0), LOG)
+            z_edge = x_edge - tl.sum(ref, 0)
+            e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
-        packed = (_float_bits(published) << 32) | _float_bits(total)
-        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, TO_BASE2,
-                                       STAGES)
+        packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
+        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, STAGES)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
-        scale = tl.exp2((published - row_max) * TO_BASE2) / row_total
+        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
         _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
         if ALIGN > 1:
@@ -581,8 +560,7 @@ def softmax_backward_split(
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), CHUNKS, CHUNKS_P2, False, 1.0,
-                               STAGES)
+        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), CHUNKS, CHUNKS_P2, False, STAGES)
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
