@@ -319,16 +319,19 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
 def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSource, n_rows: int, backward: bool,
                   input_bytes: int, rows_per_group: int) -> LaunchPlan:
     """``plan``'s tile grid or one of tiles 2 or 4 times taller, whichever fills its waves of
-    resident programs best (``Tuning.tile_wave_fill``). The launcher's resources function
-    compiles each with the register cap of ``tile_fit`` where that makes room for every tile at
-    once, as it did ``plan``'s."""
+    resident programs best (``Tuning.tile_wave_fill``); taller tiles that spill more than a
+    register cap may are passed over. The launcher's resources function compiles each with the
+    register cap of ``tile_fit`` where that makes room for every tile at once, as it did
+    ``plan``'s."""
     best = plan
     for factor in (2, 4):
         config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
         if config.block_m > next_power_of_2(rows_per_group):
             break
-        found = _size(record, config, _resources(resources, record, config, backward, input_bytes), n_rows,
-                      rows_per_group, None)
+        kernel = _resources(resources, record, config, backward, input_bytes)
+        if kernel.spills > tuning_for(record).split_fit_max_spills:
+            continue
+        found = _size(record, config, kernel, n_rows, rows_per_group, None)
         if found is not None and wave_fill(record, found) > wave_fill(record, best) + WAVE_FILL_MARGIN:
             best = dataclasses.replace(found, reason=f"{found.reason}; waves {wave_fill(record, found):.2f} full")
     return best

@@ -261,5 +261,8 @@ def test_tile_grids_fill_their_waves_where_the_tuning_table_asks():
     plan = plan_launch(record, 32768, 128, "float32", backward=True, resources=resources)
     assert (plan.block_m, plan.programs, plan.occupancy) == (16, 2048, 16) and "waves 0.97 full" in plan.reason
     assert plan_launch(record, 32768, 128, "float32", backward=True, resources=resources, programs=4096).block_m == 8
+    spilling = lambda config: KernelResources(registers=registers[config.block_m], shared_memory=0, num_warps=2,
+                                              spills=0 if config.block_m == 8 else 64)
+    assert plan_launch(record, 32768, 128, "float32", backward=True, resources=spilling).block_m == 8
     assert plan_launch(profile_record("mi300x"), 32768, 128, "float32", backward=True).block_m == 8
 
