@@ -183,6 +183,11 @@ class Case:
         return contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
 
     @property
+    def input_bytes(self) -> int:
+        # What a column reads, as launch.py passes it: x forward, y and dy backward.
+        return DTYPE_BYTES[self.dtype] * (2 if self.backward else 1)
+
+    @property
     def plan_dtype(self) -> str:
         # What launch.py plans with: only float64 accumulation changes the plan.
         return "float64" if self.dtype == "float64" else "float32"
@@ -241,7 +246,7 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     get too few items), its no-split fallback, and for tiles the taller ones that may fill the
     waves better (``Tuning.tile_wave_fill``)."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
-                  input_bytes=DTYPE_BYTES[case.dtype] * (2 if case.backward else 1))
+                  input_bytes=case.input_bytes)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
@@ -692,7 +697,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
                                rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c],
-                               input_bytes=DTYPE_BYTES[case.dtype] * (2 if case.backward else 1))
+                               input_bytes=case.input_bytes)
             if plan.config != config:
                 # Another configuration serves the case: the ticketed, persistent or unpipelined
                 # form, or the fallback where the split grid does not fit resident (each has its

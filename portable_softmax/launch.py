@@ -222,27 +222,26 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
             options["launch_cooperative_grid"] = True
         caps = split_fit(record, config, input_bytes)
         if caps:
-            options = fitted(kernel, args, constexprs, options, caps)
-        fit = tile_fit(record, config, tiles)
-        if fit and backend.occupancy(record, compiled(kernel, args, constexprs, options)) * record.compute_units < tiles:
-            # Taken only where every tile then has a program at once: a second wave left partly
-            # empty costs as much as a full one.
-            used = compiled(kernel, args, constexprs, {**options, **fit})
-            if (used.spills <= tuning_for(record).split_fit_max_spills
-                    and backend.occupancy(record, used) * record.compute_units >= tiles):
-                options = {**options, **fit}
+            options = fitted(kernel, args, constexprs, options, caps, reach=False)
+        caps = tile_fit(record, config, tiles)
+        if caps:
+            # Only where every tile then has a program at once: a second wave left partly empty
+            # costs as much as a full one.
+            options = fitted(kernel, args, constexprs, options, caps, reach=True)
         return kernel, args, constexprs, options
 
-    def fitted(kernel: Any, args: tuple, constexprs: dict, options: dict, caps: list) -> dict:
-        # The most programs per unit whose register cap spills no more than the tuning allows:
-        # a cap that spills in the loop costs more than the programs it adds.
+    def fitted(kernel: Any, args: tuple, constexprs: dict, options: dict, caps: list, reach: bool) -> dict:
+        # The most programs per unit whose register cap spills no more than the tuning allows (a
+        # cap that spills in the loop costs more than the programs it adds) and that holds more
+        # programs than the uncapped kernel, or (reach) as many as the cap was asked for.
         held = backend.occupancy(record, compiled(kernel, args, constexprs, options))
         for programs, fit in caps:
             if programs <= held:
                 break
             capped = {**options, **fit}
             used = compiled(kernel, args, constexprs, capped)
-            if used.spills <= tuning_for(record).split_fit_max_spills and backend.occupancy(record, used) > held:
+            occupancy = backend.occupancy(record, used)
+            if used.spills <= tuning_for(record).split_fit_max_spills and occupancy >= (programs if reach else held + 1):
                 return capped
         return options
 

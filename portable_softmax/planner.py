@@ -234,16 +234,18 @@ def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> l
     return [(programs, options) for programs, options in caps if options]
 
 
-def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> dict[str, Any]:
-    """The backend's compile options (a register cap) that let a program per tile of ``config``
-    be resident at once, ``tiles`` of them, where ``Tuning.tile_wave_fill`` asks for it: empty
-    if it does not, if that is one wave already, or if no cap can."""
+def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tuple[int, dict[str, Any]]]:
+    """As ``split_fit``, for a grid of a program per tile where ``Tuning.tile_wave_fill`` asks for
+    one: the one cap that lets all ``tiles`` of ``config`` be resident at once, with the programs
+    per unit that takes (a cap short of that only fills the last wave differently). Empty where
+    the tuning does not ask, for one tile per unit or fewer, or where no cap can."""
     tuning = tuning_for(record)
     wanted = _cdiv(tiles, max(record.compute_units, 1))
     if (config.regime != "tile" or config.reread or not tuning.tile_wave_fill or tiles <= record.compute_units
             or wanted > (record.max_programs_per_unit or wanted)):
-        return {}
-    return get_backend(record.backend).fit_options(record, config.num_warps, wanted)
+        return []
+    options = get_backend(record.backend).fit_options(record, config.num_warps, wanted)
+    return [(wanted, options)] if options else []
 
 
 def wave_fill(record: DeviceRecord, plan: LaunchPlan) -> float:
