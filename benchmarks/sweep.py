@@ -53,6 +53,13 @@ VARIANTS = {
     "fill4": dict(split_fill_per_unit=4),
     "fill8": dict(split_fill_per_unit=8),
     "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
+    # v11: a program per tile (tile or twice-read) at any occupancy, as Inductor's grids are.
+    "pt_all": dict(tile_loop_occupancy=1),
+    "rr_b4k_pt": dict(tile_loop_occupancy=1, reread_cols={("forward", 4): (16384, 16384),
+                                                          ("backward", 4): (4096, 32768)}),
+    "rr_b4k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (4096, 32768)}),
+    "e32": dict(split_elements_per_thread=32),
+    "c16k_e128": dict(split_chunk=16384, split_elements_per_thread=128),
 }
 
 
