@@ -60,6 +60,9 @@ VARIANTS = {
     "rr_b4k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (4096, 32768)}),
     "e32": dict(split_elements_per_thread=32),
     "c16k_e128": dict(split_chunk=16384, split_elements_per_thread=128),
+    "ppu3": dict(split_programs_per_unit=3),
+    "ppu4": dict(split_programs_per_unit=4),
+    "pipe_s2": dict(split_stages=2),
 }
 
 
