@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, contiguous_align, next_power_of_2, plan_launch,
-                                      select_config, whole_tiles)
+                                      select_config)
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -233,7 +233,6 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         constexprs["ACC_FP64"] = case.dtype == "float64"
         if config.regime == "tile":
             constexprs["REREAD"] = config.reread
-            constexprs["WHOLE"] = whole_tiles(config, rows_per_outer, case.cols)
     for value in (*counts, *(0, row_stride, 1) * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))

@@ -72,19 +72,6 @@ def _row_starts(outer, rows, outer_stride, row_stride):
 
 
 @_jit
-def _tile_mask(row_mask, cols, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE: tl.constexpr):
-    """Which elements of a tile ([BLOCK_M, BLOCK_N]) exist. ``WHOLE``: the launch promises that
-    every row of every tile exists and is BLOCK_N long; the mask is then a constant, which Triton
-    drops, so loads and stores carry no predicate and no fill (a tenth of a backward tile's
-    instructions at rows of 16384)."""
-    if WHOLE:
-        mask = tl.full([BLOCK_M, BLOCK_N], True, tl.int1)
-    else:
-        mask = row_mask[:, None] & (cols < n_cols)
-    return mask
-
-
-@_jit
 def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CHUNKS: tl.constexpr):
     """The tile and chunk of a split-path work item, with its rows and columns ([1, BLOCK_N])."""
@@ -374,7 +361,6 @@ def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    WHOLE: tl.constexpr,
 ):
     # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
     # rather than held across the row's sum (see softmax_backward_tile).
@@ -384,7 +370,7 @@ def softmax_forward_tile(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_M, BLOCK_N, WHOLE)
+        mask = row_mask[:, None] & (cols < n_cols)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
         row_max = tl.max(x, 1)
@@ -524,7 +510,6 @@ def softmax_backward_tile(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    WHOLE: tl.constexpr,
 ):
     # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
     # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
@@ -537,7 +522,7 @@ def softmax_backward_tile(
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
         dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
-        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_M, BLOCK_N, WHOLE)
+        mask = row_mask[:, None] & (cols < n_cols)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)

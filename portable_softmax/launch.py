@@ -21,8 +21,7 @@ import torch
 from portable_softmax import compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.planner import (KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, whole_tiles,
-                                      window_align)
+from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 
@@ -217,7 +216,6 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
             constexprs["ACC_FP64"] = acc_fp64
             if config.regime == "tile":
                 constexprs["REREAD"] = config.reread
-                constexprs["WHOLE"] = whole_tiles(config, view.rows_per_outer, view.n_cols)
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:

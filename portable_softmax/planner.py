@@ -111,12 +111,6 @@ def contiguous_align(rows: int, cols: int, element_size: int) -> int:
     return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
 
 
-def whole_tiles(config: KernelConfig, rows_per_group: int, n_cols: int) -> bool:
-    """The tile kernels' ``WHOLE``: every tile of ``config`` is full (no row past its group's end,
-    no column past the row's), so that they need no mask."""
-    return config.regime == "tile" and n_cols == config.block_n and rows_per_group % config.block_m == 0
-
-
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 

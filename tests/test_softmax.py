@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, ops, planner, tuning
+from portable_softmax import launch, ops, tuning
 from portable_softmax.selfcheck import relative_error, tolerance
 
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
@@ -410,32 +410,6 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     _check(out[finite], fn(x, -1)[finite], expected[finite], dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "two_groups", "ragged_rows"])
-def test_whole_tiles(device, dtype, layout):
-    """Tiles that rows fill exactly (``WHOLE``: loads and stores without a mask), over views, in
-    both directions, every element of a poisoned output; and rows that leave the last tile short,
-    which must keep their mask."""
-    rows = 61 if layout == "ragged_rows" else 64
-    x = torch.randn(rows, 256, device=device) * 3
-    if layout == "transposed":
-        x = torch.randn(256, rows, device=device).t() * 3
-    elif layout == "two_groups":
-        x = torch.randn(2, 256, rows // 2, device=device).transpose(1, 2) * 3
-    x = x.to(dtype)
-    out = torch.full(x.shape, float("nan"), device=device, dtype=dtype)
-    view = ops.row_view(tuple(x.shape), x.dim() - 1, x, out)
-    plan = launch.run_forward(x, out, view, False)
-    assert plan.regime == "tile" and planner.whole_tiles(plan.config, view.rows_per_outer, 256) == (rows == 64)
-    _check(out, torch.softmax(x, -1), torch.softmax(x.double(), -1), dtype)
-    y = torch.softmax(x.double(), -1).to(dtype)
-    dy = torch.randn(x.shape, device=device).to(dtype)
-    dx = torch.full(x.shape, float("nan"), device=device, dtype=dtype)
-    launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), x.dim() - 1, y, dy, dx), False)
-    theirs = torch.ops.aten._softmax_backward_data
-    _check(dx, theirs(dy, y, -1, dtype), theirs(dy.double(), y.double(), -1, torch.float64), dtype)
-
-
 @pytest.mark.parametrize("case", ["wider_rows", "dtype_float32", "three_dims"])
 def test_split_windows_over_views_and_casts(device, monkeypatch, case):
     """Windows where the tensors differ: x a view whose rows are 8 elements wider than y's
@@ -479,9 +453,9 @@ def test_cpu_launch_leaves_gpu_compilation_working():
                  "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
                  "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
                  "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "REREAD": "constexpr", "WHOLE": "constexpr"}
+                 "ACC_FP64": "constexpr", "REREAD": "constexpr"}
     constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "REREAD": False, "WHOLE": False}
+                  "REREAD": False}
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm
