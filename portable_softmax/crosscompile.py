@@ -39,8 +39,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, contiguous_align, next_power_of_2, plan_launch,
-                                      select_config)
+from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align,
+                                      input_bytes_per_column, next_power_of_2, plan_launch, select_config)
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -184,8 +184,8 @@ class Case:
 
     @property
     def input_bytes(self) -> int:
-        # What a column reads, as launch.py passes it: x forward, y and dy backward.
-        return DTYPE_BYTES[self.dtype] * (2 if self.backward else 1)
+        # As launch.py passes it.
+        return input_bytes_per_column(DTYPE_BYTES[self.dtype], self.backward)
 
     @property
     def plan_dtype(self) -> str:
@@ -250,7 +250,7 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
-        for factor in (2, 4):
+        for factor in TALLER_TILES:
             if primary.block_m * factor <= next_power_of_2(case.rows):
                 found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
     if primary.regime == "split":

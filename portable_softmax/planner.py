@@ -27,6 +27,8 @@ VECTOR_BYTES = 16
 TRITON_DIVISIBILITY = 16
 # Taller tiles hold more per thread: taken only where they fill their waves this much better.
 WAVE_FILL_MARGIN = 0.05
+# How many times taller than the planned tiles ``Tuning.tile_wave_fill`` tries them.
+TALLER_TILES = (2, 4)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,11 @@ def contiguous_align(rows: int, cols: int, element_size: int) -> int:
     return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
 
 
+def input_bytes_per_column(element_size: int, backward: bool) -> int:
+    """What a row's column reads from one dtype: x forward, y and dy backward."""
+    return element_size * (2 if backward else 1)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -162,7 +169,7 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
     ``plan_launch`` takes it.
     """
     if input_bytes is None:
-        input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
+        input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
     if align == 1 or plain.regime != "split" or _direction(backward) not in tuning_for(record).split_windows:
         return plain
@@ -290,7 +297,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     if input_bytes is None:
-        input_bytes = DTYPE_BYTES[dtype] * (2 if backward else 1)
+        input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align, input_bytes=input_bytes)
     if config.regime == "split" and programs is None and _direction(backward) in tuning_for(record).split_tickets:
@@ -326,7 +333,7 @@ def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSou
     register cap of ``tile_fit`` where that makes room for every tile at once, as it did
     ``plan``'s."""
     best = plan
-    for factor in (2, 4):
+    for factor in TALLER_TILES:
         config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
         if config.block_m > next_power_of_2(rows_per_group):
             break
@@ -361,15 +368,14 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     tiles = _tiles(config, n_rows, rows_per_group)
     items = tiles * config.chunks
     cap = min(record.grid_limit, tuning.max_programs)
+    per_unit = min(occupancy, tuning.split_programs_per_unit)
     if config.ticketed:
-        per_unit = min(occupancy, tuning.split_programs_per_unit)
         if record.compute_units * per_unit < config.chunks or items > cap:
             return None
         programs = items
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "
                   f"ticket; {per_unit} programs/unit resident (occupancy {occupancy})")
     elif config.regime == "split":
-        per_unit = min(occupancy, tuning.split_programs_per_unit)
         resident = record.compute_units * per_unit
         programs = min(items, resident)
         programs -= programs % config.chunks

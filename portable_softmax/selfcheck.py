@@ -16,7 +16,7 @@ import torch
 
 import portable_softmax
 from portable_softmax.device import as_device, device_record
-from portable_softmax.planner import contiguous_align, plan_launch
+from portable_softmax.planner import contiguous_align, input_bytes_per_column, plan_launch
 
 ERROR_FLOOR = {torch.float32: 2e-6, torch.float64: 1e-13, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 ERROR_FACTOR = 2.0
@@ -120,7 +120,7 @@ def run(device: Optional[str] = None, cases: Optional[list] = None, echo: Callab
         for backward in (False, True):
             plan = plan_launch(record, rows, cols, dtype_name, backward=backward,
                                align=contiguous_align(rows, cols, dtype.itemsize),
-                               input_bytes=dtype.itemsize * (2 if backward else 1))
+                               input_bytes=input_bytes_per_column(dtype.itemsize, backward))
             echo(f"  {rows}x{cols} {'bwd' if backward else 'fwd'}: {plan.programs} programs, {plan.reason}")
     echo("\ncorrectness (relative error of the whole tensor vs torch float64; torch's own beside it):")
     echo(f"  {'shape':>12} {'dtype':>9} {'function':>11} {'pass':>8} {'ours':>9} {'torch':>9}  ok")

@@ -113,8 +113,9 @@ class Tuning:
 _DEFAULT = Tuning()
 
 # Rows of 16384 read twice where a column reads 4 bytes, measured on the H200 only (NOTES v10):
-# fp32 forward 0.90 -> 0.95 of copy, bf16 backward 0.99 -> 1.02 (fp16, the same bytes, not measured). Elsewhere twice-read tiles were level or lower:
-# bf16 forward (twice the exponentials) 0.69-0.84, fp32 backward of 16384-32768 0.87-0.96.
+# fp32 forward 0.90 -> 0.95 of copy, bf16 backward 0.99 -> 1.02 (fp16, the same bytes, not
+# measured). Elsewhere twice-read tiles were level or lower: bf16 forward (twice the
+# exponentials) 0.69-0.84, fp32 backward of 16384-32768 0.87-0.96.
 _CUDA_REREAD = {("forward", 4): (16384, 16384), ("backward", 4): (16384, 16384)}
 
 TUNING: dict[tuple[str, str], Tuning] = {
