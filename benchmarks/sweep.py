@@ -16,6 +16,13 @@ SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 2621
           (4096, 151936), (32, 128256), (1, 128256)]
 if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
+
+
+def _both(programs: int) -> dict[str, int]:
+    """A ``Tuning.tile_loop_occupancy`` of ``programs`` in both directions."""
+    return {"forward": programs, "backward": programs}
+
+
 VARIANTS = {
     "base": {},
     "nofit": dict(split_fit_bytes=0),
@@ -33,7 +40,7 @@ VARIANTS = {
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),
-    "tile_loop_all": dict(tile_loop_occupancy=1 << 20),
+    "tile_loop_all": dict(tile_loop_occupancy=_both(1 << 20)),
     "fit80k": dict(split_fit_bytes=81920),
     "noticket": dict(split_tickets=frozenset()),
     "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
@@ -54,8 +61,11 @@ VARIANTS = {
     "fill8": dict(split_fill_per_unit=8),
     "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
     # v11: a program per tile (tile or twice-read) at any occupancy, as Inductor's grids are.
-    "pt_all": dict(tile_loop_occupancy=1),
-    "rr_b4k_pt": dict(tile_loop_occupancy=1, reread_cols={("forward", 4): (16384, 16384),
+    "pt_all": dict(tile_loop_occupancy=_both(1)),
+    "pt2": dict(tile_loop_occupancy=_both(2)),
+    "pt3": dict(tile_loop_occupancy=_both(3)),
+    "pt4": dict(tile_loop_occupancy=_both(4)),
+    "rr_b4k_pt": dict(tile_loop_occupancy=_both(1), reread_cols={("forward", 4): (16384, 16384),
                                                           ("backward", 4): (4096, 32768)}),
     "rr_b4k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (4096, 32768)}),
     "e32": dict(split_elements_per_thread=32),
@@ -63,11 +73,19 @@ VARIANTS = {
     "ppu3": dict(split_programs_per_unit=3),
     "ppu4": dict(split_programs_per_unit=4),
     "pipe_s2": dict(split_stages=2),
+    # v12: twice-read bf16 backward rows (a program per row, no loop over tiles) over wider ranges.
+    "rr_b8k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (8192, 32768)}),
+    "rr_b16k32k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (16384, 32768)}),
 }
 
 
 def bench(fn):
     return do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def _marks(plan) -> str:
+    """' reread' and ' per-tile' where a plan has them (older trees' plans may lack the fields)."""
+    return "".join(f" {mark}" for mark in ("reread", "per_tile") if getattr(plan, mark, False))
 
 
 def main():
@@ -108,9 +126,9 @@ def main():
                 print(f"{name:>14} {str(dtype)[6:]:>8} {f'{m}x{n}':>12} {plan.regime:>6} {copy / f:5.2f} "
                       f"{1.5 * copy / b:5.2f} err {err:.1e}/{berr:.1e} P{plan.programs} w{plan.num_warps} bm{plan.block_m} "
                       f"bn{plan.block_n} c{plan.chunks} a{plan.align}{'t' if plan.ticketed else ''} s{plan.num_stages} "
-                      f"occ{plan.occupancy} | bwd {bplan.regime} a{bplan.align}{'t' if bplan.ticketed else ''} "
-                      f"s{bplan.num_stages} P{bplan.programs} w{bplan.num_warps} bn{bplan.block_n} "
-                      f"occ{bplan.occupancy}", flush=True)
+                      f"occ{plan.occupancy}{_marks(plan)} | bwd {bplan.regime} a{bplan.align}"
+                      f"{'t' if bplan.ticketed else ''} s{bplan.num_stages} P{bplan.programs} w{bplan.num_warps} "
+                      f"bn{bplan.block_n} occ{bplan.occupancy}{_marks(bplan)}", flush=True)
             del x, y, dy, dx, reference, grad
             torch.cuda.empty_cache()
     tuning.TUNING[(backend, "*")] = base

@@ -232,7 +232,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
         if config.regime == "tile":
-            constexprs["REREAD"] = config.reread
+            constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile)
     for value in (*counts, *(0, row_stride, 1) * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
@@ -244,7 +244,7 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     tuning table allows one in its direction (the plan picks between them from the compiled
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
     get too few items), its no-split fallback, and for tiles the taller ones that may fill the
-    waves better (``Tuning.tile_wave_fill``)."""
+    waves better (``Tuning.tile_wave_fill``), each also in its form for a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
                   input_bytes=case.input_bytes)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
@@ -253,6 +253,8 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         for factor in TALLER_TILES:
             if primary.block_m * factor <= next_power_of_2(case.rows):
                 found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
+    if primary.regime == "tile":
+        found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":
         if case.direction in tuning_for(record).split_tickets:
             found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))
@@ -710,7 +712,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                 # started, so the planner may queue up to tile_waves waves, or give each tile or
                 # item a program (None: no bound).
                 waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
-                if (config.regime == "tile" and plan.occupancy >= tuning.tile_loop_occupancy) or config.ticketed:
+                if config.per_tile or config.ticketed:
                     waves = None
                 row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
                            compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),

@@ -9,8 +9,8 @@ without a transposing copy. A *tile* is ``BLOCK_M`` adjacent rows of one group.
 
 Three ways to hold a row, chosen by the launch planner (``planner.py``):
 
-* ``*_tile``: each program loops over tiles and keeps a whole tile in registers: one read, one
-  write. Used whenever a row fits a program.
+* ``*_tile``: each program keeps a whole tile in registers: one read, one write. A program takes
+  one tile (``PER_TILE``) or loops over tiles. Used whenever a row fits a program.
 * ``*_split``: a row is cut into ``CHUNKS`` chunks held by ``CHUNKS`` programs at once; they trade
   partial results through a small global scratch and then write what they hold: still one read,
   one write, for rows far larger than a program's registers. Waiting on a peer is only safe when
@@ -115,6 +115,21 @@ def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
         first = tl.program_id(0)
         stop = n_items
     return first, stop, 1 if TICKETED else tl.num_programs(0)
+
+
+@_jit
+def _tile_items(n_tiles, PER_TILE: tl.constexpr):
+    """The tiles a tile-kernel program takes, as ``tl.range(first, stop, step)``: every grid-th
+    from its id, or with ``PER_TILE`` (a grid of a program per tile) its own alone. That loop
+    of one trip folds away, and with the loop goes its hold on the schedule: a bf16 backward
+    row of 16384 held in 32 registers (sm_90) was read in two rounds, the second waiting on
+    the first, and is read in one without it."""
+    first = tl.program_id(0)
+    if PER_TILE:
+        stop = first + 1
+    else:
+        stop = n_tiles
+    return first, stop, 1 if PER_TILE else tl.num_programs(0)
 
 
 @_jit
@@ -361,12 +376,14 @@ def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
+    PER_TILE: tl.constexpr,
 ):
     # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
     # rather than held across the row's sum (see softmax_backward_tile).
     cols = tl.arange(0, BLOCK_N)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+    first, stop, step = _tile_items(n_tiles, PER_TILE)
+    for tile in tl.range(first, stop, step):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
@@ -510,6 +527,7 @@ def softmax_backward_tile(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
+    PER_TILE: tl.constexpr,
 ):
     # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
     # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
@@ -517,7 +535,8 @@ def softmax_backward_tile(
     # backward does this).
     cols = tl.arange(0, BLOCK_N)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+    first, stop, step = _tile_items(n_tiles, PER_TILE)
+    for tile in tl.range(first, stop, step):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)

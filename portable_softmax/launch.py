@@ -215,7 +215,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         else:
             constexprs["ACC_FP64"] = acc_fp64
             if config.regime == "tile":
-                constexprs["REREAD"] = config.reread
+                constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile)
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:

@@ -47,6 +47,8 @@ class KernelConfig:
     ticketed: bool = False
     # The tile kernels' REREAD: the inputs read twice rather than held.
     reread: bool = False
+    # The tile kernels' PER_TILE: a grid of a program per tile, so no loop over tiles.
+    per_tile: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -73,11 +75,12 @@ class LaunchPlan:
     align: int = 1
     ticketed: bool = False
     reread: bool = False
+    per_tile: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.ticketed, self.reread)
+                            self.align, self.ticketed, self.reread, self.per_tile)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -308,20 +311,26 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
             config = ticketed
     if not config.ticketed:
         kernel = _resources(resources, record, config, backward, input_bytes)
-    plan = _size(record, config, kernel, n_rows, rows_per_group, programs)
+    plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan is not None and config.num_stages > 1 and plan.items < tuning_for(record).split_pipeline_items * plan.programs:
         config = dataclasses.replace(config, num_stages=1)
         kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = _size(record, config, kernel, n_rows, rows_per_group, programs)
+        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align, input_bytes=input_bytes)
         kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, note="split path does not fit resident; ")
+        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward,
+                     note="split path does not fit resident; ")
     if (programs is None and plan.regime == "tile" and not plan.reread
             and plan.tiles > record.compute_units * plan.occupancy
             and wave_fill(record, plan) < tuning_for(record).tile_wave_fill):
         plan = _fuller_waves(record, plan, resources, n_rows, backward, input_bytes, rows_per_group)
+    if plan.regime == "tile" and plan.programs == plan.tiles:
+        # The same grid, compiled without the loop over tiles that a program of it never repeats.
+        config = dataclasses.replace(plan.config, per_tile=True)
+        kernel = _resources(resources, record, config, backward, input_bytes)
+        plan = dataclasses.replace(plan, per_tile=True, occupancy=get_backend(record.backend).occupancy(record, kernel))
     return plan
 
 
@@ -340,7 +349,7 @@ def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSou
         kernel = _resources(resources, record, config, backward, input_bytes)
         if kernel.spills > tuning_for(record).split_fit_max_spills:
             continue
-        found = _size(record, config, kernel, n_rows, rows_per_group, None)
+        found = _size(record, config, kernel, n_rows, rows_per_group, None, backward)
         if found is not None and wave_fill(record, found) > wave_fill(record, best) + WAVE_FILL_MARGIN:
             best = dataclasses.replace(found, reason=f"{found.reason}; waves {wave_fill(record, found):.2f} full")
     return best
@@ -362,7 +371,7 @@ def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResou
 
 
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
-          forced: Optional[int], note: str = "") -> Optional[LaunchPlan]:
+          forced: Optional[int], backward: bool, note: str = "") -> Optional[LaunchPlan]:
     tuning = tuning_for(record)
     occupancy = get_backend(record.backend).occupancy(record, kernel)
     tiles = _tiles(config, n_rows, rows_per_group)
@@ -392,7 +401,9 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         if config.num_stages > 1:
             reason += f"; pipelined, {config.num_stages} stages"
     else:
-        per_tile = config.regime == "tile" and occupancy >= tuning.tile_loop_occupancy
+        # Twice-read tiles always: torch.compile's backward runs them so, a program per row.
+        per_tile = config.regime == "tile" and (
+            occupancy >= tuning.tile_loop_occupancy[_direction(backward)] or config.reread)
         waves = tiles if per_tile else max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves)
         programs = min(tiles, waves, cap)
         if forced is not None:
@@ -409,4 +420,4 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.ticketed, config.reread)
+                      config.ticketed, config.reread, config.per_tile)

@@ -40,10 +40,11 @@ class Tuning:
             above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
-        tile_loop_occupancy: tile kernels that fit fewer programs per unit than this loop over
-            tiles on the ``tile_waves`` grid; at or above it the grid has a program per tile,
-            and the hardware starts a new one as each ends, overlapping one's loads with
-            another's reduction.
+        tile_loop_occupancy: per direction ("forward", "backward"): tile kernels that fit
+            fewer programs per unit than this loop over tiles on the ``tile_waves`` grid; at or
+            above it the grid has a program per tile, and the hardware starts a new one as each
+            ends, overlapping one's loads with another's reduction. Twice-read tiles always get
+            a program per tile.
         tile_wave_fill: a grid of a program per tile whose last wave of resident programs is
             filled less than this (tiles / (waves x resident)) looks for one that fills it
             better: a register cap that makes room for every tile at once, or tiles of 2 or 4
@@ -94,7 +95,7 @@ class Tuning:
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
     tile_waves: int = 4
-    tile_loop_occupancy: int = 4
+    tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: {"forward": 4, "backward": 4})
     tile_wave_fill: float = 0.0
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
@@ -112,6 +113,11 @@ class Tuning:
 
 _DEFAULT = Tuning()
 
+# A program per tile from 3 programs per unit forward and 2 backward, measured on the H200 only
+# (NOTES v12): rows of 8192 gain 0.04-0.10 of copy in both dtypes and directions; the bf16 forward
+# of 16384, 2 programs per unit, reads 0.90 per tile against 0.92 on the looping grid.
+_CUDA_TILE_LOOP = {"forward": 3, "backward": 2}
+
 # Rows of 16384 read twice where a column reads 4 bytes, measured on the H200 only (NOTES v10):
 # fp32 forward 0.90 -> 0.95 of copy, bf16 backward 0.99 -> 1.02 (fp16, the same bytes, not
 # measured). Elsewhere twice-read tiles were level or lower: bf16 forward (twice the
@@ -122,12 +128,12 @@ TUNING: dict[tuple[str, str], Tuning] = {
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
     # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
     ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
-                           tile_wave_fill=0.85),
+                           tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP),
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.
     ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
-                          tile_loop_occupancy=2**31 - 1),
+                          tile_loop_occupancy={"forward": 2**31 - 1, "backward": 2**31 - 1}),
     # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
     ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
                                   max_warps=1, max_programs=4, tile_waves=1),

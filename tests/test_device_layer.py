@@ -76,12 +76,14 @@ def test_plan_stays_within_what_the_chip_holds(name, rows, cols, backward):
     elif plan.regime == "tile":
         assert plan.block_n >= cols
         # Tile programs never wait on each other: a grid of few resident programs per unit loops
-        # over a few waves of tiles; one of many gets a program per tile.
+        # over a few waves of tiles; one of many, or of twice-read tiles, gets a program per tile,
+        # and is compiled without the loop over tiles.
         tuning = tuning_for(record)
-        if plan.occupancy >= tuning.tile_loop_occupancy:
+        if plan.occupancy >= tuning.tile_loop_occupancy["backward" if backward else "forward"] or plan.reread:
             assert plan.programs == plan.tiles
         else:
             assert plan.programs <= record.compute_units * max(plan.occupancy, 1) * tuning.tile_waves
+        assert plan.per_tile == (plan.programs == plan.tiles)
     else:
         assert plan.regime == "loop"
     if record.backend == "npu":

@@ -410,6 +410,33 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     _check(out[finite], fn(x, -1)[finite], expected[finite], dtype)
 
 
+@pytest.mark.parametrize("per_tile", [True, False], ids=["per_tile", "looping"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, per_tile, log):
+    """A grid of a program per tile runs the tile kernels compiled without their loop over tiles
+    (``PER_TILE``), a looping grid the kernels with it: both directions, poisoned outputs, an odd
+    width."""
+    key = (ps.device_info(device)["backend"], "*")
+    threshold = 1 if per_tile else 2**31 - 1
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
+        tuning.TUNING[key], tile_loop_occupancy={"forward": threshold, "backward": threshold}, tile_waves=1,
+        reread_cols={}))
+    # The interpreter's grid holds 4 programs: a program per tile there needs 4 tiles or fewer.
+    rows = 3 if per_tile and device == "cpu" else 20000 if device != "cpu" else 1823
+    x = torch.randn(rows, 781, device=device) * 3
+    y = torch.full_like(x, float("nan"))
+    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    assert plan.regime == "tile" and plan.per_tile == per_tile and (plan.programs < plan.tiles) != per_tile
+    fn = torch.log_softmax if log else torch.softmax
+    _check(y, fn(x, -1), fn(x.double(), -1), torch.float32)
+    dy = torch.randn_like(x)
+    dx = torch.full_like(x, float("nan"))
+    plan = launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), log)
+    assert plan.regime == "tile" and plan.per_tile == per_tile
+    theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    _check(dx, theirs(dy, y, -1, torch.float32), theirs(dy.double(), y.double(), -1, torch.float64), torch.float32)
+
+
 @pytest.mark.parametrize("case", ["wider_rows", "dtype_float32", "three_dims"])
 def test_split_windows_over_views_and_casts(device, monkeypatch, case):
     """Windows where the tensors differ: x a view whose rows are 8 elements wider than y's
@@ -453,9 +480,9 @@ def test_cpu_launch_leaves_gpu_compilation_working():
                  "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
                  "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
                  "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "REREAD": "constexpr"}
+                 "ACC_FP64": "constexpr", "REREAD": "constexpr", "PER_TILE": "constexpr"}
     constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "REREAD": False}
+                  "REREAD": False, "PER_TILE": True}
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm
