@@ -119,17 +119,17 @@ def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
 
 @_jit
 def _tile_items(n_tiles, PER_TILE: tl.constexpr):
-    """The tiles a tile-kernel program takes, as ``tl.range(first, stop, step)``: every grid-th
-    from its id, or with ``PER_TILE`` (a grid of a program per tile) its own alone. That loop
-    of one trip folds away, and with the loop goes its hold on the schedule: a bf16 backward
-    row of 16384 held in 32 registers (sm_90) was read in two rounds, the second waiting on
-    the first, and is read in one without it."""
-    first = tl.program_id(0)
+    """The tiles a tile-kernel program takes: ``offset + i`` for ``i`` in ``tl.range(start, stop,
+    step)``; every grid-th tile from the program's id, or with ``PER_TILE`` (a grid of a program
+    per tile) its own alone. That loop has constant bounds, one trip, and folds away before
+    Triton places its barriers and ptxas its loads: inside a loop, a bf16 backward row of 16384
+    in 32 registers (sm_90) was read in two rounds, the second waiting on the first, and its
+    sum waited at a barrier that guards the shared memory of a previous trip."""
     if PER_TILE:
-        stop = first + 1
+        start, stop, step, offset = 0, 1, 1, tl.program_id(0)
     else:
-        stop = n_tiles
-    return first, stop, 1 if PER_TILE else tl.num_programs(0)
+        start, stop, step, offset = tl.program_id(0), n_tiles, tl.num_programs(0), 0
+    return start, stop, step, offset
 
 
 @_jit
@@ -382,8 +382,9 @@ def softmax_forward_tile(
     # rather than held across the row's sum (see softmax_backward_tile).
     cols = tl.arange(0, BLOCK_N)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
-    first, stop, step = _tile_items(n_tiles, PER_TILE)
-    for tile in tl.range(first, stop, step):
+    start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
+    for item in tl.range(start, stop, step):
+        tile = offset + item
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
@@ -535,8 +536,9 @@ def softmax_backward_tile(
     # backward does this).
     cols = tl.arange(0, BLOCK_N)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
-    first, stop, step = _tile_items(n_tiles, PER_TILE)
-    for tile in tl.range(first, stop, step):
+    start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
+    for item in tl.range(start, stop, step):
+        tile = offset + item
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
