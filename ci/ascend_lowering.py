@@ -127,12 +127,15 @@ def main(argv=None):
     all_stages = None
     for name, shapes in PLANS.items():
         fn = getattr(kernels, name)
-        for block_m, block_n in shapes:
+        # Tile grids loop over tiles, or (as many tiles as vector cores or fewer) give each a program.
+        per_tile_forms = (False, True) if name.endswith("_tile") else (None,)
+        for (block_m, block_n), per_tile in ((shape, form) for shape in shapes for form in per_tile_forms):
             for log in (False, True):
                 for dtype in DTYPES:
                     constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False}
-                    if name.endswith("_tile"):
+                    if per_tile is not None:
                         constexprs["REREAD"] = False  # Ascend's tuning never rereads
+                        constexprs["PER_TILE"] = per_tile
                     t0 = time.perf_counter()
                     try:
                         reached, sizes, linalg, all_stages = lower(backend, fn, dtype, constexprs, options, out_dir)
@@ -145,7 +148,8 @@ def main(argv=None):
                     except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
                         ok, reached, sizes, mix, status = False, [], {}, "", f"FAIL: {e}"
                     failures += not ok
-                    rows.append((name, dtype, f"M={block_m} N={block_n} LOG={int(log)}",
+                    form = "" if per_tile is None else f" PER_TILE={int(per_tile)}"
+                    rows.append((name, dtype, f"M={block_m} N={block_n} LOG={int(log)}{form}",
                                  "->".join(reached) or "-", sizes.get("ttadapter", 0), mix,
                                  round((time.perf_counter() - t0) * 1000), status))
 

@@ -40,8 +40,22 @@ class _InterpretedLanguage(types.ModuleType):
         self._interpreted = interpreted
 
     def __getattr__(self, name: str) -> Any:
+        if name == "range":
+            return _range
         found = self.__dict__["_interpreted"].get(name)
         return found if found is not None else getattr(_tl, name)
+
+
+def _bound(value: Any) -> Any:
+    """A loop bound as a Python int: the interpreter holds scalars as one-element arrays, which
+    NumPy 2.4 no longer converts with ``int()`` (Triton 3.6's interpreter range does that)."""
+    handle = getattr(value, "handle", None)
+    data = getattr(handle, "data", None)
+    return int(data.reshape(-1)[0]) if data is not None else value
+
+
+def _range(*bounds: Any, **options: Any) -> Any:
+    return _tl.range(*(_bound(b) for b in bounds), **options)
 
 
 @functools.lru_cache(maxsize=None)
