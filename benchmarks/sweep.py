@@ -18,11 +18,6 @@ if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
 
 
-def _both(programs: int) -> dict[str, int]:
-    """A ``Tuning.tile_loop_occupancy`` of ``programs`` in both directions."""
-    return {"forward": programs, "backward": programs}
-
-
 VARIANTS = {
     "base": {},
     "nofit": dict(split_fit_bytes=0),
@@ -40,7 +35,7 @@ VARIANTS = {
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),
-    "tile_loop_all": dict(tile_loop_occupancy=_both(1 << 20)),
+    "tile_loop_all": dict(tile_loop_occupancy=tuning.both_directions(1 << 20)),
     "fit80k": dict(split_fit_bytes=81920),
     "noticket": dict(split_tickets=frozenset()),
     "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
@@ -61,11 +56,11 @@ VARIANTS = {
     "fill8": dict(split_fill_per_unit=8),
     "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
     # v11: a program per tile (tile or twice-read) at any occupancy, as Inductor's grids are.
-    "pt_all": dict(tile_loop_occupancy=_both(1)),
-    "pt2": dict(tile_loop_occupancy=_both(2)),
-    "pt3": dict(tile_loop_occupancy=_both(3)),
-    "pt4": dict(tile_loop_occupancy=_both(4)),
-    "rr_b4k_pt": dict(tile_loop_occupancy=_both(1), reread_cols={("forward", 4): (16384, 16384),
+    "pt_all": dict(tile_loop_occupancy=tuning.both_directions(1)),
+    "pt2": dict(tile_loop_occupancy=tuning.both_directions(2)),
+    "pt3": dict(tile_loop_occupancy=tuning.both_directions(3)),
+    "pt4": dict(tile_loop_occupancy=tuning.both_directions(4)),
+    "rr_b4k_pt": dict(tile_loop_occupancy=tuning.both_directions(1), reread_cols={("forward", 4): (16384, 16384),
                                                           ("backward", 4): (4096, 32768)}),
     "rr_b4k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (4096, 32768)}),
     "e32": dict(split_elements_per_thread=32),

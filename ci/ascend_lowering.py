@@ -19,6 +19,7 @@ Exits non-zero if any lowering fails; ``--out`` keeps every ``.ttir`` / ``.ttada
 """
 import argparse
 import importlib.util
+import itertools
 import re
 import subprocess
 import sys
@@ -129,7 +130,7 @@ def main(argv=None):
         fn = getattr(kernels, name)
         # Tile grids loop over tiles, or (as many tiles as vector cores or fewer) give each a program.
         per_tile_forms = (False, True) if name.endswith("_tile") else (None,)
-        for (block_m, block_n), per_tile in ((shape, form) for shape in shapes for form in per_tile_forms):
+        for (block_m, block_n), per_tile in itertools.product(shapes, per_tile_forms):
             for log in (False, True):
                 for dtype in DTYPES:
                     constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False}

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field, replace
 from portable_softmax.record import DeviceRecord
 
 
+def both_directions(value: int) -> dict[str, int]:
+    """A per-direction setting with one value for "forward" and "backward"."""
+    return {"forward": value, "backward": value}
+
+
 @dataclass(frozen=True)
 class Tuning:
     """Attributes:
@@ -95,7 +100,7 @@ class Tuning:
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
     tile_waves: int = 4
-    tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: {"forward": 4, "backward": 4})
+    tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: both_directions(4))
     tile_wave_fill: float = 0.0
     loop_chunk: int = 4096
     max_programs: int = 2**31 - 1
@@ -133,7 +138,7 @@ TUNING: dict[tuple[str, str], Tuning] = {
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.
     ("npu", "*"): replace(_DEFAULT, tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
-                          tile_loop_occupancy={"forward": 2**31 - 1, "backward": 2**31 - 1}),
+                          tile_loop_occupancy=both_directions(2**31 - 1)),
     # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
     ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
                                   max_warps=1, max_programs=4, tile_waves=1),

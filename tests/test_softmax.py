@@ -419,7 +419,7 @@ def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, pe
     key = (ps.device_info(device)["backend"], "*")
     threshold = 1 if per_tile else 2**31 - 1
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
-        tuning.TUNING[key], tile_loop_occupancy={"forward": threshold, "backward": threshold}, tile_waves=1,
+        tuning.TUNING[key], tile_loop_occupancy=tuning.both_directions(threshold), tile_waves=1,
         reread_cols={}))
     # The interpreter's grid holds 4 programs: a program per tile there needs 4 tiles or fewer.
     rows = 3 if per_tile and device == "cpu" else 20000 if device != "cpu" else 1823
