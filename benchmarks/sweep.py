@@ -2,8 +2,10 @@
 fraction of x.clone() bandwidth on the shapes that matter, in one run (METHOD.md: one call, many
 variants). The copy is timed before and after a shape's variants and the faster kept, as ``bench``
 does: a first copy into freshly allocated memory runs slow. Usage: python3 benchmarks/sweep.py
-[bfloat16,float32] [variant,...]"""
+[bfloat16,float32] [variant,...]; ``SWEEP_KERNELS=path`` runs the kernels of that file (a probe's
+variant of kernels.py) instead of the library's."""
 import dataclasses
+import importlib.util
 import os
 import sys
 
@@ -16,6 +18,11 @@ SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 2621
           (4096, 151936), (32, 128256), (1, 128256)]
 if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
+
+
+def _widths(low: int, high: int) -> frozenset:
+    """The power-of-two row widths from low to high (``Tuning.reread_cols``)."""
+    return frozenset(1 << k for k in range(low.bit_length() - 1, high.bit_length()))
 
 
 VARIANTS = {
@@ -54,23 +61,23 @@ VARIANTS = {
     "tile4k_e64": dict(tile_elements=4096, elements_per_thread=64),
     "fill4": dict(split_fill_per_unit=4),
     "fill8": dict(split_fill_per_unit=8),
-    "rr_all16k": dict(reread_cols={(d, b): (16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
+    "rr_all16k": dict(reread_cols={(d, b): _widths(16384, 16384) for d in ("forward", "backward") for b in (2, 4, 8)}),
     # v11: a program per tile (tile or twice-read) at any occupancy, as Inductor's grids are.
     "pt_all": dict(tile_loop_occupancy=tuning.both_directions(1)),
     "pt2": dict(tile_loop_occupancy=tuning.both_directions(2)),
     "pt3": dict(tile_loop_occupancy=tuning.both_directions(3)),
     "pt4": dict(tile_loop_occupancy=tuning.both_directions(4)),
-    "rr_b4k_pt": dict(tile_loop_occupancy=tuning.both_directions(1), reread_cols={("forward", 4): (16384, 16384),
-                                                          ("backward", 4): (4096, 32768)}),
-    "rr_b4k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (4096, 32768)}),
+    "rr_b4k_pt": dict(tile_loop_occupancy=tuning.both_directions(1),
+                      reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(4096, 32768)}),
+    "rr_b4k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(4096, 32768)}),
     "e32": dict(split_elements_per_thread=32),
     "c16k_e128": dict(split_chunk=16384, split_elements_per_thread=128),
     "ppu3": dict(split_programs_per_unit=3),
     "ppu4": dict(split_programs_per_unit=4),
     "pipe_s2": dict(split_stages=2),
     # v12: twice-read bf16 backward rows (a program per row, no loop over tiles) over wider ranges.
-    "rr_b8k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (8192, 32768)}),
-    "rr_b16k32k": dict(reread_cols={("forward", 4): (16384, 16384), ("backward", 4): (16384, 32768)}),
+    "rr_b8k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(8192, 32768)}),
+    "rr_b16k32k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(16384, 32768)}),
 }
 
 
@@ -83,7 +90,16 @@ def _marks(plan) -> str:
     return "".join(f" {mark}" for mark in ("reread", "per_tile") if getattr(plan, mark, False))
 
 
+def _use_kernels(path: str) -> None:
+    spec = importlib.util.spec_from_file_location("portable_softmax_sweep_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    launch._kernel_module = lambda backend: module
+
+
 def main():
+    if os.environ.get("SWEEP_KERNELS"):
+        _use_kernels(os.environ["SWEEP_KERNELS"])
     dtypes = [getattr(torch, d) for d in (sys.argv[1] if len(sys.argv) > 1 else "bfloat16,float32").split(",")]
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(VARIANTS)
     backend = device.device_record("cuda").backend

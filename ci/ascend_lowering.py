@@ -135,8 +135,8 @@ def main(argv=None):
                 for dtype in DTYPES:
                     constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False}
                     if per_tile is not None:
-                        constexprs["REREAD"] = False  # Ascend's tuning never rereads
-                        constexprs["PER_TILE"] = per_tile
+                        # Ascend's tuning never rereads, and only twice-read tiles are dense.
+                        constexprs.update(REREAD=False, PER_TILE=per_tile, DENSE=False)
                     t0 = time.perf_counter()
                     try:
                         reached, sizes, linalg, all_stages = lower(backend, fn, dtype, constexprs, options, out_dir)

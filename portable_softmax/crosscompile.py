@@ -188,6 +188,11 @@ class Case:
         return input_bytes_per_column(DTYPE_BYTES[self.dtype], self.backward)
 
     @property
+    def narrow(self) -> bool:
+        # As RowView.narrow: every offset fits in int32.
+        return self.rows * self.cols <= 2**31
+
+    @property
     def plan_dtype(self) -> str:
         # What launch.py plans with: only float64 accumulation changes the plan.
         return "float64" if self.dtype == "float64" else "float32"
@@ -232,7 +237,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
         if config.regime == "tile":
-            constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile)
+            constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
     for value in (*counts, *(0, row_stride, 1) * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
@@ -243,16 +248,19 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     """The configurations a launch of ``case`` may use: the plan's, its ticketed form where the
     tuning table allows one in its direction (the plan picks between them from the compiled
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
-    get too few items), its no-split fallback, and for tiles the taller ones that may fill the
-    waves better (``Tuning.tile_wave_fill``), each also in its form for a program per tile."""
+    get too few items), its no-split fallback, for tiles the taller ones that may fill the waves
+    better (``Tuning.tile_wave_fill``) and the masked form of a dense one (a call with other strides
+    or groups takes it), each also in its form for a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
-                  input_bytes=case.input_bytes)
+                  input_bytes=case.input_bytes, narrow=case.narrow)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
         for factor in TALLER_TILES:
             if primary.block_m * factor <= next_power_of_2(case.rows):
                 found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
+    if primary.dense:
+        found.append(("masked", dataclasses.replace(primary, dense=False)))
     if primary.regime == "tile":
         found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":

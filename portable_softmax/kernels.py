@@ -10,7 +10,9 @@ without a transposing copy. A *tile* is ``BLOCK_M`` adjacent rows of one group.
 Three ways to hold a row, chosen by the launch planner (``planner.py``):
 
 * ``*_tile``: each program keeps a whole tile in registers: one read, one write. A program takes
-  one tile (``PER_TILE``) or loops over tiles. Used whenever a row fits a program.
+  one tile (``PER_TILE``) or loops over tiles. Used whenever a row fits a program. Rows may be read
+  twice instead (``REREAD``): the second read finds them in L2. ``DENSE``: one group of rows, each
+  as wide as the block, with int32 offsets: no group division and no masks (torch.compile's form).
 * ``*_split``: a row is cut into ``CHUNKS`` chunks held by ``CHUNKS`` programs at once; they trade
   partial results through a small global scratch and then write what they hold: still one read,
   one write, for rows far larger than a program's registers. Waiting on a peer is only safe when
@@ -58,17 +60,37 @@ CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
 @_jit
-def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr):
-    """The group of ``tile`` and the in-group indices of its rows, with their validity mask."""
-    outer = tile // tiles_per_outer
+def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DENSE: tl.constexpr):
+    """The group of ``tile`` and the in-group indices of its rows, with their validity mask.
+    ``DENSE`` (one group): the group is 0, with no division."""
+    if DENSE:
+        outer = tile * 0
+    else:
+        outer = tile // tiles_per_outer
     rows = (tile - outer * tiles_per_outer) * BLOCK_M + tl.arange(0, BLOCK_M)
     return tl.cast(outer, tl.int64), rows, rows < rows_per_outer
 
 
 @_jit
-def _row_starts(outer, rows, outer_stride, row_stride):
-    """The element offset of each row's first element."""
-    return outer * outer_stride + rows.to(tl.int64) * row_stride
+def _row_starts(outer, rows, outer_stride, row_stride, DENSE: tl.constexpr):
+    """The element offset of each row's first element: 64-bit, or with ``DENSE`` (one group,
+    every offset of the tensor below 2**31) 32-bit."""
+    if DENSE:
+        start = rows * row_stride
+    else:
+        start = outer * outer_stride + rows.to(tl.int64) * row_stride
+    return start
+
+
+@_jit
+def _tile_mask(row_mask, cols, n_cols, BLOCK_N: tl.constexpr, DENSE: tl.constexpr):
+    """Which elements of a tile ([BLOCK_M or 1, BLOCK_N]) exist. With ``DENSE`` (rows as long as
+    the block, as many as the tiles hold) all: a constant, which Triton drops with the masks."""
+    if DENSE:
+        mask = cols < BLOCK_N
+    else:
+        mask = row_mask[:, None] & (cols < n_cols)
+    return mask
 
 
 @_jit
@@ -78,7 +100,7 @@ def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.c
     # The grid is a multiple of CHUNKS, so the CHUNKS programs of a tile run in one wave.
     tile = item // CHUNKS
     chunk = item - tile * CHUNKS
-    outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+    outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
     return tile, chunk, outer, rows, row_mask, (chunk * BLOCK_N + chunk_cols)[None, :]
 
 
@@ -159,7 +181,7 @@ def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
 def _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride, ALIGN: tl.constexpr):
     """For the tensor whose strides are given (its rows fix the offsets of every tensor's): where
     each row's window starts, the row's first column in it (int32), and ``_chunk_mask``."""
-    row = _row_starts(outer, rows, outer_stride, row_stride)
+    row = _row_starts(outer, rows, outer_stride, row_stride, False)
     base = _window_start(row, ALIGN)
     lead = (row - base).to(tl.int32)
     return base, lead, _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
@@ -321,7 +343,7 @@ _gathered_row_called = _jit_call(_gather_row)
 @_jit
 def _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
     """The first slot of each row of ``tile`` ([BLOCK_M]), and which rows exist."""
-    _, _, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+    _, _, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
     return _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS), row_mask
 
 
@@ -376,7 +398,7 @@ def softmax_forward_tile(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    PER_TILE: tl.constexpr,
+    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
 ):
     # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
     # rather than held across the row's sum (see softmax_backward_tile).
@@ -385,10 +407,10 @@ def softmax_forward_tile(
     start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
     for item in tl.range(start, stop, step):
         tile = offset + item
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        mask = row_mask[:, None] & (cols < n_cols)
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, DENSE)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
+        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
         row_max = tl.max(x, 1)
@@ -418,7 +440,7 @@ def softmax_forward_split(
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
-        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride), ALIGN)
+        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride, False), ALIGN)
         if STAGES > 1:
             # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
             # the load's would be carried.
@@ -464,9 +486,9 @@ def softmax_forward_loop(
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
         if ACC_FP64:
             row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
             total = tl.zeros([BLOCK_M], tl.float64)
@@ -528,7 +550,7 @@ def softmax_backward_tile(
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    PER_TILE: tl.constexpr,
+    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
 ):
     # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
     # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
@@ -539,11 +561,11 @@ def softmax_backward_tile(
     start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
     for item in tl.range(start, stop, step):
         tile = offset + item
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
-        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
-        mask = row_mask[:, None] & (cols < n_cols)
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, DENSE)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, DENSE)
+        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
@@ -569,8 +591,8 @@ def softmax_backward_split(
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
-        dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride), ALIGN)
-        dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride), ALIGN)
+        dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride, False), ALIGN)
+        dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), ALIGN)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
         cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
@@ -608,10 +630,10 @@ def softmax_backward_loop(
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride)
-        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride)
-        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride)
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, False)
         if ACC_FP64:
             row_sum = tl.zeros([BLOCK_M], tl.float64)
         else:

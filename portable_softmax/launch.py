@@ -44,6 +44,13 @@ class RowView:
     def n_rows(self) -> int:
         return self.n_outer * self.rows_per_outer
 
+    @property
+    def narrow(self) -> bool:
+        """Whether every element offset of every tensor fits in int32."""
+        counts = (self.n_outer, self.rows_per_outer, self.n_cols)
+        return all(sum((count - 1) * abs(stride) for count, stride in zip(counts, triple)) < 2**31
+                   for triple in self.strides)
+
 
 def _kernel_module(backend: Backend) -> Any:
     if backend.interpreted:
@@ -215,7 +222,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         else:
             constexprs["ACC_FP64"] = acc_fp64
             if config.regime == "tile":
-                constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile)
+                constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
@@ -255,7 +262,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
 
     plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split, align=align, input_bytes=input_bytes)
+                       allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow)
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None

@@ -77,11 +77,11 @@ class Tuning:
         split_pipeline_items: the fewest items per program, on average, that a pipelined grid
             takes; below it (few-row shapes) the pipeline's buffers only cost occupancy.
         reread_cols: per (direction, bytes a column reads: x's element size forward, y's plus
-            dy's backward), the (shortest, longest) rows, by power-of-two width, that a program
-            reads twice where there are rows enough to fill the chip: y and dy (x forward) for
-            the row's sum, then again (from L2) for the output, as torch.compile's backward
-            does, rather than holding them across the sum or splitting the row. The forward
-            computes its exponentials twice. Off where absent.
+            dy's backward), the power-of-two row widths that a program reads twice where there
+            are rows enough to fill the chip: y and dy (x forward) for the row's sum, then again
+            (from L2) for the output, as torch.compile's backward does, rather than holding them
+            across the sum or splitting the row. The forward computes its exponentials twice.
+            Off where absent.
         reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
         max_program_threads: the most threads a program may have.
     """
@@ -111,7 +111,7 @@ class Tuning:
     split_pipelined: frozenset[str] = frozenset()
     split_stages: int = 3
     split_pipeline_items: int = 2
-    reread_cols: Mapping[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    reread_cols: Mapping[tuple[str, int], frozenset[int]] = field(default_factory=dict)
     reread_elements_per_thread: int = 8
     max_program_threads: int = 1024
 
@@ -123,11 +123,13 @@ _DEFAULT = Tuning()
 # of 16384, 2 programs per unit, reads 0.90 per tile against 0.92 on the looping grid.
 _CUDA_TILE_LOOP = {"forward": 3, "backward": 2}
 
-# Rows of 16384 read twice where a column reads 4 bytes, measured on the H200 only (NOTES v10):
+# Rows read twice where a column reads 4 bytes, measured on the H200 only: of 16384 (NOTES v10),
 # fp32 forward 0.90 -> 0.95 of copy, bf16 backward 0.99 -> 1.02 (fp16, the same bytes, not
-# measured). Elsewhere twice-read tiles were level or lower: bf16 forward (twice the
-# exponentials) 0.69-0.84, fp32 backward of 16384-32768 0.87-0.96.
-_CUDA_REREAD = {("forward", 4): (16384, 16384), ("backward", 4): (16384, 16384)}
+# measured); in the kernels' dense form (NOTES v13), bf16 backward of 4096 1.02 -> 1.05 and of
+# 32768 0.97 -> 1.03, where rows of 8192 read 1.01 against 1.02-1.03 held. Elsewhere twice-read
+# tiles were level or lower: bf16 forward (twice the exponentials) 0.69-0.84, fp32 backward of
+# 16384-32768 0.87-0.96.
+_CUDA_REREAD = {("forward", 4): frozenset({16384}), ("backward", 4): frozenset({4096, 16384, 32768})}
 
 TUNING: dict[tuple[str, str], Tuning] = {
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows

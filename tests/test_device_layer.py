@@ -252,6 +252,23 @@ def test_twice_read_tiles_where_the_tuning_table_names_them():
     assert not plan_launch(record, 16384, 32768, "float32").reread
     assert plan_launch(record, 64, 16384, "float32").regime == "split"
     assert not plan_launch(profile_record("mi300x"), 16384, 16384, "float32").reread
+    # The 16-bit backward of 4096 and 32768 too, but not of 8192 (held tiles read faster there).
+    assert plan_launch(record, 32768, 4096, "float32", backward=True, input_bytes=4).reread
+    assert plan_launch(record, 16384, 32768, "float32", backward=True, input_bytes=4).reread
+    assert not plan_launch(record, 16384, 8192, "float32", backward=True, input_bytes=4).reread
+
+
+def test_twice_read_tiles_are_dense_where_the_call_allows():
+    """H100, 16-bit backward of 32768: the kernels' DENSE form (int32 offsets, no masks, no group
+    division) only for one group of rows as wide as the block whose offsets fit in int32."""
+    record = profile_record("h100")
+    common = dict(backward=True, input_bytes=4)
+    dense = plan_launch(record, 16384, 32768, "float32", narrow=True, **common)
+    assert dense.reread and dense.dense and dense.per_tile and "dense" in dense.reason
+    assert not plan_launch(record, 16384, 32768, "float32", **common).dense  # offsets beyond int32
+    assert not plan_launch(record, 16384, 30000, "float32", narrow=True, **common).dense  # masked columns
+    assert not plan_launch(record, 16384, 32768, "float32", narrow=True, rows_per_group=4096, **common).dense
+    assert not plan_launch(record, 16384, 8192, "float32", narrow=True).dense  # held, not twice-read
 
 
 def test_tile_grids_fill_their_waves_where_the_tuning_table_asks():

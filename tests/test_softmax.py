@@ -377,12 +377,15 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided_cols", "two_groups"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided_cols", "two_groups", "dense",
+                                    "dense_transposed"])
 def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     """The tile kernels that read their inputs twice (``Tuning.reread_cols``): every element of
-    a poisoned output, odd widths, strided and grouped views, -inf."""
+    a poisoned output, odd widths, strided and grouped views, -inf; and their ``DENSE`` form, for
+    one group of rows as wide as the block (contiguous or with strided columns)."""
     key = (ps.device_info(device)["backend"], "*")
-    everywhere = {(direction, size): (1, 1 << 20) for direction in ("forward", "backward") for size in (2, 4, 8)}
+    everywhere = {(direction, size): frozenset(1 << k for k in range(21)) for direction in ("forward", "backward")
+                  for size in (2, 4, 8)}
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], reread_cols=everywhere))
     x = torch.randn(24, 781, device=device) * 3
     if layout == "transposed":
@@ -391,19 +394,24 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
         x = torch.randn(24, 2343, device=device)[:, ::3] * 3
     elif layout == "two_groups":
         x = torch.randn(4, 781, 6, device=device).transpose(1, 2) * 3
+    elif layout == "dense":
+        x = torch.randn(24, 1024, device=device) * 3
+    elif layout == "dense_transposed":
+        x = torch.randn(1024, 24, device=device).t() * 3
     fn = torch.log_softmax if log else torch.softmax
     y = fn(x.double(), -1).to(dtype)
     dy = torch.randn(x.shape, device=device).to(dtype)
     dx = torch.full(x.shape, float("nan"), device=device, dtype=dtype)
     plan = launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), x.dim() - 1, y, dy, dx), log)
-    assert plan.regime == "tile" and plan.reread and plan.block_n == 1024
+    dense = layout.startswith("dense")
+    assert plan.regime == "tile" and plan.reread and plan.block_n == 1024 and plan.dense == dense
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     _check(dx, theirs(dy, y, -1, dtype), theirs(dy.double(), y.double(), -1, torch.float64), dtype)
     x = x.to(dtype)
     x[(0,) * (x.dim() - 1)][:5] = -float("inf")
     out = torch.full(x.shape, float("nan"), device=device, dtype=dtype)
     plan = launch.run_forward(x, out, ops.row_view(tuple(x.shape), x.dim() - 1, x, out), log)
-    assert plan.regime == "tile" and plan.reread
+    assert plan.regime == "tile" and plan.reread and plan.dense == dense
     expected = fn(x.double(), -1)
     assert torch.equal(out.isinf(), expected.isinf()) and not out.isnan().any()
     finite = expected.isfinite()
@@ -480,9 +488,9 @@ def test_cpu_launch_leaves_gpu_compilation_working():
                  "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
                  "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
                  "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "REREAD": "constexpr", "PER_TILE": "constexpr"}
+                 "ACC_FP64": "constexpr", "REREAD": "constexpr", "PER_TILE": "constexpr", "DENSE": "constexpr"}
     constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "REREAD": False, "PER_TILE": True}
+                  "REREAD": False, "PER_TILE": True, "DENSE": False}
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm

@@ -13,6 +13,10 @@ only; most give wrong outputs), each run through the library's own planner and l
 * ``softexp``: every exponential of the split forward from a degree-4 polynomial on the FMA pipe
   (2^f on [-0.5, 0.5], 2.7e-6 relative) instead of MUFU: right outputs, other pipe.
 * ``halfexp``: half of the chunk's columns (one of each pair) from the polynomial, half from MUFU.
+* cache hints (v13), joined by ``_`` (``yef_xef``): ``yef`` / ``ycs`` store every output with
+  ``eviction_policy="evict_first"`` / ``cache_modifier=".cs"`` (streaming); ``xef`` reads the split
+  forward's input with ``evict_first``; ``xcg`` reads every input with ``cache_modifier=".cg"`` (L2
+  only, not L1). Right outputs.
 
 Usage: python3 benchmarks/probes/split_costs.py [variant,...] [bfloat16,float32]
 (``SWEEP_SHAPES`` as sweep.py reads it).
@@ -37,6 +41,9 @@ WAIT = ("    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:\n"
         "        v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)\n")
 EXCHANGE = ("        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, "
             "STAGES)\n")
+STORE = "    tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)\n"
+LOAD = "    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT)"
+SPLIT_LOAD = "x = _load(x_ptr, x_base, cols, x_col_stride, mask, "
 SOFT = '''
 
 @_jit
@@ -75,6 +82,20 @@ def variant_source(name: str) -> str:
         call = "_exp2_soft(z * LOG2E)" if name == "softexp" else "_exp2_half(z * LOG2E, BLOCK_N)"
         text = text.replace(SPLIT_EXP, SPLIT_EXP.replace("tl.exp2(z * LOG2E)", call))
         text = text.replace("\n\n@_jit\ndef _tile_rows(", SOFT + "\n\n@_jit\ndef _tile_rows(", 1)
+    if "yef" in name or "ycs" in name:
+        assert text.count(STORE) == 1
+        hint = 'eviction_policy="evict_first"' if "yef" in name else 'cache_modifier=".cs"'
+        text = text.replace(STORE, STORE.replace("mask=mask)", f"mask=mask, {hint})"))
+    if "xef" in name:
+        lines = text.split("\n")
+        split_loads = [i for i, line in enumerate(lines) if SPLIT_LOAD in line and line.endswith('False, "")')]
+        assert len(split_loads) == 2
+        for i in split_loads:
+            lines[i] = lines[i].replace('False, "")', 'False, "evict_first")')
+        text = "\n".join(lines)
+    if "xcg" in name:
+        assert text.count(LOAD) == 1
+        text = text.replace(LOAD, LOAD.replace("eviction_policy=EVICT)", 'eviction_policy=EVICT, cache_modifier=".cg")'))
     return text
 
 
