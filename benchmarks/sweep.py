@@ -77,6 +77,9 @@ VARIANTS = {
     "pipe_s2": dict(split_stages=2),
     # v12: twice-read bf16 backward rows (a program per row, no loop over tiles) over wider ranges.
     "rr_b8k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(8192, 32768)}),
+    # v13: held tiles in the kernels' dense form too, per direction.
+    "dense_bwd": dict(dense_tiles=frozenset({"backward"})),
+    "dense_both": dict(dense_tiles=frozenset({"forward", "backward"})),
     "rr_b16k32k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(16384, 32768)}),
 }
 

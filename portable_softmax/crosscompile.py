@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
-from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align,
+from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, dense_form,
                                       input_bytes_per_column, next_power_of_2, plan_launch, select_config)
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -249,18 +249,18 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     tuning table allows one in its direction (the plan picks between them from the compiled
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
     get too few items), its no-split fallback, for tiles the taller ones that may fill the waves
-    better (``Tuning.tile_wave_fill``) and the masked form of a dense one (a call with other strides
-    or groups takes it), each also in its form for a program per tile."""
+    better (``Tuning.tile_wave_fill``), and the dense form of each tile that the plan would take
+    (``planner.dense_form``), each also in its form for a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
-                  input_bytes=case.input_bytes, narrow=case.narrow)
+                  input_bytes=case.input_bytes)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
         for factor in TALLER_TILES:
             if primary.block_m * factor <= next_power_of_2(case.rows):
                 found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
-    if primary.dense:
-        found.append(("masked", dataclasses.replace(primary, dense=False)))
+    found += [(f"{role}, dense", dataclasses.replace(config, dense=True)) for role, config in found
+              if dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
     if primary.regime == "tile":
         found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":
@@ -707,7 +707,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
                                rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c],
-                               input_bytes=case.input_bytes)
+                               input_bytes=case.input_bytes, narrow=case.narrow)
             if plan.config != config:
                 # Another configuration serves the case: the ticketed, persistent or unpipelined
                 # form, or the fallback where the split grid does not fit resident (each has its

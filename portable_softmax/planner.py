@@ -166,21 +166,21 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                   rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                  input_bytes: Optional[int] = None, narrow: bool = False) -> KernelConfig:
+                  input_bytes: Optional[int] = None) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks. ``input_bytes`` and ``narrow``:
-    as ``plan_launch`` takes them.
+    columns wider than the row, needs no more or wider chunks. ``input_bytes``: as
+    ``plan_launch`` takes it.
     """
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
-    plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes, narrow)
+    plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
     if align == 1 or plain.regime != "split" or _direction(backward) not in tuning_for(record).split_windows:
         return plain
     windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
-                             input_bytes, narrow)
+                             input_bytes)
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
     # Windowed rows run unpipelined: the pipeline's buffers cost them more programs than it buys.
@@ -188,7 +188,7 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
 
 
 def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, backward: bool,
-                  rows_per_group: Optional[int], allow_split: bool, input_bytes: int, narrow: bool) -> KernelConfig:
+                  rows_per_group: Optional[int], allow_split: bool, input_bytes: int) -> KernelConfig:
     tuning = tuning_for(record)
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
@@ -199,11 +199,7 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
     if width in tuning.reread_cols.get((_direction(backward), input_bytes), ()) and not few_rows:
         lanes = max(record.warp_size, 1)
         warps = next_power_of_2(max(1, width // (tuning.reread_elements_per_thread * lanes)))
-        # Inductor's form wherever the call allows it: rows of 32768 read 1.03 of copy in it against
-        # 0.97-0.98 with a group division, 64-bit offsets and masks (NOTES v13).
-        dense = narrow and n_cols == width and rows_per_group == n_rows
-        return KernelConfig("tile", 1, width, 1, min(warps, tuning.max_program_threads // lanes), reread=True,
-                            dense=dense)
+        return KernelConfig("tile", 1, width, 1, min(warps, tuning.max_program_threads // lanes), reread=True)
     if width <= row_limit:
         block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
@@ -298,8 +294,8 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         align: ``window_align`` of the tensors: offers aligned windows (``select_config``).
         input_bytes: bytes a row's column reads (x forward; y and dy backward); from ``dtype``
             if None. Decides between a persistent and a ticketed split grid (``_ticket_fits``).
-        narrow: every element offset of every tensor fits in int32; with one group of rows as
-            wide as their block, twice-read tiles then take the kernels' ``DENSE`` form.
+        narrow: every element offset of every tensor fits in int32: tile plans may then take the
+            kernels' ``DENSE`` form (``dense_form``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -310,7 +306,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=narrow)
+                           allow_split=allow_split, align=align, input_bytes=input_bytes)
     if config.regime == "split" and programs is None and _direction(backward) in tuning_for(record).split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
@@ -326,7 +322,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan is None:
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False, align=align, input_bytes=input_bytes, narrow=narrow)
+                               allow_split=False, align=align, input_bytes=input_bytes)
         kernel = _resources(resources, record, config, backward, input_bytes)
         plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward,
                      note="split path does not fit resident; ")
@@ -334,12 +330,27 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
             and plan.tiles > record.compute_units * plan.occupancy
             and wave_fill(record, plan) < tuning_for(record).tile_wave_fill):
         plan = _fuller_waves(record, plan, resources, n_rows, backward, input_bytes, rows_per_group)
+    if dense_form(record, plan, n_rows, n_cols, rows_per_group, narrow, backward):
+        config = dataclasses.replace(plan.config, dense=True)
+        kernel = _resources(resources, record, config, backward, input_bytes)
+        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan.regime == "tile" and plan.programs == plan.tiles:
         # The same grid, compiled without the loop over tiles that a program of it never repeats.
         config = dataclasses.replace(plan.config, per_tile=True)
         kernel = _resources(resources, record, config, backward, input_bytes)
         plan = dataclasses.replace(plan, per_tile=True, occupancy=get_backend(record.backend).occupancy(record, kernel))
     return plan
+
+
+def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,
+               rows_per_group: int, narrow: bool, backward: bool) -> bool:
+    """Whether a tile plan takes the kernels' ``DENSE`` form, as Inductor writes its kernels (no group
+    division, int32 offsets, no masks): twice-read tiles, and held ones in the directions
+    ``Tuning.dense_tiles`` names, where the call has one group of rows that fill their tiles and
+    every offset fits in int32 (``narrow``)."""
+    eligible = plan.reread or _direction(backward) in tuning_for(record).dense_tiles
+    fits = narrow and rows_per_group == n_rows and n_cols == plan.block_n and n_rows % plan.block_m == 0
+    return plan.regime == "tile" and eligible and fits
 
 
 def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSource, n_rows: int, backward: bool,

@@ -83,6 +83,8 @@ class Tuning:
             across the sum or splitting the row. The forward computes its exponentials twice.
             Off where absent.
         reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
+        dense_tiles: directions in which held tiles, not only twice-read ones, take the kernels'
+            ``DENSE`` form (``planner.dense_form``) where the call allows it.
         max_program_threads: the most threads a program may have.
     """
 
@@ -113,6 +115,7 @@ class Tuning:
     split_pipeline_items: int = 2
     reread_cols: Mapping[tuple[str, int], frozenset[int]] = field(default_factory=dict)
     reread_elements_per_thread: int = 8
+    dense_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
 
 
@@ -131,11 +134,16 @@ _CUDA_TILE_LOOP = {"forward": 3, "backward": 2}
 # 16384-32768 0.87-0.96.
 _CUDA_REREAD = {("forward", 4): frozenset({16384}), ("backward", 4): frozenset({4096, 16384, 32768})}
 
+# Held tiles in the kernels' dense form too, measured on the H200 only (NOTES v13, three passes):
+# rows of 128-256 gain 0.02-0.08 of copy (bf16 32768x128 backward 1.01-1.07 -> 1.10-1.17, fp32
+# 32768x128 forward 0.93-0.95 -> 0.99-1.04); rows of 1024-16384 level.
+_CUDA_DENSE = frozenset({"forward", "backward"})
+
 TUNING: dict[tuple[str, str], Tuning] = {
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
     # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
     ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
-                           tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP),
+                           tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE),
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.

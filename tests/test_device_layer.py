@@ -259,8 +259,8 @@ def test_twice_read_tiles_where_the_tuning_table_names_them():
 
 
 def test_twice_read_tiles_are_dense_where_the_call_allows():
-    """H100, 16-bit backward of 32768: the kernels' DENSE form (int32 offsets, no masks, no group
-    division) only for one group of rows as wide as the block whose offsets fit in int32."""
+    """H100: the kernels' DENSE form (int32 offsets, no masks, no group division) only for one
+    group of rows that fill their tiles and whose offsets fit in int32."""
     record = profile_record("h100")
     common = dict(backward=True, input_bytes=4)
     dense = plan_launch(record, 16384, 32768, "float32", narrow=True, **common)
@@ -268,7 +268,11 @@ def test_twice_read_tiles_are_dense_where_the_call_allows():
     assert not plan_launch(record, 16384, 32768, "float32", **common).dense  # offsets beyond int32
     assert not plan_launch(record, 16384, 30000, "float32", narrow=True, **common).dense  # masked columns
     assert not plan_launch(record, 16384, 32768, "float32", narrow=True, rows_per_group=4096, **common).dense
-    assert not plan_launch(record, 16384, 8192, "float32", narrow=True).dense  # held, not twice-read
+    # Held tiles too in the directions the table names (CUDA: both), not on HIP's default table.
+    assert plan_launch(record, 16384, 8192, "float32", narrow=True).dense
+    assert plan_launch(record, 32768, 128, "float32", narrow=True).dense
+    assert not plan_launch(record, 32760, 128, "float32", narrow=True).dense  # rows do not fill 8-row tiles
+    assert not plan_launch(profile_record("mi300x"), 16384, 8192, "float32", narrow=True).dense
 
 
 def test_tile_grids_fill_their_waves_where_the_tuning_table_asks():

@@ -418,6 +418,30 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     _check(out[finite], fn(x, -1)[finite], expected[finite], dtype)
 
 
+@pytest.mark.parametrize("shape", [(64, 128), (60, 128), (24, 1024), (16, 1000)], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_dense_held_tiles(device, monkeypatch, shape, log):
+    """Held tiles in the kernels' ``DENSE`` form (``Tuning.dense_tiles``): taken only where the rows
+    fill their tiles (64 rows of 8-row tiles, not 60; 1024 columns, not 1000), both directions,
+    poisoned outputs."""
+    key = (ps.device_info(device)["backend"], "*")
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
+        tuning.TUNING[key], tile_elements=1024, dense_tiles=frozenset({"forward", "backward"}), reread_cols={}))
+    x = torch.randn(shape, device=device) * 3
+    dense = shape[0] % max(1, 1024 // shape[1]) == 0 and shape[1] in (128, 1024)
+    y = torch.full_like(x, float("nan"))
+    plan = launch.run_forward(x, y, ops.row_view(shape, 1, x, y), log)
+    assert plan.regime == "tile" and not plan.reread and plan.dense == dense
+    fn = torch.log_softmax if log else torch.softmax
+    _check(y, fn(x, -1), fn(x.double(), -1), torch.float32)
+    dy = torch.randn_like(x)
+    dx = torch.full_like(x, float("nan"))
+    plan = launch.run_backward(y, dy, dx, ops.row_view(shape, 1, y, dy, dx), log)
+    assert plan.regime == "tile" and plan.dense == dense
+    theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    _check(dx, theirs(dy, y, -1, torch.float32), theirs(dy.double(), y.double(), -1, torch.float64), torch.float32)
+
+
 @pytest.mark.parametrize("per_tile", [True, False], ids=["per_tile", "looping"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, per_tile, log):
