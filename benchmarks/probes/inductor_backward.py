@@ -14,6 +14,11 @@ differences to it one at a time, so that one device call says which of them cost
 * ``ind_all``: all three.
 * ``ours``: the library (``ops._backward``); ``compile``: torch.compile of torch's backward.
 
+Rows of 1024 or fewer (v13) run Inductor's short-row kernel instead, as its autotuner chose it on the
+H200 (8 rows of the row per program, 2 warps, no masks, int32 offsets): ``ind_rows`` with its
+``fma(-y, sum, y * dy)``, ``ind_rows_grad`` with ours' ``y * (dy - sum)``, and ``ind_rows_evict``
+with the twice-read tiles' eviction hints on the loads (evict_first: nothing is read again).
+
 Usage: python3 benchmarks/probes/inductor_backward.py [bfloat16,float32]
 (``SWEEP_SHAPES`` as sweep.py reads it). Prints fractions of the copy's bandwidth (3·M·N·bytes).
 """
@@ -57,6 +62,35 @@ def _backward(y_ptr, dy_ptr, dx_ptr, n_cols, groups, N: tl.constexpr, WIDE: tl.c
     tl.store(dx_ptr + offsets, tl.fma(-y, total, y * dy).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _backward_rows(y_ptr, dy_ptr, dx_ptr, XBLOCK: tl.constexpr, N: tl.constexpr, OURS: tl.constexpr,
+                   EVICT: tl.constexpr):
+    rows = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    offsets = tl.arange(0, N)[None, :] + N * rows
+    y = tl.load(y_ptr + offsets, eviction_policy=EVICT).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, eviction_policy=EVICT).to(tl.float32)
+    product = y * dy
+    total = tl.sum(product, 1)[:, None]
+    if OURS:
+        dx = y * (dy - total)
+    else:
+        dx = tl.fma(-y, total, product)
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty))
+
+
+SHORT_VARIANTS = {"ind_rows": (False, ""), "ind_rows_grad": (True, ""), "ind_rows_evict": (False, "evict_first")}
+
+
+def _short_variant(flags, m: int, n: int):
+    ours, evict = flags
+
+    def run(y, dy):
+        dx = torch.empty_like(y)
+        _backward_rows[(m // 8,)](y, dy, dx, XBLOCK=8, N=n, OURS=ours, EVICT=evict, num_warps=2, num_stages=1)
+        return dx
+    return run
+
+
 def _variant(flags, m: int, n: int):
     wide, masked, divided = flags
     warps = 16 if n <= 8192 else 32
@@ -72,8 +106,7 @@ def _variant(flags, m: int, n: int):
 def main() -> int:
     dtypes = [getattr(torch, d) for d in (sys.argv[1] if len(sys.argv) > 1 else "bfloat16").split(",")]
     compiled = torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
-    names = ["ours", "compile", *VARIANTS]
-    print(f"{'dtype':>9} {'M x N':>12} " + " ".join(f"{name:>8}" for name in names) + "   (backward, fraction of copy)")
+    print(f"{'dtype':>9} {'M x N':>12}  name:fraction   (backward, fraction of copy)")
     for dtype in dtypes:
         for m, n in SHAPES:
             x = torch.randn(m, n, device="cuda", dtype=dtype)
@@ -83,14 +116,18 @@ def main() -> int:
             copy = min(do_bench(lambda: x.clone(), return_mode="median") for _ in range(2))
             copy_gbs = 2 * x.numel() * x.element_size() / copy / 1e6
             runs = {"ours": lambda a, b: ops._backward(a, b, 1, dtype, False), "compile": compiled}
-            runs.update({name: _variant(flags, m, n) for name, flags in VARIANTS.items()})
+            if n <= 1024:
+                runs.update({name: _short_variant(flags, m, n) for name, flags in SHORT_VARIANTS.items()})
+            else:
+                runs.update({name: _variant(flags, m, n) for name, flags in VARIANTS.items()})
+            names = list(runs)
             cells = []
             for name in names:
                 dx = runs[name](y, dy)
                 error = ((dx.double() - reference).norm() / reference.norm()).item()
                 ms = do_bench(lambda: runs[name](y, dy), return_mode="median")
                 fraction = 3 * x.numel() * x.element_size() / ms / 1e6 / copy_gbs
-                cells.append(f"{fraction:8.2f}" if error < 1e-2 else f"{'wrong':>8}")
+                cells.append(f"{name}:{fraction:.2f}" if error < 1e-2 else f"{name}:wrong")
             print(f"{str(dtype)[6:]:>9} {f'{m}x{n}':>12} " + " ".join(cells))
             del x, y, dy, reference
             torch.cuda.empty_cache()
