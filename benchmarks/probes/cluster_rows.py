@@ -11,6 +11,9 @@ Triton 3.6-3.8 reject the layout (TritonGPUPlanCTAPass).
 For each shape, dtype and direction this times the library's planned launch (``ours``) and the
 one-row tile kernel on clusters of C CTAs of W warps each (grid: a program per row), checks each
 against float64 torch, and prints fractions of ``x.clone()`` bandwidth from the same run.
+Needs Triton 3.9 or newer on the GPU machine. Run 1 (NOTES v13) carried a stripped 3.9.0 there:
+libtriton.so without symbols, in `.t39/` (ignored), unpacked to /tmp/t39, with
+`TRITON_BACKENDS_IN_TREE=1` (the AMD backend left out) and `ptxas-blackwell` linked to `ptxas`.
 Usage: python3 benchmarks/probes/cluster_rows.py [bfloat16,float32] [MxN,...]
 """
 import sys
