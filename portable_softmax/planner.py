@@ -142,10 +142,11 @@ def _tiles(config: KernelConfig, n_rows: int, rows_per_group: int) -> int:
     return _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, config.block_m)
 
 
-def _warps(elements: int, per_thread: int, record: DeviceRecord, tuning: Tuning) -> int:
+def _warps(elements: int, per_thread: int, record: DeviceRecord, most: int) -> int:
+    """The power-of-two warps that give each thread ``per_thread`` of ``elements``, at most ``most``."""
     lanes = max(record.warp_size, 1)
     warps = next_power_of_2(max(1, elements // (per_thread * lanes)))
-    return max(1, min(warps, tuning.max_warps))
+    return max(1, min(warps, most))
 
 
 def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: bool = False,
@@ -197,19 +198,20 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
     can_split = allow_split and record.residency_guaranteed and not fp64
     few_rows = can_split and n_rows < record.compute_units and n_cols >= tuning.split_min_cols
     if width in tuning.reread_cols.get((_direction(backward), input_bytes), ()) and not few_rows:
-        lanes = max(record.warp_size, 1)
-        warps = next_power_of_2(max(1, width // (tuning.reread_elements_per_thread * lanes)))
-        return KernelConfig("tile", 1, width, 1, min(warps, tuning.max_program_threads // lanes), reread=True)
+        most = tuning.max_program_threads // max(record.warp_size, 1)
+        return KernelConfig("tile", 1, width, 1, _warps(width, tuning.reread_elements_per_thread, record, most),
+                            reread=True)
     if width <= row_limit:
         block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
             return _split_config(record, tuning, n_rows, n_cols, backward)
-        return KernelConfig("tile", block_m, width, 1, _warps(block_m * width, tuning.elements_per_thread, record, tuning))
+        warps = _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps)
+        return KernelConfig("tile", block_m, width, 1, warps)
     if can_split:
         return _split_config(record, tuning, n_rows, n_cols, backward)
     chunk = min(tuning.loop_chunk, width)
-    return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning))
+    return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps))
 
 
 def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int, backward: bool) -> KernelConfig:
@@ -227,8 +229,8 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)
     stages = tuning.split_stages if _direction(backward) in tuning.split_pipelined else 1
-    return KernelConfig("split", 1, block_n, chunks, _warps(block_n, tuning.split_elements_per_thread, record, tuning),
-                        stages)
+    warps = _warps(block_n, tuning.split_elements_per_thread, record, tuning.max_warps)
+    return KernelConfig("split", 1, block_n, chunks, warps, stages)
 
 
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
