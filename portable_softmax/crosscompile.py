@@ -213,7 +213,7 @@ def _int_type(value: int) -> str:
     return "u64"
 
 
-def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict]:
+def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True) -> tuple[str, tuple, dict]:
     """The kernel, its non-constexpr arguments as (type, divisible by 16 or constant value) pairs,
     and its constexprs, as ``launch._launch`` would pass them for ``case``.
 
@@ -232,7 +232,7 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
         args += [(t, True) for t in SCRATCH_TYPES]
         counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
         constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                          TICKETED=config.ticketed, STAGES=config.num_stages)
+                          TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=wait_atomic)
     else:
         counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
         constexprs["ACC_FP64"] = case.dtype == "float64"
@@ -245,6 +245,18 @@ def launch_arguments(config: KernelConfig, case: Case) -> tuple[str, tuple, dict
 
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
+    """``planned_configs``, and where the record rules the split path out (no residency: HIP
+    until its wait loops are shown to read memory), the split configurations a record with
+    residency would plan: every split kernel is compiled and checked on every target."""
+    found = planned_configs(record, case)
+    if not record.residency_guaranteed:
+        waiting = dataclasses.replace(record, residency_guaranteed=True)
+        found += [(f"{role}, unplanned", config) for role, config in planned_configs(waiting, case)
+                  if config.regime == "split"]
+    return found
+
+
+def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """The configurations a launch of ``case`` may use: the plan's, its ticketed form where the
     tuning table allows one in its direction (the plan picks between them from the compiled
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
@@ -282,9 +294,9 @@ def _options(target: Target, config: KernelConfig) -> dict[str, Any]:
     return options
 
 
-def variant_spec(target: Target, config: KernelConfig, case: Case) -> dict[str, Any]:
+def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, case: Case) -> dict[str, Any]:
     """Everything a worker needs to compile one variant (plain data: it crosses a process)."""
-    kernel, args, constexprs = launch_arguments(config, case)
+    kernel, args, constexprs = launch_arguments(config, case, tuning_for(record).split_wait_atomic)
     return {
         "target": [target.backend, target.arch, target.warp_size],
         "kernel": kernel,
@@ -303,11 +315,12 @@ def _spec_key(spec: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _cuobjdump() -> Optional[str]:
+def _nvidia_tool(name: str) -> Optional[str]:
+    """``cuobjdump`` or ``nvdisasm``: Triton's bundled copy, else one on PATH or in CUDA's folder."""
     try:
         from triton import knobs
 
-        path = knobs.nvidia.cuobjdump.path
+        path = getattr(knobs.nvidia, name).path
         if path and os.path.exists(path):
             return path
     except Exception:  # older Triton: no knobs, or no bundled tool
@@ -316,11 +329,53 @@ def _cuobjdump() -> Optional[str]:
 
     import triton
 
-    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    for candidate in (bundled, shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    for candidate in (bundled, shutil.which(name), f"/usr/local/cuda/bin/{name}"):
         if candidate and os.path.exists(candidate):
             return candidate
     return None
+
+
+def _cuobjdump() -> Optional[str]:
+    return _nvidia_tool("cuobjdump")
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """The SASS of a cubin with labels and source lines (``nvdisasm -c -g``)."""
+    tool = _nvidia_tool("nvdisasm")
+    if tool is None:
+        raise RuntimeError("no nvdisasm found (Triton's nvidia backend bin/, PATH, /usr/local/cuda/bin)")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.cubin")
+        with open(path, "wb") as handle:
+            handle.write(cubin)
+        return subprocess.run([tool, "-c", "-g", path], capture_output=True, text=True, check=True).stdout
+
+
+def wait_source_line() -> str:
+    """``kernels.py:N``: the line of the split kernels' wait loop (the ``while`` in
+    ``kernels._awaited_slots``), which the machine code's line information names."""
+    import inspect
+
+    from portable_softmax import kernels
+
+    lines, first = inspect.getsourcelines(kernels._awaited_slots.fn)
+    offset = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
+    return f"{os.path.basename(kernels.__file__)}:{first + offset}"
+
+
+def wait_loop_check(backend: str, compiled: Any) -> dict[str, Any]:
+    """Whether every wait loop of a compiled split kernel reads memory on each trip, from its
+    final machine code (``machine_code``): the count of wait loops found, and the reads in each."""
+    from portable_softmax import machine_code
+
+    if backend == "cuda":
+        loops = machine_code.sass_loops(cubin_sass(compiled.asm["cubin"]))
+    else:
+        loops = machine_code.amdgcn_loops(compiled.asm["amdgcn"])
+    waits = machine_code.wait_loops(loops, wait_source_line())
+    return {"wait_loops": len(waits), "wait_loop_reads": [list(loop.reads[:2]) for loop in waits],
+            "wait_loop_reads_memory": bool(waits) and all(loop.reads_memory for loop in waits)}
 
 
 def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
@@ -412,6 +467,8 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
                               "signature": {k: v for k, v in signature.items() if v != "constexpr"},
                               "specialised": {"divisible_by_16": divisible, "equal_to_1": equal_to_1},
                               "called_shared": called_shared_memory(compiled.asm.get("llir", ""))}
+    if spec["kernel"].endswith("_split"):
+        result.update(wait_loop_check(backend, compiled))
     if backend == "cuda":
         usage = cubin_resources(compiled.asm["cubin"], name)
         # As the driver reports them: n_regs, and n_spills = local bytes / 4.
@@ -617,7 +674,7 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
         uses = []
         for case in cases:
             for role, config in case_configs(record, case):
-                spec = variant_spec(target, config, case)
+                spec = variant_spec(target, record, config, case)
                 key = _spec_key(spec)
                 if key not in index_of:
                     index_of[key] = len(specs)
@@ -676,6 +733,11 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             shared_total = result["shared"] + result["static_shared"]
             entry.update({k: result[k] for k in ("registers", "spills", "shared", "static_shared", "compile_s",
                                                  "signature", "specialised", "detail", "called_shared")})
+            if spec["kernel"].endswith("_split"):
+                entry.update({k: result[k] for k in ("wait_loops", "wait_loop_reads", "wait_loop_reads_memory")})
+                if not result["wait_loop_reads_memory"]:
+                    entry["problems"].append(f"a wait loop does not read memory ({result['wait_loops']} wait loops "
+                                             f"found): a program waiting on an empty slot would spin forever")
             if result["called_shared"]:
                 entry["problems"].append(f"called functions use shared memory: {', '.join(result['called_shared'])}")
             entry.update(shared_limit=limit, shared_ok=limit is None or shared_total <= limit, occupancy=occupancy)

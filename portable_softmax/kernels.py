@@ -277,13 +277,15 @@ def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
 
 @_jit
 def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-              MAXIMA: tl.constexpr, STAGES: tl.constexpr):
+              MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
     """Publish this chunk's partial of the item's row (``packed``: a [1] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
     the row, and return the row's maximum and total from them all (``_gather_row``).
 
-    Each (row, chunk) owns one 64-bit slot written with a relaxed exchange: the slot is the only
-    shared datum, so no fence (which would drain this program's output stores) is needed.
+    Each (row, chunk) owns one 64-bit slot written with a relaxed exchange and read back with a
+    relaxed atomic (``_read_slots``): the slot is the only datum exchanged, and a reader needs
+    nothing written before it, so no acquire or release (whose fence would drain this program's
+    output stores) is needed.
     """
     slots = _row_slots(slot_ptr, tile, 1, CHUNKS)
     tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
@@ -293,45 +295,63 @@ def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHU
     # function holding it. The call costs registers (the calling convention), so only pipelined
     # kernels make it.
     if STAGES > 1:
-        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP)
+        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
     else:
-        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2)
+        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC)
     return stats
 
 
 @_jit
-def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.constexpr):
+def _read_slots(slots, present, ATOMIC: tl.constexpr):
+    """The current values of exchange ``slots`` (0 where not ``present``), read so that every
+    trip of a wait loop reads memory again. A relaxed atomic that adds 0 (``ATOMIC``) stays in
+    the loop on every target: Triton 3.6+ turns AMD's volatile loads into buffer loads without
+    the volatile bit, which LLVM hoists out of the loop (a program then spins forever on the
+    empty slot it read first), and 3.3-3.5 keep them in the loop but without cache bits, so
+    they may hit a stale L1. The volatile load is NVIDIA's ``ld.volatile``, kept by ptxas."""
+    if ATOMIC:
+        v = tl.atomic_add(slots, 0, mask=present, sem="relaxed")
+        # A masked lane's result is undefined: it must not look empty.
+        v = tl.where(present, v, 0)
+    else:
+        v = tl.load(slots, mask=present, other=0, volatile=True)
+    return v
+
+
+@_jit
+def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.constexpr, ATOMIC: tl.constexpr):
     """Slots [start, start + GROUP) of a row, once those of its CHUNKS chunks are all full
     (``EMPTY_SLOT`` past them)."""
     peers = start + tl.arange(0, GROUP)
     present = (peers < CHUNKS) & exists
-    v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)
+    v = _read_slots(first_slot + peers, present, ATOMIC)
     while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
-        v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)
+        v = _read_slots(first_slot + peers, present, ATOMIC)
     return tl.where(present, v, EMPTY_SLOT)
 
 
 def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
-                GROUP: tl.constexpr):
+                GROUP: tl.constexpr, ATOMIC: tl.constexpr):
     """Wait until the CHUNKS slots from ``first_slot`` are full; the row's maximum (with
     ``MAXIMA``, else 0) and total (``_peer_total``). Read ``GROUP`` slots at a time: called (not
     inlined), a function's shared memory overlaps the caller's pipeline buffers (Triton 3.6 passes
     it none of its own; rows of 38 and 64 chunks came out NaN on the H200), and a reduction over
-    at most ``PEER_GROUP`` slots stays within a warp, needing none."""
+    at most ``PEER_GROUP`` slots stays within a warp, needing none. Groups start below CHUNKS: one
+    wholly past the row's chunks would wait on nothing (a dead loop in the machine code)."""
     if GROUP >= CHUNKS_P2:
-        peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, 0, CHUNKS, CHUNKS_P2))
+        peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, 0, CHUNKS, CHUNKS_P2, ATOMIC))
         row_max = tl.max(peer_max, 0) if MAXIMA else 0.0
         total = _peer_total(peer_max, peer_sum, row_max, MAXIMA)
     else:
         row_max = -float("inf") if MAXIMA else 0.0
         if MAXIMA:
-            for start in tl.static_range(0, CHUNKS_P2, GROUP):
-                peer_max, _ = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP))
+            for start in tl.static_range(0, CHUNKS, GROUP):
+                peer_max, _ = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP, ATOMIC))
                 row_max = tl.maximum(row_max, tl.max(peer_max, 0))
         total = 0.0
-        for start in tl.static_range(0, CHUNKS_P2, GROUP):
+        for start in tl.static_range(0, CHUNKS, GROUP):
             # In the forward the slots are full by now: one read each.
-            peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP))
+            peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP, ATOMIC))
             total += _peer_total(peer_max, peer_sum, row_max, MAXIMA)
     return row_max, total
 
@@ -432,6 +452,7 @@ def softmax_forward_split(
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == 1, "a split item is a chunk of one row")
     chunk_cols = tl.arange(0, BLOCK_N)
@@ -466,7 +487,8 @@ def softmax_forward_split(
             e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, STAGES)
+        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, STAGES,
+                                         WAIT_ATOMIC)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -583,6 +605,7 @@ def softmax_backward_split(
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M == 1, "a split item is a chunk of one row")
     chunk_cols = tl.arange(0, BLOCK_N)
@@ -603,7 +626,8 @@ def softmax_backward_split(
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), CHUNKS, CHUNKS_P2, False, STAGES)
+        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), CHUNKS, CHUNKS_P2, False, STAGES,
+                                 WAIT_ATOMIC)
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))

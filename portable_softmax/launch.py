@@ -217,7 +217,8 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
         if config.regime == "split":
             constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                              TICKETED=config.ticketed, STAGES=config.num_stages)
+                              TICKETED=config.ticketed, STAGES=config.num_stages,
+                              WAIT_ATOMIC=tuning_for(record).split_wait_atomic)
             args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
         else:
             constexprs["ACC_FP64"] = acc_fp64

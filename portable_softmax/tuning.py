@@ -86,6 +86,10 @@ class Tuning:
         dense_tiles: directions in which held tiles, not only twice-read ones, take the kernels'
             ``DENSE`` form (``planner.dense_form``) where the call allows it.
         max_program_threads: the most threads a program may have.
+        split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
+            with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
+            load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
+            are hoisted out of it); the compile report checks that every wait loop reads memory.
     """
 
     tile_elements: int = 1024
@@ -117,6 +121,7 @@ class Tuning:
     reread_elements_per_thread: int = 8
     dense_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
+    split_wait_atomic: bool = True
 
 
 _DEFAULT = Tuning()
@@ -139,11 +144,19 @@ _CUDA_REREAD = {("forward", 4): frozenset({16384}), ("backward", 4): frozenset({
 # 32768x128 forward 0.93-0.95 -> 0.99-1.04); rows of 1024-16384 level.
 _CUDA_DENSE = frozenset({"forward", "backward"})
 
+# CUDA's split wait re-reads its slots with a volatile load: ptxas keeps ``ld.volatile`` in the
+# loop (the compile report checks the SASS), where a relaxed atomic costs a shared-memory broadcast
+# and a barrier per trip (Triton issues an atomic once per element and hands its result to the
+# threads that replicate it) and, in the called wait of pipelined kernels, shared memory that
+# overlaps the pipeline's buffers (NOTES v9).
+_CUDA_WAIT_ATOMIC = False
+
 TUNING: dict[tuple[str, str], Tuning] = {
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
     # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
     ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
-                           tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE),
+                           tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
+                           split_wait_atomic=_CUDA_WAIT_ATOMIC),
     ("hip", "*"): _DEFAULT,
     # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one
     # program per vector core.

@@ -125,7 +125,12 @@ def _hip_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecord
         grid_limit=HIP_GRID_LIMIT,
         supports_fp64=True,
         supports_bf16=True,
-        residency_guaranteed=True,
+        # No split path on AMD until its wait loop is shown, in the compiled AMDGCN of every split
+        # variant, to read memory on every trip: Triton 3.6+ turns the volatile loads it used
+        # into buffer loads without the volatile bit, LLVM hoists them out of the loop, and a
+        # program that found a peer's slot empty would spin forever (no AMD GPU was run here).
+        # The loop regime never waits on another program.
+        residency_guaranteed=False,
     )
 
 
