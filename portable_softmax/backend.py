@@ -68,22 +68,36 @@ _plugins_loaded = False
 _generation = 0
 
 
+_observers: list[Callable[[], None]] = []
+
+
+def on_registry_change(observer: Callable[[], None]) -> None:
+    """Call ``observer`` whenever a backend is registered or removed (what was planned for a
+    device may then be served by another backend)."""
+    _observers.append(observer)
+
+
+def _changed() -> None:
+    global _generation
+    _generation += 1
+    for observer in _observers:
+        observer()
+
+
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
     """Add ``backend`` to the registry (``replace=True`` to override one of the same name)."""
     if not isinstance(backend, Backend):
         raise TypeError(f"register_backend expects a portable_softmax.Backend, got {type(backend).__name__}")
     if backend.name in _REGISTRY and not replace:
         raise ValueError(f"a backend named {backend.name!r} is already registered; pass replace=True to override it")
-    global _generation
     _REGISTRY[backend.name] = backend
-    _generation += 1
+    _changed()
     return backend
 
 
 def unregister_backend(name: str) -> None:
-    global _generation
     _REGISTRY.pop(name, None)
-    _generation += 1
+    _changed()
 
 
 def registry_generation() -> int:

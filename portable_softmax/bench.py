@@ -187,10 +187,20 @@ def main(args: Any) -> int:
         portable_softmax.softmax(x, -1)
         torch.cuda.synchronize()
         return 0
-    results = run(shapes, dtypes, set(args.peers), args.backward, args.warmup, args.rep, args.device,
-                  progress=not args.no_progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.eager:
+        from portable_softmax import host_time
+
+        results = host_time.run([(args.M, args.N)] if args.M and args.N else host_time.SHAPES, dtypes,
+                                set(args.peers), args.calls, args.device)
+        stem = f"eager-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+        print(host_time.table(results))
+        print(f"\nwrote {out / stem}.json")
+        return 0
+    results = run(shapes, dtypes, set(args.peers), args.backward, args.warmup, args.rep, args.device,
+                  progress=not args.no_progress)
     stem = f"bench-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     plot(results, out / f"{stem}.png")

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, milliseconds")
     bench.add_argument("--rep", "--iters", dest="rep", type=int, default=100, help="do_bench repetition, milliseconds")
     bench.add_argument("--profile-only", action="store_true", help="one forward call, for ncu")
+    bench.add_argument("--eager", action="store_true",
+                       help="microseconds per call back to back (forward, backward op, forward+grad through "
+                            "autograd) instead of bandwidth")
+    bench.add_argument("--calls", type=int, default=300, help="calls per timing with --eager")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON and PNG")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(func=_cmd_bench)

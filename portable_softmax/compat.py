@@ -2,6 +2,10 @@
 version checks."""
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Optional
+
 import triton
 from packaging.version import Version
 
@@ -36,7 +40,54 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
     return triton.compiler.ASTSource(fn=fn, signature={k: v for k, v in signature.items() if k not in constexprs},
                                      constants=constants, attrs=attrs)
 
-# A compiled kernel launched as ``compiled[grid](*every_argument)``, constexprs included, the way
-# JITFunction.run launches it: the code read in Triton 3.6 and 3.9. Older versions take the
-# ``kernel[grid]`` path on every call.
+# A compiled kernel's launcher called directly, ``compiled.run(gx, gy, gz, stream, function,
+# packed_metadata, launch_metadata, enter_hook, exit_hook, *every_argument)``, constexprs included,
+# as ``CompiledKernel.__getitem__``'s runner calls it: the code read in Triton 3.6 and 3.9. Older
+# versions take the ``kernel[grid]`` path on every call.
 DIRECT_LAUNCH = TRITON_VERSION >= Version("3.6")
+
+
+def stream_getter(device) -> Callable[[], int]:
+    """A function returning the raw current stream of ``device`` (a torch.device with an index),
+    as Triton's launch reads it."""
+    return functools.partial(triton.runtime.driver.active.get_current_stream, device.index)
+
+
+def current_device_getter(device) -> Callable[[], int]:
+    """A function returning the index of the current device of ``device``'s type."""
+    import torch
+
+    if device.type == "cuda" and hasattr(torch._C, "_cuda_getDevice"):
+        return torch._C._cuda_getDevice  # what torch.cuda.current_device() returns, without its checks
+    return getattr(torch, device.type).current_device
+
+
+def _launch_hooks_set() -> bool:
+    try:
+        from triton import knobs
+
+        return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    except ImportError:  # Triton < 3.4: the hooks live on CompiledKernel
+        from triton.compiler.compiler import CompiledKernel
+
+        return CompiledKernel.launch_enter_hook is not None or CompiledKernel.launch_exit_hook is not None
+
+
+def direct_launcher(kernel, args: tuple, programs: int, constexprs: dict, options: dict,
+                    dynamic: int) -> Optional[Callable[[int, tuple], None]]:
+    """``launch(stream, tensors)`` through the launcher of the binary that ``kernel[(programs,)]
+    (*args, **constexprs, **options)`` ran, with the arguments after the first ``dynamic`` (the
+    tensors) laid out once; None where the launcher is not known (Triton < 3.6) or launch hooks
+    (a profiler) are set, which only ``kernel[grid]`` calls."""
+    if not DIRECT_LAUNCH or _launch_hooks_set():
+        return None
+    compiled = kernel.warmup(*args, grid=(programs,), **constexprs, **options)
+    compiled._init_handles()
+    values = iter(args[dynamic:])
+    tail = tuple(constexprs[p.name] if p.is_constexpr else next(values) for p in kernel.params[dynamic:])
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+
+    def launch(stream: int, tensors: tuple) -> None:
+        run(programs, 1, 1, stream, function, metadata, None, None, None, *tensors, *tail)
+
+    return launch

@@ -1,29 +1,34 @@
-"""Host side of a launch: pick the kernel, plan the grid from the compiled kernel's resources,
-hold the split path's scratch, and launch.
+"""The runtime: launch records, the split path's scratch, and the launch itself.
 
-Kernels are launched through Triton's own ``kernel[grid](...)``, which selects the binary
-specialised for the actual arguments (16-byte alignment of pointers and strides, strides equal to
-1). The only thing cached here is the resource use that sizes the grid, and it is keyed on the
-same specialisation: keying on the block size alone once served a kernel specialised for aligned
-rows to a 781-wide bf16 row ("misaligned address").
+A *launch record* is built once per call signature (device, dtypes, shape, strides, the 16-byte
+alignment Triton specialises pointers on, direction, variant): the plan, the compiled binary,
+the grid, the scalar arguments and the scratch. Building one plans the launch from the compiled
+kernel's resources (``planner.plan_launch``), compiles, and makes the first launch through
+Triton's ``kernel[grid](...)``, whose cooperative refusals are answered with a smaller grid. Later
+calls with the same signature find the record in a dictionary and launch through the compiled
+kernel's own launcher (``compat.direct_launcher``): no planning, compiling, argument binding or
+device query.
+
+The key must hold everything the binary was specialised on: keying on the block size alone once
+served a kernel specialised for aligned rows to a 781-wide bf16 row ("misaligned address").
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from portable_softmax import compat
+from portable_softmax import compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
 from portable_softmax.record import DeviceRecord, KernelResources
-from portable_softmax.tuning import tuning_for
+from portable_softmax.tuning import TUNING, tuning_for
 
 logger = logging.getLogger(__name__)
 
@@ -114,17 +119,17 @@ class _Scratch:
         self._lock = threading.Lock()
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, device: torch.device, slots: int, tiles: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """Buffers with room for ``slots`` and ``tiles``; None if they would have to grow while a
-        graph is being captured (the caller then takes a path that needs none)."""
-        module = getattr(torch, device.type)
-        key = (device.type, device.index, module.current_stream(device).stream_id)
+    def get(self, device: torch.device, stream: int, slots: int, tiles: int
+            ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Buffers with room for ``slots`` and ``tiles`` on ``stream``; None if they would have to
+        grow while a graph is being captured (the caller then takes a path that needs none)."""
+        key = (device.type, device.index, stream)
         with self._lock:
             found = self._buffers.get(key)
             if found is not None and found[0].numel() >= slots and found[1].numel() >= tiles:
                 return found
-            capturing = getattr(module, "is_current_stream_capturing", lambda: False)()
-            if capturing:
+            module = getattr(torch, device.type)
+            if getattr(module, "is_current_stream_capturing", lambda: False)():
                 return None
             old_slots, old_tiles = (found[0].numel(), found[1].numel()) if found else (0, 0)
             grown = (torch.full((max(slots, 2 * old_slots),), -1, dtype=torch.int64, device=device),
@@ -139,99 +144,79 @@ _scratch = _Scratch()
 _ticket_scratch = _Scratch()
 
 
-class _Prepared:
-    """One planned launch, replayed by every later call with the same key (``_launch``).
+class LaunchRecord:
+    """One planned launch, replayed by every later call with the same signature.
 
-    Everything the plan depends on (device, dtypes, shapes, strides, alignment) is in the key, so a
-    replay is a dictionary lookup and the launch itself. The first launch goes through Triton's
-    ``kernel[grid]`` (which compiles, and whose cooperative refusals ``_run`` answers with a smaller
-    grid); later ones, on Triton versions whose launcher we know, call the compiled kernel directly.
+    The first call launches through ``kernel[grid]`` (``_run``: compiles if needed, answers a
+    cooperative refusal with a smaller grid); where ``compat.direct_launcher`` knows the
+    installed Triton's launcher, later calls go straight to it with the arguments laid out
+    then. A call on another current device than the record's switches to it for the launch.
     """
 
-    def __init__(self, kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, scalars: tuple,
-                 constexprs: dict, options: dict,
-                 fallback: Optional[Callable[[tuple[torch.Tensor, ...]], "_Prepared"]]) -> None:
-        self.kernel, self.backend, self.record, self.plan = kernel, backend, record, plan
+    def __init__(self, kernel: Any, backend: Backend, device: torch.device, plan: LaunchPlan, scalars: tuple,
+                 constexprs: dict, options: dict, fallback: Optional[Callable[[], "LaunchRecord"]]) -> None:
+        self.kernel, self.backend, self.device, self.plan = kernel, backend, device, plan
         self.scalars, self.constexprs, self.options = scalars, constexprs, options
-        self._fallback, self._fallback_prepared = fallback, None
-        # The tuning table entry planned with: a replaced entry (a sweep, a test) means re-planning.
-        self.tuning = tuning_for(record)
-        self._direct: Any = None
-        self._tail: tuple = ()
+        self._fallback, self._fallback_record = fallback, None
+        self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
+        self._direct: Optional[Callable[[int, tuple], None]] = None
+        self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
+        self._current = None if backend.interpreted else compat.current_device_getter(device)
 
-    def __call__(self, device: torch.device, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
-        scratch: tuple = ()
-        if self.plan.regime == "split":
-            slots = self.plan.tiles * self.plan.block_m * self.plan.chunks
+    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
+        if self._current is not None and self._current() != self.device.index:
+            with getattr(torch, self.device.type).device(self.device.index):
+                return self._launch(tensors)
+        return self._launch(tensors)
+
+    def _launch(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
+        stream = self._stream()
+        if self._slots:
             pool = _ticket_scratch if self.plan.ticketed else _scratch
-            scratch = pool.get(device, slots, self.plan.tiles)
+            scratch = pool.get(self.device, stream, self._slots, self.plan.tiles)
             if scratch is None:
-                if self._fallback_prepared is None:
-                    self._fallback_prepared = self._fallback(tensors)
-                return self._fallback_prepared(device, tensors)
+                if self._fallback_record is None:
+                    self._fallback_record = self._fallback()
+                return self._fallback_record(tensors)
             if self.plan.ticketed:
                 # Ticketed programs leave their row's slots full (only the counter resets itself).
-                scratch[0][:slots].fill_(-1)
+                scratch[0][:self._slots].fill_(-1)
+            tensors = (*tensors, *scratch)
         if self._direct is not None:
-            self._direct(*tensors, *scratch, *self._tail)
+            self._direct(stream, tensors)
             return self.plan
-        args = (*tensors, *scratch, *self.scalars)
-        programs = _run(self.kernel, self.backend, self.record, self.plan, args, self.constexprs, self.options)
-        if compat.DIRECT_LAUNCH and not self.backend.interpreted:
-            self._prepare_direct(args, programs)
+        args = (*tensors, *self.scalars)
+        programs = _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
+        if not self.backend.interpreted:
+            self._direct = compat.direct_launcher(self.kernel, args, programs, self.constexprs, self.options,
+                                                  len(tensors))
         return self.plan
 
-    def _prepare_direct(self, args: tuple, programs: int) -> None:
-        compiled = self.kernel.warmup(*args, grid=(programs,), **self.constexprs, **self.options)
-        dynamic = sum(isinstance(a, torch.Tensor) for a in args)
-        # The launcher takes every parameter in order, constexprs included (as kernel[grid] passes them).
-        values = iter(args[dynamic:])
-        self._tail = tuple(self.constexprs[p.name] if p.is_constexpr else next(values)
-                           for p in self.kernel.params[dynamic:])
-        self._direct = compiled[(programs, 1, 1)]
 
-
-# Prepared launches by call key; bounded so that a stream of distinct shapes cannot grow it forever.
-_prepared: dict[tuple, _Prepared] = {}
-_PREPARED_LIMIT = 4096
-
-
-def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
-             allow_split: bool = True) -> _Prepared:
+def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
+                 allow_split: bool = True) -> LaunchRecord:
+    """Plan and prepare the launch of ``tensors`` (inputs, then output) over ``view``."""
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
     module = _kernel_module(backend)
     dtype_name = "float64" if acc_fp64 else "float32"
-    strides = tuple(s for triple in view.strides for s in triple)
-    tiles_rows = (view.rows_per_outer, view.n_cols)
     backward = direction == "backward"
     input_bytes = sum(t.element_size() for t in tensors[:-1])
+    facts = variants.CallFacts(log, acc_fp64, tuning_for(record).split_wait_atomic)
     align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                          [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
+    cooperative = backend.cooperative_launch and compat.COOPERATIVE_LAUNCH
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
-        kernel = getattr(module, f"softmax_{direction}_{config.regime}")
-        tiles_per_outer = -(-view.rows_per_outer // config.block_m)
-        tiles = view.n_outer * tiles_per_outer
-        constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": log}
-        if config.regime == "split":
-            constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                              TICKETED=config.ticketed, STAGES=config.num_stages,
-                              WAIT_ATOMIC=tuning_for(record).split_wait_atomic)
-            args = (tiles * config.chunks, tiles_per_outer, *tiles_rows, *strides)
-        else:
-            constexprs["ACC_FP64"] = acc_fp64
-            if config.regime == "tile":
-                constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
-            args = (tiles, tiles_per_outer, *tiles_rows, *strides)
-        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
-            options["launch_cooperative_grid"] = True
+        kernel = getattr(module, variants.kernel_name(direction, config.regime))
+        args = variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides)
+        constexprs = variants.constexprs(config, facts)
+        options = variants.options(config, config.num_warps, cooperative)
         caps = split_fit(record, config, input_bytes)
         if caps:
             options = fitted(kernel, args, constexprs, options, caps, reach=False)
-        caps = tile_fit(record, config, tiles)
+        caps = tile_fit(record, config, args[0])
         if caps:
             # Only where every tile then has a program at once: a second wave left partly empty
             # costs as much as a full one.
@@ -268,29 +253,30 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None
     if plan.regime == "split":
-        # Takes the tensors of the call that needs it: a prepared launch holds no tensor.
-        def fallback(now: tuple[torch.Tensor, ...]) -> _Prepared:
-            return _prepare(direction, now, view, log, acc_fp64, allow_split=False)
-    return _Prepared(kernel, backend, record, plan, args, constexprs, options, fallback)
+        def fallback() -> LaunchRecord:
+            # The same call without the split path, for a graph capture that cannot grow the
+            # scratch. Its tensors' shapes, strides and alignment are the key's, so any of them do.
+            return build_record(direction, tensors, view, log, acc_fp64, allow_split=False)
+    return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, fallback)
+
+
+# Launch records by call signature; bounded so that a stream of distinct shapes cannot grow it
+# forever. Any change to the tuning table empties it (``TUNING.on_change``): records hold plans.
+_records: dict[tuple, LaunchRecord] = {}
+_RECORDS_LIMIT = 4096
+TUNING.on_change(_records.clear)
 
 
 def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool) -> LaunchPlan:
     device = tensors[0].device
-    key = (direction, log, acc_fp64, view, device, device_record(device).name, os.environ.get(PROGRAMS_ENV),
+    key = (direction, log, acc_fp64, view, device, os.environ.get(PROGRAMS_ENV),
            tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
-    prepared = _prepared.get(key)
-    if prepared is None or prepared.tuning is not tuning_for(prepared.record):
-        if len(_prepared) >= _PREPARED_LIMIT:
-            _prepared.clear()
-        prepared = _prepared[key] = _prepare(direction, tensors, view, log, acc_fp64)
-    if device.type != "cpu" and device.index != _current_index(device):
-        with getattr(torch, device.type).device(device.index):
-            return prepared(device, tensors)
-    return prepared(device, tensors)
-
-
-def _current_index(device: torch.device) -> int:
-    return getattr(torch, device.type).current_device()
+    found = _records.get(key)
+    if found is None:
+        if len(_records) >= _RECORDS_LIMIT:
+            _records.clear()
+        found = _records[key] = build_record(direction, tensors, view, log, acc_fp64)
+    return found(tensors)
 
 
 # Split launches the driver refused as not co-resident, keyed like the resources: the program
@@ -303,12 +289,11 @@ def _is_residency_refusal(error: Exception) -> bool:
     return "cooperative" in text and ("too many blocks" in text or "too large" in text)
 
 
-def _run(kernel: Any, backend: Backend, record: DeviceRecord, plan: LaunchPlan, args: tuple, constexprs: dict,
-         options: dict) -> int:
+def _run(kernel: Any, backend: Backend, plan: LaunchPlan, args: tuple, constexprs: dict, options: dict) -> int:
     """Launch through ``kernel[grid]``; returns the grid size used."""
     if options.get("launch_cooperative_grid"):
         key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), tuple(sorted(options.items())),
-               _specialization(args), record.name)
+               _specialization(args))
         programs = min(plan.programs, _accepted_programs.get(key, plan.programs))
         while True:
             try:

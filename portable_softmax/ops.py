@@ -1,18 +1,31 @@
 """The public operations: drop-in ``softmax`` and ``log_softmax`` with their backward.
 
 This module validates arguments the way a user can act on, maps any dim of any strided tensor
-onto the kernels' row view without copying where it can, and wires the kernels into autograd.
+onto the kernels' row view without copying where it can, and wires the kernels into autograd and
+``torch.func``.
+
+The hot path: a call is keyed on everything its launch depends on (shape, strides, dtypes,
+device, dim, the 16-byte alignment of its data, autocast, the environment overrides) and finds a
+``_Call`` built the first time: the output's size and strides and the launch record
+(``launch.LaunchRecord``). Later calls allocate the output and launch; they validate, plan and
+query nothing.
 """
 from __future__ import annotations
 
 import functools
+import os
+import threading
+from collections.abc import Callable
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
-from portable_softmax import torch_ops
+from portable_softmax import launch, torch_ops
+from portable_softmax.backend import BACKEND_ENV, on_registry_change
 from portable_softmax.device import device_record
-from portable_softmax.launch import RowView, run_backward, run_forward
+from portable_softmax.launch import PROGRAMS_ENV, RowView
+from portable_softmax.tuning import TUNING
 
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Column offsets are computed in 32 bits inside the kernels.
@@ -90,35 +103,168 @@ def _empty_like(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_like(t, dtype=dtype, memory_format=torch.preserve_format)
 
 
-def _forward(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool) -> torch.Tensor:
-    if x.dim() == 0:
-        return _forward(x.reshape(1), 0, out_dtype, log).reshape(())
-    y = _empty_like(x, out_dtype)
-    if x.numel() == 0:
+# ----------------------------------------------------------------------------------------------
+# Call records: what one call signature needs, built once.
+# ----------------------------------------------------------------------------------------------
+
+# The environment overrides, read from os.environ's own mapping where CPython has one: a lookup
+# there costs a twentieth of os.environ.get, which encodes the name on every call.
+_ENVIRON = getattr(os.environ, "_data", None)
+_OVERRIDES = tuple(os.environ.encodekey(name) if _ENVIRON is not None else name  # type: ignore[attr-defined]
+                   for name in (PROGRAMS_ENV, BACKEND_ENV))
+
+
+def _overrides() -> tuple:
+    if _ENVIRON is not None:
+        return _ENVIRON.get(_OVERRIDES[0]), _ENVIRON.get(_OVERRIDES[1])
+    return os.environ.get(_OVERRIDES[0]), os.environ.get(_OVERRIDES[1])
+
+
+class _Call:
+    """One call signature's work: allocate the output as torch lays it out for the input, and
+    launch through the record (``launch.LaunchRecord``)."""
+
+    __slots__ = ("size", "stride", "dtype", "device", "record", "tensors")
+
+    def __init__(self, out: torch.Tensor, record: Callable) -> None:
+        self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), out.dtype, out.device
+        self.record = record
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A fresh allocation is 16-byte aligned (torch's allocators align to 64 bytes or more),
+        # as the binary in the record was specialised for.
+        y = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        self.record((x, y))
         return y
-    view = row_view(tuple(x.shape), dim, x, y)
+
+    def backward(self, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        dx = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+        self.record((y, dy, dx))
+        return dx
+
+
+# Calls by key; bounded so that a stream of distinct shapes cannot grow them forever; emptied when
+# what they were planned from changes (the tuning table, the backend registry).
+_forward_calls: dict[tuple, Callable[[torch.Tensor], torch.Tensor]] = {}
+_backward_calls: dict[tuple, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+_CALLS_LIMIT = 4096
+_build_lock = threading.Lock()
+
+
+def _forget_calls() -> None:
+    _forward_calls.clear()
+    _backward_calls.clear()
+
+
+TUNING.on_change(_forget_calls)
+on_registry_change(_forget_calls)
+
+
+# Whether torch has autocast for a device type (not for meta tensors): asked once per type.
+_autocast_available: dict[str, bool] = {}
+
+
+def _autocast_dtype(x: torch.Tensor, out_dtype: torch.dtype, log: bool) -> torch.dtype:
+    """The output dtype torch's own softmax gives ``x`` under the autocast now enabled for its
+    device type: asked of torch itself (on CUDA softmax runs in float32; on CPU it keeps the
+    input's dtype), once per state."""
+    return _autocast_policy(x.device, x.dtype, torch.get_autocast_dtype(x.device.type), log) or out_dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _autocast_policy(device: torch.device, dtype: torch.dtype, autocast: torch.dtype, log: bool) -> Optional[torch.dtype]:
+    with torch.autocast(device.type, dtype=autocast):
+        result = (torch.log_softmax if log else torch.softmax)(torch.zeros(1, dtype=dtype, device=device), -1).dtype
+    return None if result == dtype else result
+
+
+def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool,
+                  autocast: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    name = "log_softmax" if log else "softmax"
+    if x.device.type == "meta":
+        _, out_dtype = _validate_meta(x, dim, dtype, name)
+        return lambda x: _empty_like(x, out_dtype)
+    dim, out_dtype = _validate(x, dim, dtype, name)
+    if autocast and dtype is None:
+        out_dtype = _autocast_dtype(x, out_dtype, log)
+    if x.dim() == 0:
+        return lambda x: _forward(x.reshape(1), 0, out_dtype, log).reshape(())
+    template = _empty_like(x, out_dtype)
+    if x.numel() == 0:
+        return lambda x: _empty_like(x, out_dtype)
+    view = row_view(tuple(x.shape), dim, x, template)
     if view is None:
-        moved = x.movedim(dim, -1).contiguous()
-        out = _forward(moved, moved.dim() - 1, out_dtype, log)
-        return out.movedim(-1, dim)
-    run_forward(x, y, view, log)
-    return y
+        def moved(x: torch.Tensor) -> torch.Tensor:
+            inner = x.movedim(dim, -1).contiguous()
+            return _forward(inner, -1, out_dtype, log).movedim(-1, dim)
+        return moved
+    record = launch.build_record("forward", (x, template), view, log, out_dtype == torch.float64)
+    return _Call(template, record).forward
+
+
+def _validate_meta(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str) -> tuple[int, torch.dtype]:
+    """``_validate`` for meta tensors, which no backend serves and which need no device record:
+    torch infers their shape, dtype and layout, and so do we."""
+    rank = max(x.dim(), 1)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
+    if not -rank <= dim < rank:
+        raise DimensionError(f"portable_softmax.{name}: dim {dim} is out of range for a tensor of {x.dim()} "
+                             f"dimension(s) (expected {-rank} to {rank - 1})")
+    _check_dtype("the input's dtype", x.dtype, name)
+    out_dtype = x.dtype if dtype is None else dtype
+    _check_dtype("dtype", out_dtype, name)
+    return dim % rank, out_dtype
+
+
+def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
+    """softmax (or log_softmax) of ``x`` over ``dim``; ``dtype`` as the public functions take it."""
+    device = x.device
+    autocast = _autocast_available.get(device.type) and torch.is_autocast_enabled(device.type)
+    if autocast is None:
+        _autocast_available[device.type] = torch.amp.is_autocast_available(device.type)
+        return _forward(x, dim, dtype, log)
+    key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
+    call = _forward_calls.get(key)
+    if call is None:
+        with _build_lock:
+            if len(_forward_calls) >= _CALLS_LIMIT:
+                _forward_calls.clear()
+            call = _forward_calls[key] = _forward_call(x, dim, dtype, log, autocast)
+    return call(x)
+
+
+def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype,
+                   log: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if y.dim() == 0:
+        return lambda y, dy: _backward(y.reshape(1), dy.reshape(1), 0, grad_dtype, log).reshape(())
+    template = _empty_like(y, grad_dtype)
+    if y.numel() == 0:
+        return lambda y, dy: _empty_like(y, grad_dtype)
+    view = row_view(tuple(y.shape), dim, y, dy, template)
+    if view is None:
+        def moved(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+            y_moved = y.movedim(dim, -1).contiguous()
+            dy_moved = dy.movedim(dim, -1).contiguous()
+            return _backward(y_moved, dy_moved, y_moved.dim() - 1, grad_dtype, log).movedim(-1, dim)
+        return moved
+    acc_fp64 = torch.float64 in (y.dtype, dy.dtype, grad_dtype)
+    record = launch.build_record("backward", (y, dy, template), view, log, acc_fp64)
+    return _Call(template, record).backward
 
 
 def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool) -> torch.Tensor:
-    if y.dim() == 0:
-        return _backward(y.reshape(1), dy.reshape(1), 0, grad_dtype, log).reshape(())
-    dx = _empty_like(y, grad_dtype)
-    if y.numel() == 0:
-        return dx
-    view = row_view(tuple(y.shape), dim, y, dy, dx)
-    if view is None:
-        y_moved = y.movedim(dim, -1).contiguous()
-        dy_moved = dy.movedim(dim, -1).contiguous()
-        out = _backward(y_moved, dy_moved, y_moved.dim() - 1, grad_dtype, log)
-        return out.movedim(-1, dim)
-    run_backward(y, dy, dx, view, log)
-    return dx
+    """The gradient with respect to the input from the output ``y`` and its gradient ``dy``;
+    ``dim`` normalized (0 <= dim < rank)."""
+    key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, dim, grad_dtype, log,
+           y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, _overrides())
+    call = _backward_calls.get(key)
+    if call is None:
+        with _build_lock:
+            if len(_backward_calls) >= _CALLS_LIMIT:
+                _backward_calls.clear()
+            call = _backward_calls[key] = _backward_call(y, dy, dim, grad_dtype, log)
+    return call(y, dy)
 
 
 def _reference_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool) -> torch.Tensor:
@@ -131,12 +277,25 @@ def _reference_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype:
 
 
 class _Softmax(torch.autograd.Function):
+    """softmax / log_softmax for autograd and forward-mode AD: the kernels forward and backward,
+    torch operations for double backward and for the tangent (``jvp``).
+
+    Written with ``forward(ctx, ...)``: a Function that defines ``setup_context`` has its
+    arguments bound through ``inspect.signature`` on every call (tens of microseconds), so the
+    ``torch.func`` form (``_TransformableSoftmax``) is used only where a transform needs it."""
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool) -> torch.Tensor:
-        y = _forward(x, dim, out_dtype, log)
-        ctx.save_for_backward(y)
-        ctx.dim, ctx.log, ctx.grad_dtype = dim, log, x.dtype
+    def forward(ctx, x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
+        y = _forward(x, dim, dtype, log)
+        _Softmax._save(ctx, x, dim, log, y, forward_ad._current_level >= 0)
         return y
+
+    @staticmethod
+    def _save(ctx, x: torch.Tensor, dim: int, log: bool, y: torch.Tensor, tangents: bool) -> None:
+        ctx.save_for_backward(y)
+        if tangents:
+            ctx.save_for_forward(y)
+        ctx.dim, ctx.log, ctx.grad_dtype = dim % max(x.dim(), 1), log, x.dtype
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -147,16 +306,61 @@ class _Softmax(torch.autograd.Function):
             dx = _backward(y, dy, ctx.dim, ctx.grad_dtype, ctx.log)
         return dx, None, None, None
 
+    @staticmethod
+    def jvp(ctx, tangent: torch.Tensor, *_):
+        """The tangent of the output: y * (t - sum(t * y)) for softmax, t - sum(softmax(x) * t)
+        for log_softmax (t cast to the output's dtype first, as the input is)."""
+        (y,) = ctx.saved_tensors
+        t = tangent.to(y.dtype)
+        if ctx.log:
+            return t - (torch.exp(y) * t).sum(ctx.dim, keepdim=True)
+        return y * (t - (t * y).sum(ctx.dim, keepdim=True))
+
+
+class _TransformableSoftmax(torch.autograd.Function):
+    """``_Softmax`` in the form ``torch.func`` transforms take (``setup_context``), with ``vmap``."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
+        return _forward(x, dim, dtype, log)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, dim, _, log = inputs
+        _Softmax._save(ctx, x, dim, log, output, True)
+
+    backward = _Softmax.backward
+    jvp = _Softmax.jvp
+
+    @staticmethod
+    def vmap(info, in_dims, x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool):
+        """Over a batch dimension: the same softmax over one more leading dimension."""
+        batch = in_dims[0]
+        if batch is None:
+            return _TransformableSoftmax.apply(x, dim, dtype, log), None
+        rank = max(x.dim() - 1, 1)
+        if isinstance(dim, int) and not isinstance(dim, bool) and not -rank <= dim < rank:
+            raise DimensionError(f"portable_softmax.{'log_softmax' if log else 'softmax'}: dim {dim} is out of "
+                                 f"range for a tensor of {x.dim() - 1} dimension(s) (expected {-rank} to {rank - 1})")
+        x = x.movedim(batch, 0)
+        return _TransformableSoftmax.apply(x, dim if dim < 0 else dim + 1, dtype, log), 0
+
+
+
 
 def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, name: str) -> torch.Tensor:
-    dim, out_dtype = _validate(x, dim, dtype, name)
     if torch_ops.AVAILABLE and torch_ops.compiling():
         # Under torch.compile: the registered custom operator, which dynamo puts in the graph as
         # one node (with its fake and autograd registrations) instead of breaking the graph.
+        dim, out_dtype = _validate(x, dim, dtype, name)
         return torch_ops.call(x, dim, out_dtype, log)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _Softmax.apply(x, dim, out_dtype, log)
-    return _forward(x, dim, out_dtype, log)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"portable_softmax.{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):  # vmap, grad, jvp, ...
+        return _TransformableSoftmax.apply(x, dim, dtype, log)
+    if (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0:
+        return _Softmax.apply(x, dim, dtype, log)
+    return _forward(x, dim, dtype, log)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -164,12 +368,13 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = No
 
     Args:
         x: a float16, bfloat16, float32 or float64 tensor of any rank and strides, on any device a
-            backend serves (CPU tensors run through Triton's interpreter).
+            backend serves (CPU tensors run through Triton's interpreter), or a meta tensor.
         dim: the dimension to normalise over; negative counts from the end.
         dtype: if given, ``x`` is cast to it first and the result has this dtype (as in torch).
 
     Returns:
-        A tensor of ``x``'s shape; differentiable with respect to ``x``.
+        A tensor of ``x``'s shape; differentiable with respect to ``x`` (autograd, forward-mode
+        AD and ``torch.func`` transforms).
 
     Raises:
         TypeError: ``x`` is not a floating tensor, or its dtype is unsupported on its device.

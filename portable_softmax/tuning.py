@@ -6,8 +6,9 @@ resident waves); a new target gets its backend's defaults until someone measures
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from portable_softmax.record import DeviceRecord
 
@@ -151,7 +152,40 @@ _CUDA_DENSE = frozenset({"forward", "backward"})
 # overlaps the pipeline's buffers (NOTES v9).
 _CUDA_WAIT_ATOMIC = False
 
-TUNING: dict[tuple[str, str], Tuning] = {
+class TuningTable(dict):
+    """The tuning rows by ``(backend, arch)``: a dict that tells its observers of every change, so
+    that what was planned from it (``launch``'s records) is planned again."""
+
+    def __init__(self, rows: Mapping[tuple[str, str], Tuning]) -> None:
+        super().__init__(rows)
+        self._observers: list[Callable[[], None]] = []
+
+    def on_change(self, observer: Callable[[], None]) -> None:
+        self._observers.append(observer)
+
+    def _changed(self) -> None:
+        for observer in self._observers:
+            observer()
+
+    def __setitem__(self, key: tuple[str, str], value: Tuning) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: tuple[str, str]) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        found = super().pop(*args)
+        self._changed()
+        return found
+
+
+TUNING = TuningTable({
     # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
     # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
     ("cuda", "*"): replace(_DEFAULT, split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
@@ -165,7 +199,7 @@ TUNING: dict[tuple[str, str], Tuning] = {
     # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
     ("interpreter", "*"): replace(_DEFAULT, tile_elements=65536, row_elements=65536, loop_chunk=16384,
                                   max_warps=1, max_programs=4, tile_waves=1),
-}
+})
 
 
 def tuning_for(record: DeviceRecord) -> Tuning:

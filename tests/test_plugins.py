@@ -103,14 +103,14 @@ def test_forced_plugin_runs_softmax(plugin, monkeypatch):
     used = []
     run = launch._run
 
-    def spy(kernel, backend_, record, plan, *args):
-        used.append((backend_.name, record.backend, plan.backend))
-        return run(kernel, backend_, record, plan, *args)
+    def spy(kernel, backend_, plan, *args):
+        used.append((backend_.name, plan.backend))
+        return run(kernel, backend_, plan, *args)
 
     monkeypatch.setattr(launch, "_run", spy)
     y = ps.softmax(x, dim=-1)
     torch.testing.assert_close(y, torch.softmax(x, dim=-1))
-    assert used == [("fakeaccel", "fakeaccel", "fakeaccel")]
+    assert used == [("fakeaccel", "fakeaccel")]
     assert module.occupancy_calls, "the planner did not ask the plugin's occupancy"
     record, resources = module.occupancy_calls[-1]
     assert record.backend == "fakeaccel" and resources.num_warps >= 1
@@ -122,7 +122,7 @@ def test_forced_plugin_runs_softmax(plugin, monkeypatch):
     reference = x.detach().clone().requires_grad_()
     torch.log_softmax(reference, 0).backward(torch.ones_like(z))
     torch.testing.assert_close(x.grad, reference.grad)
-    assert [name for name, _, _ in used] == ["fakeaccel"] * 3
+    assert [name for name, _ in used] == ["fakeaccel"] * 3
 
 
 def test_unknown_forced_backend_lists_known_ones(plugin, monkeypatch):

@@ -1,0 +1,121 @@
+"""The call path: a repeated call is one lookup and one launch; what changes the binary changes the
+record; overrides, threads and graph capture keep working."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import portable_softmax as ps
+from portable_softmax import device as device_layer
+from portable_softmax import launch, ops
+from portable_softmax.selfcheck import relative_error
+
+
+def _count(monkeypatch, module, name: str, counts: dict) -> None:
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_a_repeated_call_plans_compiles_and_queries_nothing(device, monkeypatch, log):
+    fn, theirs = (ps.log_softmax, torch.log_softmax) if log else (ps.softmax, torch.softmax)
+    x = torch.randn(48, 333, device=device, requires_grad=True)
+    dy = torch.randn(48, 333, device=device)
+    counts: dict = {}
+    for module, name in ((launch, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
+                         (launch, "backend_for"), (launch, "device_record"), (device_layer, "_record_or_error"),
+                         (ops, "_validate")):
+        _count(monkeypatch, module, name, counts)
+    torch.autograd.grad(fn(x, -1), x, dy)
+    first = dict(counts)
+    assert first.get("build_record") == 2 and first.get("plan_launch") == 2  # forward and backward
+    counts.clear()
+    for _ in range(3):
+        y = fn(x, -1)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        with torch.no_grad():
+            fn(x, -1)
+    assert counts == {}, f"repeated calls planned, compiled or queried: {counts}"
+    expected = torch.autograd.grad(theirs(x.double(), -1), x, dy.double())[0]
+    assert relative_error(dx, expected) < 1e-5
+
+
+def test_alignment_and_strides_pick_their_own_binary(device):
+    """1024-wide bf16 rows, then 781-wide ones (rows no longer 16-byte aligned), then a view that
+    starts one element in: each gets the binary specialised for it (a record keyed on less once
+    crashed with "misaligned address")."""
+    base = torch.randn(64, 1024 + 8, device=device, dtype=torch.bfloat16) * 3
+    for x in (base[:, :1024].contiguous(), base[:, :781].contiguous(), base[:, 1:782], base[:, :1024]):
+        y = ps.softmax(x, -1)
+        assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-2
+        assert y.shape == x.shape and y.is_contiguous()
+
+
+def test_overrides_take_effect_after_a_call(device, monkeypatch):
+    x = torch.randn(37, 1000, device=device)
+    first = launch.run_forward(x, torch.empty_like(x), ops.row_view(tuple(x.shape), 1, x, x), False)
+    monkeypatch.setenv(launch.PROGRAMS_ENV, "1")
+    built = []
+    real = launch.build_record
+    monkeypatch.setattr(launch, "build_record", lambda *a, **k: built.append(1) or real(*a, **k))
+    y = ps.softmax(x, -1)
+    assert built, "a changed PORTABLE_SOFTMAX_PROGRAMS did not re-plan the call"
+    forced = launch.run_forward(x, torch.empty_like(x), ops.row_view(tuple(x.shape), 1, x, x), False)
+    assert forced.programs == 1 != first.programs or first.programs == 1
+    assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
+    monkeypatch.setenv("PORTABLE_SOFTMAX_BACKEND", "nosuch")
+    with pytest.raises(ValueError, match="unknown portable_softmax backend 'nosuch'"):
+        ps.softmax(x, -1)
+
+
+def test_threads_calling_at_once_get_right_answers(device):
+    if device == "cpu":
+        pytest.skip("interpreted launches from threads: tests/test_softmax.py covers them")
+    shapes = [(8, 1000), (33, 4096), (2, 50257)]
+    inputs = [torch.randn(shape, device=device) for shape in shapes]
+    expected = [torch.softmax(x, -1) for x in inputs]
+    errors: list = []
+
+    def work(index: int) -> None:
+        for step in range(40):
+            k = (index + step) % len(inputs)
+            y = ps.softmax(inputs[k], -1)
+            if not torch.allclose(y, expected[k], rtol=1e-5, atol=1e-6):
+                errors.append((index, step, shapes[k]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_graph_capture_and_replay(device):
+    if device == "cpu":
+        pytest.skip("CUDA graphs need a GPU")
+    module = getattr(torch, device)
+    if not hasattr(module, "CUDAGraph"):
+        pytest.skip(f"no graphs on {device}")
+    for shape in [(64, 4096), (4, 131072)]:
+        x = torch.randn(shape, device=device)
+        ps.softmax(x, -1)  # built outside the capture
+        stream = module.Stream()
+        stream.wait_stream(module.current_stream())
+        with module.stream(stream):
+            ps.softmax(x, -1)  # and on the capture stream (the split scratch is per stream)
+        module.current_stream().wait_stream(stream)
+        graph = module.CUDAGraph()
+        with module.graph(graph):
+            y = ps.softmax(x, -1)
+        x.copy_(torch.randn(shape, device=device))
+        graph.replay()
+        module.synchronize()
+        assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
