@@ -62,15 +62,21 @@ def current_device_getter(device) -> Callable[[], int]:
     return getattr(torch, device.type).current_device
 
 
+def _hook_set(hook) -> bool:
+    # Triton 3.6+ keeps each hook as a HookChain, present even when it holds no function.
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _launch_hooks_set() -> bool:
     try:
         from triton import knobs
 
-        return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     except ImportError:  # Triton < 3.4: the hooks live on CompiledKernel
         from triton.compiler.compiler import CompiledKernel
 
-        return CompiledKernel.launch_enter_hook is not None or CompiledKernel.launch_exit_hook is not None
+        hooks = (CompiledKernel.launch_enter_hook, CompiledKernel.launch_exit_hook)
+    return any(_hook_set(hook) for hook in hooks)
 
 
 def direct_launcher(kernel, args: tuple, programs: int, constexprs: dict, options: dict,
