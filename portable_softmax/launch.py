@@ -154,7 +154,8 @@ class LaunchRecord:
     """
 
     def __init__(self, kernel: Any, backend: Backend, device: torch.device, plan: LaunchPlan, scalars: tuple,
-                 constexprs: dict, options: dict, fallback: Optional[Callable[[], "LaunchRecord"]]) -> None:
+                 constexprs: dict, options: dict,
+                 fallback: Optional[Callable[[tuple[torch.Tensor, ...]], "LaunchRecord"]]) -> None:
         self.kernel, self.backend, self.device, self.plan = kernel, backend, device, plan
         self.scalars, self.constexprs, self.options = scalars, constexprs, options
         self._fallback, self._fallback_record = fallback, None
@@ -176,7 +177,7 @@ class LaunchRecord:
             scratch = pool.get(self.device, stream, self._slots, self.plan.tiles)
             if scratch is None:
                 if self._fallback_record is None:
-                    self._fallback_record = self._fallback()
+                    self._fallback_record = self._fallback(tensors)
                 return self._fallback_record(tensors)
             if self.plan.ticketed:
                 # Ticketed programs leave their row's slots full (only the counter resets itself).
@@ -253,10 +254,10 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None
     if plan.regime == "split":
-        def fallback() -> LaunchRecord:
-            # The same call without the split path, for a graph capture that cannot grow the
-            # scratch. Its tensors' shapes, strides and alignment are the key's, so any of them do.
-            return build_record(direction, tensors, view, log, acc_fp64, allow_split=False)
+        # The same call without the split path, for a graph capture that cannot grow the scratch;
+        # built from the tensors of the call that needs it: a record holds no tensor.
+        def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
+            return build_record(direction, now, view, log, acc_fp64, allow_split=False)
     return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, fallback)
 
 
