@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from portable_softmax.amdgcn import amdgcn_resources, kernel_resources
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, dense_form,
@@ -346,22 +347,6 @@ def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
     return found
 
 
-AMDGCN_KEYS = ("vgpr_count", "agpr_count", "sgpr_count", "vgpr_spill_count", "sgpr_spill_count",
-               "private_segment_fixed_size", "group_segment_fixed_size")
-
-
-def amdgcn_resources(asm: str) -> dict[str, int]:
-    """The register, spill, scratch and LDS figures of the code object metadata in AMDGCN assembly."""
-    found: dict[str, int] = {}
-    for key in AMDGCN_KEYS:
-        match = re.search(rf"^\s*-?\s*\.{key}:\s+(\d+)\s*$", asm, re.MULTILINE)
-        if match:
-            found[key] = int(match.group(1))
-    if "vgpr_count" not in found:
-        raise RuntimeError("no .vgpr_count in the AMDGCN code object metadata")
-    return found
-
-
 def called_shared_memory(llir: str) -> list[str]:
     """The functions in a kernel's LLVM IR, other than the kernel, that address shared memory.
     Triton 3.6 gives a called function none of its own: what it uses overlaps the caller's,
@@ -419,8 +404,9 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
                       detail={k.lower(): v for k, v in usage.items() if k in ("REG", "STACK", "SHARED", "LOCAL")})
     else:
         usage = amdgcn_resources(compiled.asm["amdgcn"])
-        # HIP_FUNC_ATTRIBUTE_NUM_REGS is .vgpr_count; n_spills is the private segment / 4.
-        result.update(registers=usage["vgpr_count"], spills=usage.get("private_segment_fixed_size", 0) // 4,
+        # As a live launch reads them (launch._compiled_resources): one rule for both.
+        used = kernel_resources(usage, spec["options"]["num_warps"], result["shared"])
+        result.update(registers=used.registers, spills=used.spills, sgprs=used.sgprs,
                       static_shared=usage.get("group_segment_fixed_size", 0), detail=usage)
     return result
 
@@ -670,7 +656,8 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         }
         if result["status"] == "ok":
             resources = KernelResources(registers=result["registers"], shared_memory=result["shared"],
-                                        num_warps=config.num_warps, spills=result["spills"])
+                                        num_warps=config.num_warps, spills=result["spills"],
+                                        sgprs=result.get("sgprs", 0))
             occupancy = backend.occupancy(record, resources)
             # Triton's launcher grants dynamic shared memory up to the per-block limit less the static part.
             shared_total = result["shared"] + result["static_shared"]

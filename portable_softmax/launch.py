@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from portable_softmax import compat
+from portable_softmax import amdgcn, compat
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
@@ -99,6 +99,9 @@ def _compiled_resources(kernel: Any, backend: Backend, device: torch.device, arg
         compiled._init_handles()
         found = KernelResources(registers=compiled.n_regs, shared_memory=compiled.metadata.shared,
                                 num_warps=options["num_warps"], spills=getattr(compiled, "n_spills", 0))
+        if "amdgcn" in compiled.asm:  # the driver reports no SGPRs, which bound occupancy on gfx9
+            found = amdgcn.kernel_resources(amdgcn.amdgcn_resources(compiled.asm["amdgcn"]), options["num_warps"],
+                                            compiled.metadata.shared)
         _resources_cache[key] = found
     return found
 

@@ -54,10 +54,14 @@ class KernelResources:
     """What one program of a compiled kernel occupies on its unit.
 
     ``registers`` is per thread and ``shared_memory`` in bytes; 0 means "not reported" (Ascend
-    kernels report no registers; the interpreter reports nothing).
+    kernels report no registers; the interpreter reports nothing). On AMD, ``registers`` is the
+    code object's ``.vgpr_count``: architectural and accumulation VGPRs together where the file is
+    unified (gfx90a, gfx94x, gfx950), as the HIP runtime counts them. ``sgprs`` is the scalar
+    registers per wave, read from AMD code objects only (0 elsewhere: the rule ignores it).
     """
 
     registers: int
     shared_memory: int
     num_warps: int
     spills: int = 0
+    sgprs: int = 0
