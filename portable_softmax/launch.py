@@ -228,7 +228,7 @@ def _prepare(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, l
                 constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
             args = (tiles, tiles_per_outer, *tiles_rows, *strides)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        if config.regime == "split" and not config.ticketed and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH:
+        if config.regime == "split" and not config.ticketed and record.cooperative_launch:
             options["launch_cooperative_grid"] = True
         caps = split_fit(record, config, input_bytes)
         if caps:

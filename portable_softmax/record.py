@@ -29,6 +29,11 @@ class DeviceRecord:
         supports_bf16: whether bfloat16 tensors are supported there.
         residency_guaranteed: whether a grid sized from occupancy is resident all at once, so
             programs may wait on each other (the split-row path).
+        cooperative_launch: whether a launch can ask the driver to refuse a grid that is not
+            resident all at once. A persistent split grid, whose programs all wait on each other,
+            is planned only where it can; ticketed split rows, which need only one row's chunks
+            resident, do without. False unless the device says so (and, for a live device, the
+            backend's launcher and Triton can pass the request on: ``device.py``).
     """
 
     backend: str
@@ -44,6 +49,8 @@ class DeviceRecord:
     supports_fp64: bool
     supports_bf16: bool
     residency_guaranteed: bool
+    # Defaults: records built by plugins before these fields existed stay valid, and claim nothing.
+    cooperative_launch: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -36,6 +36,7 @@ CUDA_MAX_REGISTERS_PER_THREAD = 255
 CUDA_MIN_REGISTER_CAP = 32
 CUDA_SHARED_MEMORY_RESERVED_PER_BLOCK = 1024
 CUDA_GRID_LIMIT = 2**31 - 1
+CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY = 60
 
 HIP_GRID_LIMIT = 2**31 - 1
 
@@ -135,6 +136,9 @@ def _cuda_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecor
         supports_fp64=True,
         supports_bf16=capability >= 80,
         residency_guaranteed=True,
+        # cuLaunchCooperativeKernel needs compute capability 6.0 or newer (CUDA programming guide,
+        # "Grid Synchronization"); Triton's CUDA driver does not report the attribute.
+        cooperative_launch=capability >= CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY,
     )
 
 
@@ -213,6 +217,9 @@ def _hip_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecord
         supports_fp64=True,
         supports_bf16=True,
         residency_guaranteed=True,
+        # Triton 3.9's HIP driver reports it; device.py asks the runtime where a driver does not.
+        # A dictionary without it (an old recording) claims no cooperative launch.
+        cooperative_launch=bool(raw.get("cooperativeLaunch", 0)),
     )
 
 

@@ -1,9 +1,14 @@
-"""AMD occupancy by the HIP runtime's rule: over recorded chips and compiled kernels' figures, no GPU."""
+"""AMD occupancy by the HIP runtime's rule and cooperative launch in the device record: over
+recorded chips and compiled kernels' figures, no GPU."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
-from portable_softmax import amdgcn, crosscompile, vendors
+from portable_softmax import amdgcn, compat, crosscompile, device, vendors
+from portable_softmax.backend import get_backend
+from portable_softmax.planner import plan_launch
 from portable_softmax.profiles import load_profile, profile_record
 from portable_softmax.record import KernelResources
 
@@ -122,3 +127,91 @@ def test_hip_tables_name_the_recorded_chips():
     # The register file the table implies is what ROCm 7 reports (regsPerBlock).
     for name in ("mi300x", "mi250x", "rx7900xtx"):
         assert profile_record(name).registers_per_unit == load_profile(name)["properties"]["max_num_regs"]
+
+
+# --------------------------------------------------------------------------------------------
+# Cooperative launch
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, cooperative", [
+    ("mi300x", True), ("mi250x", True), ("rx7900xtx", True), ("h100", True), ("h200", True), ("a100", True),
+    ("ascend910b", False),
+])
+def test_profiles_record_cooperative_launch(name, cooperative):
+    assert profile_record(name).cooperative_launch == cooperative
+    assert not get_backend("interpreter").normalize({}, "cpu", "cpu").cooperative_launch
+
+
+def test_hip_dictionary_without_the_property_claims_no_cooperative_launch():
+    raw = dict(load_profile("mi300x")["properties"])
+    assert vendors.HIP.normalize(raw, "gfx942", "x").cooperative_launch
+    raw["cooperativeLaunch"] = 0
+    assert not vendors.HIP.normalize(raw, "gfx942", "x").cooperative_launch
+    del raw["cooperativeLaunch"]
+    assert not vendors.HIP.normalize(raw, "gfx942", "x").cooperative_launch
+
+
+def test_missing_property_is_asked_of_the_runtime(monkeypatch):
+    asked = []
+
+    def ask(index):
+        asked.append(index)
+        return 0
+
+    monkeypatch.setitem(device._MISSING_PROPERTIES["hip"], "cooperativeLaunch", ask)
+    raw = {k: v for k, v in load_profile("mi300x")["properties"].items() if k != "cooperativeLaunch"}
+    completed = device._completed("hip", raw, 3)
+    assert asked == [3] and completed["cooperativeLaunch"] == 0
+    assert device._completed("hip", {**raw, "cooperativeLaunch": 1}, 3)["cooperativeLaunch"] == 1
+    assert asked == [3]  # reported by the driver: not asked again
+    assert "cooperativeLaunch" not in device._completed("cuda", raw, 0)
+
+
+def test_runtime_query_without_a_hip_runtime_says_no():
+    import torch
+
+    if torch.cuda.is_available() and torch.version.hip is not None:
+        pytest.skip("a HIP device is present: its answer is its own")
+    assert device._hip_cooperative_launch(0) == 0
+
+
+def test_live_record_needs_launcher_and_triton_for_cooperative_launch(monkeypatch):
+    record = profile_record("mi300x")
+    assert device._usable(record, vendors.HIP).cooperative_launch == compat.COOPERATIVE_LAUNCH
+    monkeypatch.setattr(compat, "COOPERATIVE_LAUNCH", False)  # Triton 3.2
+    assert not device._usable(record, vendors.HIP).cooperative_launch
+    monkeypatch.setattr(compat, "COOPERATIVE_LAUNCH", True)
+    assert device._usable(record, vendors.HIP).cooperative_launch
+    assert not device._usable(record, dataclasses.replace(vendors.HIP, cooperative_launch=False)).cooperative_launch
+
+
+def _resources_by_config(found: dict):
+    """A resources function over compiled figures: (regime, ticketed) -> (vgpr, sgpr, lds, warps)."""
+    def resources(config):
+        vgpr, sgpr, lds, warps = found[(config.regime, config.ticketed)]
+        assert config.num_warps == warps
+        return KernelResources(vgpr, lds, warps, sgprs=sgpr)
+    return resources
+
+
+# Compiled gfx942 variants of 32 rows of 128256 fp32, forward: rows of 16 chunks x 8192
+# (`portable-softmax compile --target hip:gfx942 --shape 32x128256 --dtype float32 --json`,
+# Triton 3.9.0). 512 items are too few for a ticketed grid: the plan is the persistent one.
+MI300X_FEW_ROWS = {("split", False): (165, 88, 8, 2), ("split", True): (133, 57, 8, 2), ("loop", False): (33, 46, 16, 4)}
+
+
+def test_no_persistent_split_without_cooperative_launch():
+    mi300x = profile_record("mi300x")
+    resources = _resources_by_config(MI300X_FEW_ROWS)
+    persistent = plan_launch(mi300x, 32, 128256, "float32", resources=resources)
+    assert (persistent.regime, persistent.ticketed, persistent.programs, persistent.occupancy) == ("split", False, 512, 6)
+    without = dataclasses.replace(mi300x, cooperative_launch=False)
+    plan = plan_launch(without, 32, 128256, "float32", resources=resources)
+    assert plan.regime == "loop" and "without a cooperative launch" in plan.reason
+    # A forced grid does not bring the persistent split back.
+    assert plan_launch(without, 32, 128256, "float32", resources=resources, programs=512).regime == "loop"
+    # A ticketed split needs only its row's chunks resident, so it stays where it fits.
+    h200 = dataclasses.replace(profile_record("h200"), cooperative_launch=False)
+    four = KernelResources(registers=128, shared_memory=1024, num_warps=4)
+    assert plan_launch(h200, 4096, 262144, "float32", resources=four).ticketed

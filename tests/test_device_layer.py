@@ -71,6 +71,8 @@ def test_plan_stays_within_what_the_chip_holds(name, rows, cols, backward):
             # A program per item; only a row's chunks need to be resident at once.
             assert plan.programs == plan.items and plan.chunks <= record.compute_units * plan.occupancy
         else:
+            # Every program waits on the others: the driver must enforce the residency.
+            assert record.cooperative_launch
             assert plan.programs <= record.compute_units * plan.occupancy
         assert plan.chunks * plan.block_n >= cols > (plan.chunks - 1) * plan.block_n
     elif plan.regime == "tile":
