@@ -715,6 +715,11 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                 if waves is not None and plan.programs > resident * waves:
                     row["problems"].append(f"{plan.programs} programs exceed {waves} wave(s) of "
                                            f"{record.compute_units} units x occupancy {plan.occupancy}")
+                # A ticketed row's chunks wait on each other: they must fit one residency domain.
+                domain_units = record.compute_units // record.residency_domains
+                if config.ticketed and config.chunks > domain_units * plan.occupancy:
+                    row["problems"].append(f"rows of {config.chunks} chunks exceed one of {record.residency_domains} "
+                                           f"residency domains: {domain_units} units x occupancy {plan.occupancy}")
         else:
             row["problems"].append(f"variant {variant['id']} did not compile")
         plans.append(row)
@@ -775,8 +780,10 @@ def format_report(report: dict[str, Any]) -> str:
     for t in report["targets"]:
         r = t["record"]
         lines.append(f"== {t['target']} (warp {t['warp_size']}): {r['name']}")
-        lines.append(f"   profile {t['profile']}; {r['compute_units']} units, {r['registers_per_unit']} "
-                     f"registers/unit, shared limit {r['shared_memory_per_unit']} B/program")
+        lines.append(f"   profile {t['profile']}; {r['compute_units']} units in {r['residency_domains']} residency "
+                     f"domain(s), {r['registers_per_unit']} registers/unit, shared limit "
+                     f"{r['shared_memory_per_unit']} B/program, cooperative launch "
+                     f"{'yes' if r['cooperative_launch'] else 'no'}")
         if t["synthetic"]:
             lines.append(f"   NOTE: {t['synthetic']}")
         lines.append(f"   {'#':>2} {'kernel':<24} {'BLOCK_M':>7} {'BLOCK_N':>7} {'CHUNKS':>6} {'warps':>5} {'ptr':>5} "

@@ -7,7 +7,8 @@ Three regimes (see ``kernels.py``):
 * ``tile``: rows short enough for one program; several short rows share a tile.
 * ``split``: a long row, or too few rows to fill the chip, cut into chunks held by co-resident
   programs. Needs ``record.residency_guaranteed`` and float32 accumulation; a persistent grid
-  (every program waits on the others) also ``record.cooperative_launch``.
+  (every program waits on the others) also ``record.cooperative_launch``, and a ticketed row
+  (only its chunks wait on each other) must fit one residency domain.
 * ``loop``: stream the row twice; never waits on another program, so it is always safe.
 """
 from __future__ import annotations
@@ -395,7 +396,16 @@ def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResou
     per_unit = min(get_backend(record.backend).occupancy(record, kernel), tuning.split_programs_per_unit)
     items = _tiles(config, n_rows, rows_per_group) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
-    return held >= tuning.split_ticket_bytes and items >= tuning.split_ticket_waves * record.compute_units * per_unit
+    return (config.chunks <= _domain_resident(record, per_unit) and held >= tuning.split_ticket_bytes
+            and items >= tuning.split_ticket_waves * record.compute_units * per_unit)
+
+
+def _domain_resident(record: DeviceRecord, per_unit: int) -> int:
+    """The programs one residency domain holds at once (an XCD on MI300X): the most chunks a
+    ticketed row may have. A row's chunks wait on each other, and its last ones may be left to
+    programs that only one domain has still to start, while that domain's units hold the row's
+    first ones: the row must fit there."""
+    return record.compute_units // max(record.residency_domains, 1) * per_unit
 
 
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
@@ -407,7 +417,7 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     cap = min(record.grid_limit, tuning.max_programs)
     per_unit = min(occupancy, tuning.split_programs_per_unit)
     if config.ticketed:
-        if record.compute_units * per_unit < config.chunks or items > cap:
+        if _domain_resident(record, per_unit) < config.chunks or items > cap:
             return None
         programs = items
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "

@@ -34,6 +34,9 @@ class DeviceRecord:
             is planned only where it can; ticketed split rows, which need only one row's chunks
             resident, do without. False unless the device says so (and, for a live device, the
             backend's launcher and Triton can pass the request on: ``device.py``).
+        residency_domains: the parts of the chip that each run only the programs dealt to them,
+            with their own units (MI300X: 8 XCDs, programs dealt round-robin). Programs that
+            wait on each other without a cooperative launch must fit one domain's units.
     """
 
     backend: str
@@ -51,6 +54,7 @@ class DeviceRecord:
     residency_guaranteed: bool
     # Defaults: records built by plugins before these fields existed stay valid, and claim nothing.
     cooperative_launch: bool = False
+    residency_domains: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -54,6 +54,7 @@ class HipUnitLimits:
         simds_per_unit: SIMDs per unit of ``DeviceRecord.compute_units``.
         max_workgroups_per_unit: workgroups of more than one wave a unit holds (each takes a
             barrier); one-wave workgroups take none.
+        residency_domains: ``DeviceRecord.residency_domains``.
     """
 
     max_waves_per_simd: int
@@ -62,6 +63,7 @@ class HipUnitLimits:
     sgprs_per_simd: int
     simds_per_unit: int
     max_workgroups_per_unit: int
+    residency_domains: int
 
 
 # Occupancy on AMD as the HIP runtime computes it (ROCm clr, hipamd/src/hip_platform.cpp,
@@ -85,13 +87,16 @@ class HipUnitLimits:
 # wgp_cu_mode), where the runtime counts WGPs as units (multiProcessorCount halved) and gives a
 # WGP mode kernel 2 x 2 SIMDs. Workgroups per unit: LLVM's getMaxWorkGroupsPerCU (16 barriers per
 # CU, 32 per WGP in WGP mode; never the tighter bound here, 32 waves / 2 and 64 / 2, but kept as
-# the hardware's).
+# the hardware's). Residency domains: MI300X, MI325X and MI355X deal workgroups round-robin to 8
+# XCDs, each with only its own CUs (ROCm/composable_kernel#3652 remaps MI300 workgroups for it;
+# iree-org/wave#1001 models MI350's dealing over 8 XCDs of 32 CUs); 8 is also the
+# safe side for the parts and partition modes with fewer (MI300A: 6; CPX: 1), whose XCDs have as
+# many CUs or more than compute_units / 8.
 _CDNA2 = HipUnitLimits(max_waves_per_simd=8, vgprs_per_simd=512, vgpr_granule=8, sgprs_per_simd=800,
-                       simds_per_unit=4, max_workgroups_per_unit=16)
-# gfx94x and gfx950 have gfx90a's register file and wave limits.
-_CDNA3 = _CDNA2
+                       simds_per_unit=4, max_workgroups_per_unit=16, residency_domains=1)
+_CDNA3 = dataclasses.replace(_CDNA2, residency_domains=8)
 _RDNA_1_5X_VGPRS = HipUnitLimits(max_waves_per_simd=16, vgprs_per_simd=1536, vgpr_granule=24, sgprs_per_simd=0,
-                                 simds_per_unit=4, max_workgroups_per_unit=32)
+                                 simds_per_unit=4, max_workgroups_per_unit=32, residency_domains=1)
 _RDNA_10_3 = dataclasses.replace(_RDNA_1_5X_VGPRS, vgprs_per_simd=1024, vgpr_granule=16)
 HIP_UNIT_LIMITS = {
     "gfx90a": _CDNA2,
@@ -102,7 +107,7 @@ HIP_UNIT_LIMITS = {
     "gfx1201": _RDNA_1_5X_VGPRS,
 }
 # Architectures not in the table, by family: limits no larger than any chip of the family has
-# (gfx9: gfx908's 256 VGPRs per SIMD, in gfx90a's coarser granule; gfx10+: 1024
+# (gfx9: gfx908's 256 VGPRs per SIMD, in gfx90a's coarser granule, and 8 domains; gfx10+: 1024
 # VGPRs in the coarsest granule), so that a guarantee of residency errs on the safe side.
 HIP_FAMILY_LIMITS = {
     9: dataclasses.replace(_CDNA3, vgprs_per_simd=256),
@@ -220,6 +225,7 @@ def _hip_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecord
         # Triton 3.9's HIP driver reports it; device.py asks the runtime where a driver does not.
         # A dictionary without it (an old recording) claims no cooperative launch.
         cooperative_launch=bool(raw.get("cooperativeLaunch", 0)),
+        residency_domains=limits.residency_domains,
     )
 
 

@@ -1,5 +1,5 @@
-"""AMD occupancy by the HIP runtime's rule and cooperative launch in the device record: over
-recorded chips and compiled kernels' figures, no GPU."""
+"""AMD occupancy by the HIP runtime's rule, cooperative launch in the device record, and the
+per-XCD bound on ticketed split rows: over recorded chips and compiled kernels' figures, no GPU."""
 from __future__ import annotations
 
 import dataclasses
@@ -215,3 +215,53 @@ def test_no_persistent_split_without_cooperative_launch():
     h200 = dataclasses.replace(profile_record("h200"), cooperative_launch=False)
     four = KernelResources(registers=128, shared_memory=1024, num_warps=4)
     assert plan_launch(h200, 4096, 262144, "float32", resources=four).ticketed
+
+
+# --------------------------------------------------------------------------------------------
+# Ticketed rows within one XCD
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, domains", [("gfx942", 8), ("gfx950", 8), ("gfx90a", 1), ("gfx1100", 1),
+                                             ("gfx908", 8)])
+def test_residency_domains_by_architecture(target, domains):
+    assert _record(target).residency_domains == domains
+    assert profile_record("h100").residency_domains == 1
+
+
+# Compiled gfx942 variants of 64 rows of 2097152 fp32 (`portable-softmax compile --target
+# hip:gfx942 --shape 64x2097152 --dtype float32 --json`, Triton 3.9.0), by direction: forward rows
+# of 256 chunks x 8192, backward of 512 x 4096.
+MI300X_LONG_ROWS = {
+    False: {("split", False): (163, 87, 8, 2), ("split", True): (136, 58, 8, 2), ("loop", False): (33, 46, 16, 4)},
+    True: {("split", False): (220, 88, 0, 1), ("split", True): (190, 61, 0, 1), ("loop", False): (47, 50, 16, 4)},
+}
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_ticketed_rows_fit_one_xcd_on_mi300x(backward):
+    """64 rows of 2097152 fp32: forward rows of 256 chunks against 38 CUs x 6 = 228 programs per
+    XCD (136 VGPRs, 2 warps), backward 512 against 38 x 8 = 304; both once planned ticketed
+    against the whole chip (304 x 6, 304 x 8). Now the persistent split, under a cooperative
+    launch, holds every chunk resident."""
+    mi300x = profile_record("mi300x")
+    resources = _resources_by_config(MI300X_LONG_ROWS[backward])
+    plan = plan_launch(mi300x, 64, 2097152, "float32", backward=backward, resources=resources)
+    assert plan.regime == "split" and not plan.ticketed
+    assert plan.chunks == (512 if backward else 256)
+    assert plan.chunks > mi300x.compute_units // 8 * plan.occupancy
+    assert plan.programs <= mi300x.compute_units * plan.occupancy and plan.programs % plan.chunks == 0
+    # One domain (as on MI250X): the same row is ticketed again.
+    whole = dataclasses.replace(mi300x, residency_domains=1)
+    assert plan_launch(whole, 64, 2097152, "float32", backward=backward, resources=resources).ticketed
+    # No cooperative launch either: nothing left but the loop.
+    alone = dataclasses.replace(mi300x, cooperative_launch=False)
+    assert plan_launch(alone, 64, 2097152, "float32", backward=backward, resources=resources).regime == "loop"
+
+
+def test_ticketed_rows_that_fit_one_xcd_stay_ticketed():
+    # 4096 rows of 262144 fp32: 32 chunks of 8192 (134 VGPRs: 6 programs per CU) fit 38 x 6.
+    mi300x = profile_record("mi300x")
+    resources = {True: KernelResources(134, 8, 2, sgprs=57), False: KernelResources(166, 8, 2, sgprs=88)}
+    plan = plan_launch(mi300x, 4096, 262144, "float32", resources=lambda config: resources[config.ticketed])
+    assert plan.ticketed and plan.chunks == 32 and plan.occupancy == 6
