@@ -52,7 +52,8 @@ class DeviceRecord:
     supports_fp64: bool
     supports_bf16: bool
     residency_guaranteed: bool
-    # Defaults: records built by plugins before these fields existed stay valid, and claim nothing.
+    # Defaults, so that records built by plugins before these fields existed stay valid: no
+    # cooperative launch (so no persistent split grid), and the chip as one residency domain.
     cooperative_launch: bool = False
     residency_domains: int = 1
 
