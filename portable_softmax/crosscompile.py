@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from portable_softmax.amdgcn import amdgcn_resources, kernel_resources
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, dense_form,
@@ -401,22 +402,6 @@ def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
     return found
 
 
-AMDGCN_KEYS = ("vgpr_count", "agpr_count", "sgpr_count", "vgpr_spill_count", "sgpr_spill_count",
-               "private_segment_fixed_size", "group_segment_fixed_size")
-
-
-def amdgcn_resources(asm: str) -> dict[str, int]:
-    """The register, spill, scratch and LDS figures of the code object metadata in AMDGCN assembly."""
-    found: dict[str, int] = {}
-    for key in AMDGCN_KEYS:
-        match = re.search(rf"^\s*-?\s*\.{key}:\s+(\d+)\s*$", asm, re.MULTILINE)
-        if match:
-            found[key] = int(match.group(1))
-    if "vgpr_count" not in found:
-        raise RuntimeError("no .vgpr_count in the AMDGCN code object metadata")
-    return found
-
-
 def called_shared_memory(llir: str) -> list[str]:
     """The functions in a kernel's LLVM IR, other than the kernel, that address shared memory.
     Triton 3.6 gives a called function none of its own: what it uses overlaps the caller's,
@@ -476,8 +461,9 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
                       detail={k.lower(): v for k, v in usage.items() if k in ("REG", "STACK", "SHARED", "LOCAL")})
     else:
         usage = amdgcn_resources(compiled.asm["amdgcn"])
-        # HIP_FUNC_ATTRIBUTE_NUM_REGS is .vgpr_count; n_spills is the private segment / 4.
-        result.update(registers=usage["vgpr_count"], spills=usage.get("private_segment_fixed_size", 0) // 4,
+        # As a live launch reads them (launch._compiled_resources): one rule for both.
+        used = kernel_resources(usage, spec["options"]["num_warps"], result["shared"])
+        result.update(registers=used.registers, spills=used.spills, sgprs=used.sgprs,
                       static_shared=usage.get("group_segment_fixed_size", 0), detail=usage)
     return result
 
@@ -727,7 +713,8 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         }
         if result["status"] == "ok":
             resources = KernelResources(registers=result["registers"], shared_memory=result["shared"],
-                                        num_warps=config.num_warps, spills=result["spills"])
+                                        num_warps=config.num_warps, spills=result["spills"],
+                                        sgprs=result.get("sgprs", 0))
             occupancy = backend.occupancy(record, resources)
             # Triton's launcher grants dynamic shared memory up to the per-block limit less the static part.
             shared_total = result["shared"] + result["static_shared"]
@@ -790,6 +777,11 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                 if waves is not None and plan.programs > resident * waves:
                     row["problems"].append(f"{plan.programs} programs exceed {waves} wave(s) of "
                                            f"{record.compute_units} units x occupancy {plan.occupancy}")
+                # A ticketed row's chunks wait on each other: they must fit one residency domain.
+                domain_units = record.compute_units // record.residency_domains
+                if config.ticketed and config.chunks > domain_units * plan.occupancy:
+                    row["problems"].append(f"rows of {config.chunks} chunks exceed one of {record.residency_domains} "
+                                           f"residency domains: {domain_units} units x occupancy {plan.occupancy}")
         else:
             row["problems"].append(f"variant {variant['id']} did not compile")
         plans.append(row)
@@ -850,8 +842,10 @@ def format_report(report: dict[str, Any]) -> str:
     for t in report["targets"]:
         r = t["record"]
         lines.append(f"== {t['target']} (warp {t['warp_size']}): {r['name']}")
-        lines.append(f"   profile {t['profile']}; {r['compute_units']} units, {r['registers_per_unit']} "
-                     f"registers/unit, shared limit {r['shared_memory_per_unit']} B/program")
+        lines.append(f"   profile {t['profile']}; {r['compute_units']} units in {r['residency_domains']} residency "
+                     f"domain(s), {r['registers_per_unit']} registers/unit, shared limit "
+                     f"{r['shared_memory_per_unit']} B/program, cooperative launch "
+                     f"{'yes' if r['cooperative_launch'] else 'no'}")
         if t["synthetic"]:
             lines.append(f"   NOTE: {t['synthetic']}")
         lines.append(f"   {'#':>2} {'kernel':<24} {'BLOCK_M':>7} {'BLOCK_N':>7} {'CHUNKS':>6} {'warps':>5} {'ptr':>5} "

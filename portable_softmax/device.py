@@ -4,14 +4,21 @@ The raw driver dictionaries are read here and nowhere else; records are cached p
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import functools
+import logging
 import os
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
 import torch
 
+from portable_softmax import compat
 from portable_softmax.backend import BACKEND_ENV, Backend, forced_backend, registered_backends, registry_generation
 from portable_softmax.record import DeviceRecord
+
+logger = logging.getLogger(__name__)
 
 DeviceLike = Union[torch.device, str, int, None]
 
@@ -78,18 +85,62 @@ def backend_for(device: DeviceLike) -> Backend:
                        f"(candidates: {', '.join(b.name for b in candidates)})")
 
 
+# hip_runtime_api.h: hipDeviceAttributeCooperativeLaunch, the eleventh of hipDeviceAttribute_t.
+HIP_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 10
+
+
+def _hip_cooperative_launch(index: int) -> int:
+    """hipDeviceGetAttribute(hipDeviceAttributeCooperativeLaunch) of device ``index``, through the
+    HIP runtime Triton found (torch's, already loaded on ROCm); 0 where it cannot be asked, so that
+    a launch the driver might refuse is never planned."""
+    try:
+        from triton.backends.amd.driver import _get_path_to_hip_runtime_dylib
+
+        runtime = ctypes.CDLL(_get_path_to_hip_runtime_dylib())
+        value = ctypes.c_int(0)
+        status = runtime.hipDeviceGetAttribute(ctypes.byref(value), HIP_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, index)
+    except (ImportError, RuntimeError, OSError, AttributeError) as error:
+        logger.debug("could not ask the HIP runtime about cooperative launch (%s): taken as unsupported", error)
+        return 0
+    return value.value if status == 0 else 0
+
+
+# Properties a backend's record needs that some Triton versions' drivers leave out, and how to
+# ask for them: Triton 3.9's HIP driver reports cooperativeLaunch, older ones need not.
+_MISSING_PROPERTIES: dict[str, dict[str, Callable[[int], Any]]] = {
+    "hip": {"cooperativeLaunch": _hip_cooperative_launch},
+}
+
+
+def _completed(backend_name: str, raw: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """``raw`` with the properties its driver did not report asked for elsewhere."""
+    found = dict(raw)
+    for key, ask in _MISSING_PROPERTIES.get(backend_name, {}).items():
+        if key not in found:
+            found[key] = ask(index)
+    return found
+
+
+def _usable(record: DeviceRecord, backend: Backend) -> DeviceRecord:
+    """``record`` as this process can use it: a cooperative launch needs the device, a launcher
+    that asks for it (``Backend.cooperative_launch``) and Triton 3.3+, which passes it on."""
+    cooperative = record.cooperative_launch and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH
+    return dataclasses.replace(record, cooperative_launch=cooperative)
+
+
 @functools.lru_cache(maxsize=None)
 def _record(backend_name: str, device_type: str, index: Optional[int]) -> DeviceRecord:
     backend = registered_backends()[backend_name]
     if backend.interpreted:
-        return backend.normalize({}, "cpu", "")
+        return _usable(backend.normalize({}, "cpu", ""), backend)
     module = getattr(torch, device_type)
     with module.device(index):
         driver = _active_driver()
-        raw = driver.utils.get_device_properties(driver.get_current_device())
+        device = driver.get_current_device()
+        raw = _completed(backend_name, driver.utils.get_device_properties(device), device)
         target = driver.get_current_target()
         name = module.get_device_name(index)
-    return backend.normalize(raw, target.arch, name)
+    return _usable(backend.normalize(raw, target.arch, name), backend)
 
 
 # Records by (device, forced backend, registry generation): every softmax call asks, so the answer

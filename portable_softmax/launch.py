@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from portable_softmax import compat, variants
+from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
@@ -104,6 +104,9 @@ def _compiled_resources(kernel: Any, backend: Backend, device: torch.device, arg
         compiled._init_handles()
         found = KernelResources(registers=compiled.n_regs, shared_memory=compiled.metadata.shared,
                                 num_warps=options["num_warps"], spills=getattr(compiled, "n_spills", 0))
+        if "amdgcn" in compiled.asm:  # the driver reports no SGPRs, which bound occupancy on gfx9
+            found = amdgcn.kernel_resources(amdgcn.amdgcn_resources(compiled.asm["amdgcn"]), options["num_warps"],
+                                            compiled.metadata.shared)
         _resources_cache[key] = found
     return found
 
@@ -207,7 +210,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     facts = variants.CallFacts(log, acc_fp64, tuning_for(record).split_wait_atomic)
     align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                          [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
-    cooperative = backend.cooperative_launch and compat.COOPERATIVE_LAUNCH
+    cooperative = record.cooperative_launch
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, variants.kernel_name(direction, config.regime))

@@ -6,7 +6,9 @@ Three regimes (see ``kernels.py``):
 
 * ``tile``: rows short enough for one program; several short rows share a tile.
 * ``split``: a long row, or too few rows to fill the chip, cut into chunks held by co-resident
-  programs. Needs ``record.residency_guaranteed`` and float32 accumulation.
+  programs. Needs ``record.residency_guaranteed`` and float32 accumulation; a persistent grid
+  (every program waits on the others) also ``record.cooperative_launch``, and a ticketed row
+  (only its chunks wait on each other) must fit one residency domain.
 * ``loop``: stream the row twice; never waits on another program, so it is always safe.
 """
 from __future__ import annotations
@@ -326,8 +328,7 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align, input_bytes=input_bytes)
         kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward,
-                     note="split path does not fit resident; ")
+        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
     if (programs is None and plan.regime == "tile" and not plan.reread
             and plan.tiles > record.compute_units * plan.occupancy
             and wave_fill(record, plan) < tuning_for(record).tile_wave_fill):
@@ -342,6 +343,13 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
         kernel = _resources(resources, record, config, backward, input_bytes)
         plan = dataclasses.replace(plan, per_tile=True, occupancy=get_backend(record.backend).occupancy(record, kernel))
     return plan
+
+
+def _no_split_note(record: DeviceRecord) -> str:
+    """Why a plan that wanted the split path streams or tiles instead."""
+    if record.cooperative_launch:
+        return "split path does not fit resident; "
+    return "split path does not fit resident without a cooperative launch; "
 
 
 def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,
@@ -388,7 +396,16 @@ def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResou
     per_unit = min(get_backend(record.backend).occupancy(record, kernel), tuning.split_programs_per_unit)
     items = _tiles(config, n_rows, rows_per_group) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
-    return held >= tuning.split_ticket_bytes and items >= tuning.split_ticket_waves * record.compute_units * per_unit
+    return (config.chunks <= _domain_resident(record, per_unit) and held >= tuning.split_ticket_bytes
+            and items >= tuning.split_ticket_waves * record.compute_units * per_unit)
+
+
+def _domain_resident(record: DeviceRecord, per_unit: int) -> int:
+    """The programs one residency domain holds at once (an XCD on MI300X): the most chunks a
+    ticketed row may have. A row's chunks wait on each other, and its last ones may be left to
+    programs that only one domain has still to start, while that domain's units hold the row's
+    first ones: the row must fit there."""
+    return record.compute_units // max(record.residency_domains, 1) * per_unit
 
 
 def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
@@ -400,12 +417,16 @@ def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n
     cap = min(record.grid_limit, tuning.max_programs)
     per_unit = min(occupancy, tuning.split_programs_per_unit)
     if config.ticketed:
-        if record.compute_units * per_unit < config.chunks or items > cap:
+        if _domain_resident(record, per_unit) < config.chunks or items > cap:
             return None
         programs = items
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "
                   f"ticket; {per_unit} programs/unit resident (occupancy {occupancy})")
     elif config.regime == "split":
+        if not record.cooperative_launch:
+            # Every program waits on the others: safe only where the driver refuses a grid
+            # that is not resident all at once.
+            return None
         resident = record.compute_units * per_unit
         programs = min(items, resident)
         programs -= programs % config.chunks

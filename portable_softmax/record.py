@@ -29,6 +29,14 @@ class DeviceRecord:
         supports_bf16: whether bfloat16 tensors are supported there.
         residency_guaranteed: whether a grid sized from occupancy is resident all at once, so
             programs may wait on each other (the split-row path).
+        cooperative_launch: whether a launch can ask the driver to refuse a grid that is not
+            resident all at once. A persistent split grid, whose programs all wait on each other,
+            is planned only where it can; ticketed split rows, which need only one row's chunks
+            resident, do without. False unless the device says so (and, for a live device, the
+            backend's launcher and Triton can pass the request on: ``device.py``).
+        residency_domains: the parts of the chip that each run only the programs dealt to them,
+            with their own units (MI300X: 8 XCDs, programs dealt round-robin). Programs that
+            wait on each other without a cooperative launch must fit one domain's units.
     """
 
     backend: str
@@ -44,6 +52,10 @@ class DeviceRecord:
     supports_fp64: bool
     supports_bf16: bool
     residency_guaranteed: bool
+    # Defaults, so that records built by plugins before these fields existed stay valid: no
+    # cooperative launch (so no persistent split grid), and the chip as one residency domain.
+    cooperative_launch: bool = False
+    residency_domains: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,10 +66,14 @@ class KernelResources:
     """What one program of a compiled kernel occupies on its unit.
 
     ``registers`` is per thread and ``shared_memory`` in bytes; 0 means "not reported" (Ascend
-    kernels report no registers; the interpreter reports nothing).
+    kernels report no registers; the interpreter reports nothing). On AMD, ``registers`` is the
+    code object's ``.vgpr_count``: architectural and accumulation VGPRs together where the file is
+    unified (gfx90a, gfx94x, gfx950), as the HIP runtime counts them. ``sgprs`` is the scalar
+    registers per wave, read from AMD code objects only (0 elsewhere: the rule ignores it).
     """
 
     registers: int
     shared_memory: int
     num_warps: int
     spills: int = 0
+    sgprs: int = 0

@@ -8,10 +8,12 @@ come from the per-architecture tables below, which are data, not code paths.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from portable_softmax.backend import Backend, register_backend
@@ -34,12 +36,85 @@ CUDA_MAX_REGISTERS_PER_THREAD = 255
 CUDA_MIN_REGISTER_CAP = 32
 CUDA_SHARED_MEMORY_RESERVED_PER_BLOCK = 1024
 CUDA_GRID_LIMIT = 2**31 - 1
+CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY = 60
 
-# CDNA CUs hold 512 VGPRs per lane per SIMD (architectural plus accumulation registers):
-# 4 x 64 x 512 = 131072. ROCm 6+ reports that in ``regsPerBlock``; older ROCm reported half, which
-# the Triton tutorial doubles. Taking the larger of the two is right for both.
-HIP_REGISTERS_PER_CU = {"gfx90a": 131072, "gfx940": 131072, "gfx941": 131072, "gfx942": 131072, "gfx950": 131072}
 HIP_GRID_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class HipUnitLimits:
+    """What bounds the waves resident on one SIMD of an AMD chip, and how SIMDs make a unit.
+
+    Attributes:
+        max_waves_per_simd: waves a SIMD holds at most.
+        vgprs_per_simd: VGPRs per lane of one SIMD's register file, in the wave size Triton
+            compiles for (wave64 on gfx9, wave32 on gfx10+).
+        vgpr_granule: a wave's VGPRs are allocated in multiples of this.
+        sgprs_per_simd: SGPRs a SIMD shares among its waves; 0 where each wave has its own.
+        simds_per_unit: SIMDs per unit of ``DeviceRecord.compute_units``.
+        max_workgroups_per_unit: workgroups of more than one wave a unit holds (each takes a
+            barrier); one-wave workgroups take none.
+        residency_domains: ``DeviceRecord.residency_domains``.
+    """
+
+    max_waves_per_simd: int
+    vgprs_per_simd: int
+    vgpr_granule: int
+    sgprs_per_simd: int
+    simds_per_unit: int
+    max_workgroups_per_unit: int
+    residency_domains: int
+
+
+# Occupancy on AMD as the HIP runtime computes it (ROCm clr, hipamd/src/hip_platform.cpp,
+# ihipOccupancyMaxActiveBlocksPerMultiprocessor, which also judges a cooperative launch): waves
+# per SIMD are the least of the maximum (8 on gfx9, 16 on gfx10+), vgprsPerSimd over the
+# kernel's VGPRs rounded up to the allocation granule, and sgprsPerSimd over its SGPRs rounded up
+# to 16 (rocclr/device/rocm/rocdevice.cpp: 800 on gfx8-9, unlimited on gfx10+, where each wave
+# has its own); programs per unit are SIMDs x waves per SIMD / waves per program.
+# vgprsPerSimd and the granule are the ISA's TotalNumVGPRs and VGPRAllocGranule, as LLVM states
+# them (AMDGPUBaseInfo.cpp getTotalNumVGPRs, getVGPRAllocGranule): 512 in granules of 8 where the
+# architectural and accumulation registers share one file (FeatureGFX90AInsts: gfx90a, gfx94x,
+# gfx950); 1536 in granules of 24 in wave32 on chips with 1.5x the VGPRs (Feature1_5xVGPRs:
+# gfx1100, gfx1101; gfx1200 and gfx1201 by their 384 KiB VGPR file per CU in ROCt's
+# hsakmt get_vgpr_size_per_cu); 1024 in granules of 16 in wave32 on the other gfx10.3+ chips.
+# A kernel's VGPRs are its code object's .vgpr_count, which the runtime reads as usedVGPRs_ and
+# which LLVM already gives as the unified total where the file is shared (AMDGPUMCExpr
+# TotalNumVGPRs: the architectural VGPRs rounded up to 4, i.e. .amdhsa_accum_offset, plus the
+# AGPRs: a gfx942 tl.dot probe with 256 VGPRs and 18 AGPRs reports 274); adding .agpr_count
+# would count them twice.
+# SIMDs per unit: 4 per CU on gfx9; on gfx10+ Triton's kernels run in WGP mode (its default
+# wgp_cu_mode), where the runtime counts WGPs as units (multiProcessorCount halved) and gives a
+# WGP mode kernel 2 x 2 SIMDs. Workgroups per unit: LLVM's getMaxWorkGroupsPerCU (16 barriers per
+# CU, 32 per WGP in WGP mode; never the tighter bound here, 32 waves / 2 and 64 / 2, but kept as
+# the hardware's). Residency domains: MI300X, MI325X and MI355X deal workgroups round-robin to 8
+# XCDs, each with only its own CUs (ROCm/composable_kernel#3652 remaps MI300 workgroups for it;
+# iree-org/wave#1001 models MI350's dealing over 8 XCDs of 32 CUs); 8 is also the
+# safe side for the parts and partition modes with fewer (MI300A: 6; CPX: 1), whose XCDs have as
+# many CUs or more than compute_units / 8.
+_CDNA2 = HipUnitLimits(max_waves_per_simd=8, vgprs_per_simd=512, vgpr_granule=8, sgprs_per_simd=800,
+                       simds_per_unit=4, max_workgroups_per_unit=16, residency_domains=1)
+_CDNA3 = dataclasses.replace(_CDNA2, residency_domains=8)
+_RDNA_1_5X_VGPRS = HipUnitLimits(max_waves_per_simd=16, vgprs_per_simd=1536, vgpr_granule=24, sgprs_per_simd=0,
+                                 simds_per_unit=4, max_workgroups_per_unit=32, residency_domains=1)
+_RDNA_10_3 = dataclasses.replace(_RDNA_1_5X_VGPRS, vgprs_per_simd=1024, vgpr_granule=16)
+HIP_UNIT_LIMITS = {
+    "gfx90a": _CDNA2,
+    "gfx940": _CDNA3, "gfx941": _CDNA3, "gfx942": _CDNA3, "gfx950": _CDNA3,
+    "gfx1030": _RDNA_10_3, "gfx1031": _RDNA_10_3, "gfx1032": _RDNA_10_3, "gfx1102": _RDNA_10_3,
+    "gfx1103": _RDNA_10_3, "gfx1150": _RDNA_10_3,
+    "gfx1100": _RDNA_1_5X_VGPRS, "gfx1101": _RDNA_1_5X_VGPRS, "gfx1200": _RDNA_1_5X_VGPRS,
+    "gfx1201": _RDNA_1_5X_VGPRS,
+}
+# Architectures not in the table, by family: limits no larger than any chip of the family has
+# (gfx9: gfx908's 256 VGPRs per SIMD, in gfx90a's coarser granule, and 8 domains; gfx10+: 1024
+# VGPRs in the coarsest granule), so that a guarantee of residency errs on the safe side.
+HIP_FAMILY_LIMITS = {
+    9: dataclasses.replace(_CDNA3, vgprs_per_simd=256),
+    10: dataclasses.replace(_RDNA_10_3, vgpr_granule=24),
+}
+# SGPRs are allocated in multiples of 16 on gfx8-9 (clr's alignUp(usedSGPRs_, 16)).
+HIP_SGPR_GRANULE = 16
 
 # triton-ascend reports core counts only; the rest is per chip family.
 ASCEND_UNIFIED_BUFFER_BYTES = {"Ascend910B": 196608, "Ascend910_93": 196608, "Ascend310P": 262144}
@@ -66,6 +141,9 @@ def _cuda_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecor
         supports_fp64=True,
         supports_bf16=capability >= 80,
         residency_guaranteed=True,
+        # cuLaunchCooperativeKernel needs compute capability 6.0 or newer (CUDA programming guide,
+        # "Grid Synchronization"); Triton's CUDA driver does not report the attribute.
+        cooperative_launch=capability >= CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY,
     )
 
 
@@ -109,16 +187,34 @@ def _hip_arch(raw: Mapping[str, Any], arch: Any) -> str:
     return str(raw.get("arch") or arch).split(":")[0]
 
 
+def _gfx_family(gfx: str) -> int:
+    """gfx942 -> 9, gfx1100 -> 11: the major version (the last two characters are minor, stepping)."""
+    digits = gfx[3:-2]
+    return int(digits) if digits.isdigit() else 0
+
+
+def hip_unit_limits(gfx: str) -> HipUnitLimits:
+    """The occupancy limits of an AMD architecture; its family's safe side where it is not listed."""
+    found = HIP_UNIT_LIMITS.get(gfx)
+    if found is not None:
+        return found
+    return HIP_FAMILY_LIMITS[10 if _gfx_family(gfx) >= 10 else 9]
+
+
 def _hip_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecord:
     gfx = _hip_arch(raw, arch)
-    registers = max(int(raw["max_num_regs"]), HIP_REGISTERS_PER_CU.get(gfx, 0))
+    limits = hip_unit_limits(gfx)
+    warp_size = int(raw["warpSize"])
+    # ROCm 7 reports the whole register file per unit in regsPerBlock, ROCm 6 and older only the
+    # addressable 256 VGPRs x 4 SIMDs x 64 lanes: the larger is right for both.
+    register_file = limits.vgprs_per_simd * limits.simds_per_unit * warp_size
     return DeviceRecord(
         backend="hip",
         name=name,
         arch=gfx,
-        warp_size=int(raw["warpSize"]),
+        warp_size=warp_size,
         compute_units=int(raw["multiprocessor_count"]),
-        registers_per_unit=registers,
+        registers_per_unit=max(int(raw["max_num_regs"]), register_file),
         shared_memory_per_unit=int(raw["max_shared_mem"]),
         max_threads_per_unit=int(raw["max_threads_per_sm"]),
         max_programs_per_unit=None,
@@ -126,25 +222,45 @@ def _hip_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecord
         supports_fp64=True,
         supports_bf16=True,
         # No split path on AMD until its wait loop is shown, in the compiled AMDGCN of every split
-        # variant, to read memory on every trip: Triton 3.6+ turns the volatile loads it used
-        # into buffer loads without the volatile bit, LLVM hoists them out of the loop, and a
-        # program that found a peer's slot empty would spin forever (no AMD GPU was run here).
-        # The loop regime never waits on another program.
+        # variant, to read memory on every trip (the compile report does so now), and the split
+        # path has run on an AMD GPU: Triton 3.6+ turns the volatile loads it used into buffer
+        # loads without the volatile bit, LLVM hoists them out of the loop, and a program that
+        # found a peer's slot empty would spin forever. The loop regime never waits on another.
         residency_guaranteed=False,
+        # Triton 3.9's HIP driver reports it; device.py asks the runtime where a driver does not.
+        # A dictionary without it (an old recording) claims no cooperative launch.
+        cooperative_launch=bool(raw.get("cooperativeLaunch", 0)),
+        residency_domains=limits.residency_domains,
     )
 
 
-def _hip_occupancy(record: DeviceRecord, kernel: KernelResources) -> int:
-    """The Triton tutorial's rule: waves per CU from registers and the thread limit, per program."""
-    max_waves = record.max_threads_per_unit // record.warp_size
-    waves = max_waves
+def _round_up(value: int, granule: int) -> int:
+    return -(-value // granule) * granule
+
+
+def _hip_waves_per_simd(limits: HipUnitLimits, kernel: KernelResources) -> int:
+    """Waves of ``kernel`` one SIMD holds: the least of the maximum, its VGPRs and its SGPRs."""
+    waves = [limits.max_waves_per_simd]
     if kernel.registers:
-        waves = min(record.registers_per_unit // record.warp_size // kernel.registers, max_waves)
-    limits = [waves // kernel.num_warps]
+        waves.append(limits.vgprs_per_simd // _round_up(kernel.registers, limits.vgpr_granule))
+    if kernel.sgprs and limits.sgprs_per_simd:
+        waves.append(limits.sgprs_per_simd // _round_up(kernel.sgprs, HIP_SGPR_GRANULE))
+    return min(waves)
+
+
+def _hip_occupancy(record: DeviceRecord, kernel: KernelResources) -> int:
+    """Resident programs per CU (WGP on gfx10+) by the HIP runtime's rule: SIMDs x waves per SIMD
+    over the program's waves, within the unit's workgroup, thread and LDS limits."""
+    limits = hip_unit_limits(record.arch)
+    programs = [limits.simds_per_unit * _hip_waves_per_simd(limits, kernel) // kernel.num_warps]
+    if kernel.num_warps > 1:
+        programs.append(limits.max_workgroups_per_unit)
+    if record.max_threads_per_unit:
+        programs.append(record.max_threads_per_unit // (kernel.num_warps * record.warp_size))
     shared = _shared_memory_fit(record.shared_memory_per_unit, kernel.shared_memory)
     if shared is not None:
-        limits.append(shared)
-    return max(0, min(limits))
+        programs.append(shared)
+    return max(0, min(programs))
 
 
 def _ascend_family(arch: str) -> str:

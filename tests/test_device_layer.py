@@ -67,9 +67,13 @@ def test_plan_stays_within_what_the_chip_holds(name, rows, cols, backward):
         assert record.residency_guaranteed
         assert plan.programs % plan.chunks == 0
         if plan.ticketed:
-            # A program per item; only a row's chunks need to be resident at once.
-            assert plan.programs == plan.items and plan.chunks <= record.compute_units * plan.occupancy
+            # A program per item; only a row's chunks need to be resident at once, within the
+            # units of one residency domain (an XCD on MI300X).
+            domain = record.compute_units // record.residency_domains
+            assert plan.programs == plan.items and plan.chunks <= domain * plan.occupancy
         else:
+            # Every program waits on the others: the driver must enforce the residency.
+            assert record.cooperative_launch
             assert plan.programs <= record.compute_units * plan.occupancy
         assert plan.chunks * plan.block_n >= cols > (plan.chunks - 1) * plan.block_n
     elif plan.regime == "tile":
