@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import triton
@@ -33,37 +34,49 @@ from triton._C.libtriton import ir
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS_PY = ROOT / "portable_softmax" / "kernels.py"
+VARIANTS_PY = ROOT / "portable_softmax" / "variants.py"
 # The stage that needs CANN (bishengir-compile); everything before it is run.
 CANN_STAGES = ("npubin",)
 DTYPES = ("fp32", "bf16", "fp16")
 # (BLOCK_M, BLOCK_N) the npu tuning table gives (tile_elements = row_elements = loop_chunk = 8192):
 # tile: BLOCK_M = 8192 // BLOCK_N rows of one power-of-two width; backward tiles hold two inputs,
 # so their rows stop at 4096; longer rows stream through the loop kernels in 8192-element chunks.
+# (direction, regime): the block shapes the npu tuning table yields.
 PLANS = {
-    "softmax_forward_tile": [(8, 1024), (4, 2048), (2, 4096), (1, 8192)],
-    "softmax_forward_loop": [(1, 8192)],
-    "softmax_backward_tile": [(8, 1024), (4, 2048), (2, 4096)],
-    "softmax_backward_loop": [(1, 8192)],
+    ("forward", "tile"): [(8, 1024), (4, 2048), (2, 4096), (1, 8192)],
+    ("forward", "loop"): [(1, 8192)],
+    ("backward", "tile"): [(8, 1024), (4, 2048), (2, 4096)],
+    ("backward", "loop"): [(1, 8192)],
 }
 
 
-def load_kernels():
-    """kernels.py alone: the package's __init__ imports torch, which this venv need not have."""
-    spec = importlib.util.spec_from_file_location("portable_softmax_kernels", KERNELS_PY)
+def load_module(name, path):
+    """One file of the package alone: the package's __init__ imports torch, which this venv need
+    not have. kernels.py and variants.py (the table of kernel variants) import neither."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def source_for(fn, dtype, constexprs):
-    """The ASTSource a launch builds (Triton 3.2 API): the signature names every parameter, the
-    constexprs as "constexpr"; pointers 16-byte aligned, as torch allocates them."""
+variants = load_module("portable_softmax_variants", VARIANTS_PY)
+
+
+def source_for(fn, direction, regime, dtype, constexprs):
+    """The ASTSource a launch builds (Triton 3.2 API), from the variant table's parameter list:
+    tensors as pointers to ``dtype``, 16-byte aligned as torch allocates them; the counts and
+    strides as i32 (the sizes lowered here); the constexprs as "constexpr"."""
+    tensors = {f"{t}_ptr" for t in variants.TENSORS[direction]}
+    names = variants.parameter_names(direction, regime)
+    declared = [p.name for p in fn.params if not p.is_constexpr]
+    if list(names) != declared:
+        raise RuntimeError(f"{fn.__name__}: kernels.py declares {declared}, the variant table {list(names)}")
     signature, hints = {}, {}
     for i, param in enumerate(fn.params):
         if param.is_constexpr:
             signature[param.name] = "constexpr"
-        elif param.name.endswith("_ptr"):
+        elif param.name in tensors:
             signature[param.name] = "*" + dtype
             hints[i] = 16
         else:
@@ -74,9 +87,9 @@ def source_for(fn, dtype, constexprs):
     return ASTSource(fn, signature, constants=constants, attrs=AttrsDescriptor.from_hints(hints))
 
 
-def lower(backend, fn, dtype, constexprs, options, out_dir):
+def lower(backend, fn, direction, regime, dtype, constexprs, options, out_dir):
     """Run the backend's stages up to (not including) the first CANN stage, as triton.compile does."""
-    src = source_for(fn, dtype, constexprs)
+    src = source_for(fn, direction, regime, dtype, constexprs)
     opts = backend.parse_options(dict(options))
     stages = {}
     backend.add_stages(stages, opts)
@@ -115,7 +128,7 @@ def main(argv=None):
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    kernels = load_kernels()
+    kernels = load_module("portable_softmax_kernels", KERNELS_PY)
     target = GPUTarget("npu", args.arch, 0)
     backend = make_backend(target)
     # max_warps = 1 on npu (tuning table); num_warps does not reach the Linalg stage anyway.
@@ -126,20 +139,23 @@ def main(argv=None):
     rows, failures = [], 0
     started = time.perf_counter()
     all_stages = None
-    for name, shapes in PLANS.items():
+    for (direction, regime), shapes in PLANS.items():
+        name = variants.kernel_name(direction, regime)
         fn = getattr(kernels, name)
         # Tile grids loop over tiles, or (as many tiles as vector cores or fewer) give each a program.
-        per_tile_forms = (False, True) if name.endswith("_tile") else (None,)
+        per_tile_forms = (False, True) if regime == "tile" else (None,)
         for (block_m, block_n), per_tile in itertools.product(shapes, per_tile_forms):
             for log in (False, True):
                 for dtype in DTYPES:
-                    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "LOG": log, "ACC_FP64": False}
-                    if per_tile is not None:
-                        # Ascend's tuning never rereads, and only twice-read tiles are dense.
-                        constexprs.update(REREAD=False, PER_TILE=per_tile, DENSE=False)
+                    # Ascend's tuning never rereads, and only twice-read tiles are dense.
+                    config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, chunks=1,
+                                                   chunks_p2=1, num_stages=1, align=1, ticketed=False, reread=False,
+                                                   per_tile=bool(per_tile), dense=False)
+                    constexprs = variants.constexprs(config, variants.CallFacts(log))
                     t0 = time.perf_counter()
                     try:
-                        reached, sizes, linalg, all_stages = lower(backend, fn, dtype, constexprs, options, out_dir)
+                        reached, sizes, linalg, all_stages = lower(backend, fn, direction, regime, dtype, constexprs,
+                                                                   options, out_dir)
                         ok = "ttadapter" in reached
                         status = "ok" if ok else f"FAIL: stopped after {reached}"
                         mix = ""

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from portable_softmax.amdgcn import amdgcn_resources, kernel_resources
+from portable_softmax import variants
 from portable_softmax.backend import get_backend
 from portable_softmax.cli import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, dense_form,
@@ -61,7 +62,6 @@ TARGET_PROFILES = {
 }
 
 POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "float64": "*fp64"}
-SCRATCH_TYPES = ("*i64", "*i32")  # the split path's exchange slots and arrival counters (launch._Scratch)
 
 _TARGET_FORMS = "cuda:<compute capability> (e.g. cuda:90) or hip:<gfx arch> (e.g. hip:gfx942)"
 
@@ -216,33 +216,22 @@ def _int_type(value: int) -> str:
 
 def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True) -> tuple[str, tuple, dict]:
     """The kernel, its non-constexpr arguments as (type, divisible by 16 or constant value) pairs,
-    and its constexprs, as ``launch._launch`` would pass them for ``case``.
+    and its constexprs, as the launch would pass them for ``case`` (both from ``variants``).
 
     The row view of a contiguous [rows, cols] tensor: one group (outer stride 0), row stride
     ``cols`` (0 for a single row), column stride 1; pointers 16-byte aligned.
     """
-    tensors = 3 if case.backward else 2
-    rows_per_outer = case.rows
-    tiles_per_outer = -(-rows_per_outer // config.block_m)
-    tiles = tiles_per_outer
+    tensors = len(variants.TENSORS[case.direction])
     row_stride = case.cols if case.rows > 1 else 0
     pointer = POINTER_TYPES[case.dtype]
     args: list[tuple[str, Any]] = [(pointer, True)] * tensors
-    constexprs: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": case.log}
     if config.regime == "split":
-        args += [(t, True) for t in SCRATCH_TYPES]
-        counts = (tiles * config.chunks, tiles_per_outer, rows_per_outer, case.cols)
-        constexprs.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                          TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=wait_atomic)
-    else:
-        counts = (tiles, tiles_per_outer, rows_per_outer, case.cols)
-        constexprs["ACC_FP64"] = case.dtype == "float64"
-        if config.regime == "tile":
-            constexprs.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
-    for value in (*counts, *(0, row_stride, 1) * tensors):
+        args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
+    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic)
+    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [(0, row_stride, 1)] * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
-    return f"softmax_{case.direction}_{config.regime}", tuple(args), constexprs
+    return variants.kernel_name(case.direction, config.regime), tuple(args), variants.constexprs(config, facts)
 
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
@@ -289,10 +278,8 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
 def _options(target: Target, config: KernelConfig) -> dict[str, Any]:
     from portable_softmax import compat
 
-    options: dict[str, Any] = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.regime == "split" and not config.ticketed and compat.COOPERATIVE_LAUNCH:
-        options["launch_cooperative_grid"] = True  # as launch.py asks on cuda and hip
-    return options
+    # As the launch asks on a device with cooperative launch (both recorded GPU families).
+    return variants.options(config, config.num_warps, compat.COOPERATIVE_LAUNCH)
 
 
 def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, case: Case) -> dict[str, Any]:

@@ -76,9 +76,9 @@ def interpreted_language() -> types.ModuleType:
 @functools.lru_cache(maxsize=None)
 def interpreted_kernels() -> types.ModuleType:
     """The kernel module, decorated for the interpreter (loaded once, on first CPU use)."""
-    from portable_softmax import kernels
-
-    spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", kernels.__file__)
+    # The file, found without importing the compiled module (which imports nothing from here).
+    source = importlib.util.find_spec("portable_softmax.kernels").origin
+    spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

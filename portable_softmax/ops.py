@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.autograd.forward_ad as forward_ad
 
-from portable_softmax import launch, torch_ops
+from portable_softmax import launch
 from portable_softmax.backend import BACKEND_ENV, on_registry_change
 from portable_softmax.device import device_record
 from portable_softmax.launch import PROGRAMS_ENV, RowView
@@ -348,12 +348,28 @@ class _TransformableSoftmax(torch.autograd.Function):
 
 
 
+def _never_compiling() -> bool:
+    return False
+
+
+# ``torch.compiler.is_compiling`` where torch has it (2.3+).
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never_compiling
+# The custom operator call that ``torch_ops`` registers (torch 2.4+): under torch.compile a call
+# goes to it, which dynamo puts in the graph as one node (with its fake and autograd
+# registrations) instead of breaking the graph.
+_custom_op_call: Optional[Callable[[torch.Tensor, int, torch.dtype, bool], torch.Tensor]] = None
+
+
+def use_custom_op(call: Callable[[torch.Tensor, int, torch.dtype, bool], torch.Tensor]) -> None:
+    """Route calls made while ``torch.compile`` traces to ``call(x, dim, out_dtype, log)``."""
+    global _custom_op_call
+    _custom_op_call = call
+
+
 def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, name: str) -> torch.Tensor:
-    if torch_ops.AVAILABLE and torch_ops.compiling():
-        # Under torch.compile: the registered custom operator, which dynamo puts in the graph as
-        # one node (with its fake and autograd registrations) instead of breaking the graph.
+    if _custom_op_call is not None and _compiling():
         dim, out_dtype = _validate(x, dim, dtype, name)
-        return torch_ops.call(x, dim, out_dtype, log)
+        return _custom_op_call(x, dim, out_dtype, log)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"portable_softmax.{name}: expected a torch.Tensor, got {type(x).__name__}")
     if torch._C._functorch.is_functorch_wrapped_tensor(x):  # vmap, grad, jvp, ...

@@ -11,8 +11,8 @@ backward is ``softmax_backward`` (the backward kernel), whose own backward is wr
 operations, so double backward works as it does eagerly.
 
 ``portable_softmax.softmax`` calls these operators only while ``torch.compile`` traces it
-(``torch.compiler.is_compiling()``); eager calls keep the direct path, which has less dispatch
-overhead. On a torch without ``torch.library.custom_op`` nothing is registered and compiled code
+(``torch.compiler.is_compiling()``; this module hands them to ``ops.use_custom_op``); eager calls
+keep the direct path, which has less dispatch overhead. On a torch without ``torch.library.custom_op`` nothing is registered and compiled code
 runs the eager path (with the graph breaks dynamo needs for it).
 
 Why ``custom_op`` and not ``torch.library.triton_op`` (torch 2.6+): ``triton_op`` traces the body
@@ -29,6 +29,8 @@ into the kernel, which ``triton_op`` would only allow for a kernel launched the 
 import torch
 from packaging.version import Version
 
+from portable_softmax import ops
+
 TORCH_VERSION = Version(Version(torch.__version__.split("+")[0]).base_version)
 
 # torch.library.custom_op / register_fake / register_autograd appeared in torch 2.4;
@@ -40,14 +42,6 @@ NAMESPACE = "portable_softmax"
 
 AVAILABLE = False
 """Whether the custom operators are registered (torch >= 2.4)."""
-
-
-def _never_compiling() -> bool:
-    return False
-
-
-compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never_compiling
-"""``torch.compiler.is_compiling`` where torch has it (2.3+), else always False."""
 
 
 def _fresh(result: torch.Tensor, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,22 +59,16 @@ def _fresh(result: torch.Tensor, like: torch.Tensor, dtype: torch.dtype) -> torc
 
 
 def _forward_impl(x: torch.Tensor, dim: int, dtype: torch.dtype, log: bool, name: str) -> torch.Tensor:
-    from portable_softmax import ops
-
     dim, out_dtype = ops._validate(x, dim, dtype, name)
     return _fresh(ops._forward(x, dim, out_dtype, log), x, out_dtype)
 
 
 def _forward_fake(x: torch.Tensor, dim: int, dtype: torch.dtype, name: str) -> torch.Tensor:
-    from portable_softmax import ops
-
     _, out_dtype = ops._validate(x, dim, dtype, name)
     return torch.empty_like(x, dtype=out_dtype, memory_format=torch.preserve_format)
 
 
 def _backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, grad_dtype: torch.dtype) -> torch.Tensor:
-    from portable_softmax import ops
-
     dim = _check_backward(y, dy, dim, grad_dtype)
     return _fresh(ops._backward(y, dy, dim, grad_dtype, log), y, grad_dtype)
 
@@ -91,8 +79,6 @@ def _backward_fake(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, grad_
 
 
 def _check_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype) -> int:
-    from portable_softmax import ops
-
     dim, _ = ops._validate(y, dim, grad_dtype, "softmax_backward")
     if dy.shape != y.shape:
         raise ValueError(f"portable_softmax.softmax_backward: dy has shape {tuple(dy.shape)}, "
@@ -181,4 +167,7 @@ def call(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool) -> torch.
     return (log_softmax_op if log else softmax_op)(x, dim, out_dtype)
 
 
-__all__ = ["AVAILABLE", "HAS_CUSTOM_OP", "HAS_TRITON_OP", "call", "compiling", "softmax_backward"]
+if AVAILABLE:
+    ops.use_custom_op(call)
+
+__all__ = ["AVAILABLE", "HAS_CUSTOM_OP", "HAS_TRITON_OP", "call", "softmax_backward"]

@@ -1,0 +1,48 @@
+"""The table of kernel variants (``portable_softmax.variants``) against the kernel source: every
+kernel's parameters in the table's order, and exactly the constexprs the table gives it."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from portable_softmax import kernels, variants
+
+
+def _config(regime: str, **changes) -> types.SimpleNamespace:
+    values = dict(regime=regime, block_m=1, block_n=1024, chunks=4 if regime == "split" else 1, chunks_p2=4,
+                  num_stages=1, align=1, ticketed=False, reread=False, per_tile=False, dense=False)
+    return types.SimpleNamespace(**{**values, **changes})
+
+
+@pytest.mark.parametrize("direction", variants.DIRECTIONS)
+@pytest.mark.parametrize("regime", variants.REGIMES)
+def test_the_table_matches_the_kernel_source(direction, regime):
+    kernel = getattr(kernels, variants.kernel_name(direction, regime))
+    declared = [p.name for p in kernel.params if not p.is_constexpr]
+    constexprs = [p.name for p in kernel.params if p.is_constexpr]
+    assert list(variants.parameter_names(direction, regime)) == declared
+    given = variants.constexprs(_config(regime), variants.CallFacts(log=True))
+    assert sorted(given) == sorted(constexprs)
+    strides = [(0, 7, 1)] * len(variants.TENSORS[direction])
+    scalars = variants.scalar_arguments(_config(regime), 1, 10, 1000, strides)
+    tensors = len(variants.TENSORS[direction]) + (len(variants.SCRATCH) if regime == "split" else 0)
+    assert len(scalars) + tensors == len(declared)
+
+
+def test_scalar_arguments_count_tiles_and_items():
+    # 10 rows in tiles of 4: 3 tiles per group, 2 groups; a split row of 4 chunks: 24 items.
+    assert variants.scalar_arguments(_config("tile", block_m=4), 2, 10, 64, [(640, 64, 1)] * 2)[:4] == (6, 3, 10, 64)
+    assert variants.scalar_arguments(_config("split"), 2, 10, 4096, [(0, 4096, 1)] * 2)[:2] == (80, 10)
+
+
+def test_options_ask_cooperation_only_for_persistent_split_grids():
+    assert variants.options(_config("split"), 4, True)["launch_cooperative_grid"]
+    assert "launch_cooperative_grid" not in variants.options(_config("split", ticketed=True), 4, True)
+    assert "launch_cooperative_grid" not in variants.options(_config("split"), 4, False)
+    assert "launch_cooperative_grid" not in variants.options(_config("tile"), 4, True)
+
+
+def test_unknown_variants_are_refused():
+    with pytest.raises(ValueError):
+        variants.kernel_name("sideways", "tile")
