@@ -211,6 +211,10 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                          [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
     cooperative = record.cooperative_launch
+    # Rows of 2**31 elements or more stream through the loop regime, whose column offsets come
+    # from a 64-bit loop counter (Triton passes such a length as i64); the split kernels count
+    # a chunk's columns in 32 bits, and no tile holds such a row.
+    allow_split = allow_split and view.n_cols < 2**31
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, variants.kernel_name(direction, config.regime))

@@ -28,7 +28,7 @@ from portable_softmax.launch import PROGRAMS_ENV, RowView
 from portable_softmax.tuning import TUNING
 
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Column offsets are computed in 32 bits inside the kernels.
+# Column offsets times a column stride other than 1 are computed in 32 bits inside the kernels.
 _MAX_COLUMN_SPAN = 2**31
 
 
@@ -52,7 +52,10 @@ def _validate(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str
                              f"dimension(s) (expected {-rank} to {rank - 1})")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"portable_softmax.{name}: dtype must be a torch.dtype or None, got {type(dtype).__name__}")
-    _check_dtype("the input's dtype", x.dtype, name)
+    if dtype is None:
+        # With dtype= any input torch takes is cast first (integer and bool too); without, as
+        # torch, only floating inputs.
+        _check_dtype("the input's dtype", x.dtype, name)
     out_dtype = x.dtype if dtype is None else dtype
     _check_dtype("dtype", out_dtype, name)
     record = device_record(x.device)
@@ -75,7 +78,11 @@ def row_view(shape: tuple[int, ...], dim: int, *tensors: torch.Tensor) -> Option
 def _row_view(shape: tuple[int, ...], dim: int, strides: tuple[tuple[int, ...], ...]) -> Optional[RowView]:
     n_cols = shape[dim]
     col_strides = [s[dim] for s in strides]
-    if (n_cols - 1) * max(col_strides, default=0) >= _MAX_COLUMN_SPAN:
+    widest = max(col_strides, default=0)
+    if widest != 1 and (n_cols - 1) * widest >= _MAX_COLUMN_SPAN:
+        # A strided row spanning 2**31 elements or more: its column offsets would overflow the
+        # kernels' 32-bit column arithmetic; the caller makes the row contiguous. A contiguous row
+        # that long streams through the loop regime, whose offsets are 64-bit (launch.build_record).
         return None
     others = [d for d in range(len(shape)) if d != dim and shape[d] != 1]
     # Walk the row dimensions in the first tensor's memory order, merging neighbours that are
@@ -187,6 +194,9 @@ def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: 
     dim, out_dtype = _validate(x, dim, dtype, name)
     if autocast and dtype is None:
         out_dtype = _autocast_dtype(x, out_dtype, log)
+    if not x.is_floating_point():
+        # torch casts first; the kernels read floating inputs only.
+        return lambda x: _forward(x.to(out_dtype), dim, None, log)
     if x.dim() == 0:
         return lambda x: _forward(x.reshape(1), 0, out_dtype, log).reshape(())
     template = _empty_like(x, out_dtype)
@@ -211,7 +221,8 @@ def _validate_meta(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name
     if not -rank <= dim < rank:
         raise DimensionError(f"portable_softmax.{name}: dim {dim} is out of range for a tensor of {x.dim()} "
                              f"dimension(s) (expected {-rank} to {rank - 1})")
-    _check_dtype("the input's dtype", x.dtype, name)
+    if dtype is None:
+        _check_dtype("the input's dtype", x.dtype, name)
     out_dtype = x.dtype if dtype is None else dtype
     _check_dtype("dtype", out_dtype, name)
     return dim % rank, out_dtype
