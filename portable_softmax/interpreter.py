@@ -21,7 +21,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import numpy
 import triton.language as _tl
+from triton.runtime import interpreter as _interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -92,13 +94,48 @@ def _patched_namespaces() -> list[Any]:
     return namespaces
 
 
+def _bfloat16_bits(data: numpy.ndarray) -> numpy.ndarray:
+    """bfloat16 bits of ``data`` rounded to nearest even, as c10::BFloat16 and GPUs round (NaN
+    stays NaN); float64 goes through float32 first, as in torch."""
+    bits = numpy.asarray(data, dtype=numpy.float32).view(numpy.uint32)
+    bias = ((bits >> numpy.uint32(16)) & numpy.uint32(1)) + numpy.uint32(0x7FFF)
+    rounded = ((bits + bias) >> numpy.uint32(16)).astype(numpy.uint16)
+    nan = (bits & numpy.uint32(0x7FFFFFFF)) > numpy.uint32(0x7F800000)
+    return numpy.where(nan, numpy.uint16(0x7FC0), rounded)
+
+
+def _rounding_cast(original: Any) -> Any:
+    """The builder's cast, except that narrowing to bfloat16 rounds to nearest even: Triton 3.9's
+    interpreter truncates float32 (GPUs and torch round), which biased bfloat16 results on CPU
+    tensors, and casts float64 to bfloat16's bits as to an integer (1.0 became 9.2e-41)."""
+
+    def cast(src: Any, dst_type: Any) -> Any:
+        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):
+            return _interpreter.TensorHandle(_bfloat16_bits(src.data), _tl.bfloat16)
+        return original(src, dst_type)
+
+    return cast
+
+
 @contextlib.contextmanager
 def restored_language() -> Iterator[None]:
-    """Put every attribute of the interpreter-patched namespaces back as it was on entry."""
+    """Run one interpreted launch with bfloat16 rounded as on a GPU, and put every attribute of the
+    interpreter-patched namespaces back as it was on entry."""
     saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
+    builder = getattr(_interpreter, "interpreter_builder", None)
+    original_cast = getattr(builder, "cast_impl", None)
+    own_cast = vars(builder).get("cast_impl", _MISSING) if original_cast is not None else _MISSING
+    if original_cast is not None:
+        # An attribute of the instance, for this launch only: Triton's class stays as it is.
+        builder.cast_impl = _rounding_cast(original_cast)
     try:
         yield
     finally:
+        if original_cast is not None:
+            if own_cast is _MISSING:
+                del builder.cast_impl
+            else:
+                builder.cast_impl = own_cast
         for namespace, before in saved:
             now = vars(namespace)
             for name in [n for n in now if n not in before]:
