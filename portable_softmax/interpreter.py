@@ -11,12 +11,17 @@ user setting anything, and GPU tensors keep working in the same process:
   standard library's jit functions are interpreted ones;
 * :func:`restored_language` undoes the interpreter's patches of ``triton.language`` after each
   launch: some Triton versions leave them in place, which breaks later GPU compilation.
+
+The interpreter keeps a launch's state in globals: those patches, and the program index and grid
+of its one builder. Two launches at once (from two threads) see each other's, so interpreted
+launches take turns (:data:`_LAUNCH_LOCK`).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib.util
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +33,10 @@ from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 kernel_decorator = InterpretedFunction
+
+# Held by every interpreted launch and by the first load of the interpreted kernels (whose
+# rewriting must see the unpatched language). Reentrant, so that a launch may load them.
+_LAUNCH_LOCK = threading.RLock()
 
 
 class _InterpretedLanguage(types.ModuleType):
@@ -75,15 +84,21 @@ def interpreted_language() -> types.ModuleType:
     return _InterpretedLanguage(interpreted)
 
 
-@functools.lru_cache(maxsize=None)
+_kernels: Any = None
+
+
 def interpreted_kernels() -> types.ModuleType:
     """The kernel module, decorated for the interpreter (loaded once, on first CPU use)."""
-    from portable_softmax import kernels
+    global _kernels
+    with _LAUNCH_LOCK:
+        if _kernels is None:
+            from portable_softmax import kernels
 
-    spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", kernels.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+            spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", kernels.__file__)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _kernels = module
+        return _kernels
 
 
 def _patched_namespaces() -> list[Any]:
@@ -119,30 +134,31 @@ def _rounding_cast(original: Any) -> Any:
 
 @contextlib.contextmanager
 def restored_language() -> Iterator[None]:
-    """Run one interpreted launch with bfloat16 rounded as on a GPU, and put every attribute of the
-    interpreter-patched namespaces back as it was on entry."""
-    saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
-    builder = getattr(_interpreter, "interpreter_builder", None)
-    original_cast = getattr(builder, "cast_impl", None)
-    own_cast = vars(builder).get("cast_impl", _MISSING) if original_cast is not None else _MISSING
-    if original_cast is not None:
-        # An attribute of the instance, for this launch only: Triton's class stays as it is.
-        builder.cast_impl = _rounding_cast(original_cast)
-    try:
-        yield
-    finally:
+    """Run one interpreted launch: alone (see :data:`_LAUNCH_LOCK`), with bfloat16 rounded as on a
+    GPU, and with every attribute of the interpreter-patched namespaces put back as it was on entry."""
+    with _LAUNCH_LOCK:
+        saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
+        builder = getattr(_interpreter, "interpreter_builder", None)
+        original_cast = getattr(builder, "cast_impl", None)
+        own_cast = vars(builder).get("cast_impl", _MISSING) if original_cast is not None else _MISSING
         if original_cast is not None:
-            if own_cast is _MISSING:
-                del builder.cast_impl
-            else:
-                builder.cast_impl = own_cast
-        for namespace, before in saved:
-            now = vars(namespace)
-            for name in [n for n in now if n not in before]:
-                delattr(namespace, name)
-            for name, value in before.items():
-                if now.get(name, _MISSING) is not value:
-                    setattr(namespace, name, value)
+            # An attribute of the instance, for this launch only: Triton's class stays as it is.
+            builder.cast_impl = _rounding_cast(original_cast)
+        try:
+            yield
+        finally:
+            if original_cast is not None:
+                if own_cast is _MISSING:
+                    del builder.cast_impl
+                else:
+                    builder.cast_impl = own_cast
+            for namespace, before in saved:
+                now = vars(namespace)
+                for name in [n for n in now if n not in before]:
+                    delattr(namespace, name)
+                for name, value in before.items():
+                    if now.get(name, _MISSING) is not value:
+                        setattr(namespace, name, value)
 
 
 _MISSING = object()
