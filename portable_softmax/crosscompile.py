@@ -781,7 +781,8 @@ def _ptxas_architectures(path: str) -> frozenset:
     return frozenset(re.findall(r"'(sm_[0-9]+[a-z]?)'", text))
 
 
-def _cuda_capabilities() -> Optional[list]:
+@functools.lru_cache(maxsize=None)
+def _cuda_capabilities() -> Optional[tuple]:
     """Compute capabilities Triton's NVIDIA backend compiles for: its ``sm_arch_from_capability``
     name of each must be one the ptxas it picks for that capability takes. None if unknown."""
     try:
@@ -791,7 +792,7 @@ def _cuda_capabilities() -> Optional[list]:
             return sm_arch_from_capability(capability) in _ptxas_architectures(get_ptxas(capability).path)
 
         names = _ptxas_architectures(get_ptxas(80).path) | _ptxas_architectures(get_ptxas(90).path)
-        return sorted(c for c in {int(re.sub(r"[a-z]$", "", n)[3:]) for n in names} if known(c)) or None
+        return tuple(sorted(c for c in {int(re.sub(r"[a-z]$", "", n)[3:]) for n in names} if known(c))) or None
     except Exception:  # noqa: BLE001  (no ptxas, another Triton layout: the compile itself will say)
         return None
 
