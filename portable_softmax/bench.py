@@ -71,6 +71,7 @@ def _progress(items: list, enabled: bool):
 
         return tqdm(items, file=sys.stderr, leave=False)
     except ImportError:
+        logger.info("tqdm is not installed (portable-softmax[bench]): no progress bar")
         return items
 
 

@@ -5,19 +5,27 @@
     portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
     portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...]
     portable-softmax compile --target cuda:90 --target hip:gfx942 [--json]
-    portable-softmax [--device DEV] validate [--out DIR] [--no-bench]
+    portable-softmax validate [--out DIR] [--no-bench]
+
+Global options (before or after the command): --device DEV, -v/--verbose.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
+
+import torch
 
 from portable_softmax.device import device_record
 from portable_softmax.planner import DTYPE_BYTES, contiguous_align, plan_launch
 from portable_softmax.profiles import profile_names, profile_record
+
+PROG = "portable-softmax"
+logger = logging.getLogger(__name__)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -28,6 +36,42 @@ def parse_shape(text: str) -> tuple[int, int]:
     if rows < 1 or cols < 1:
         raise argparse.ArgumentTypeError(f"shape {text!r} must be positive")
     return rows, cols
+
+
+def parse_device(text: str) -> str:
+    """``--device``: a torch device that this torch has and can see, else a usage error (asking
+    torch for a device it was built without ends in an AssertionError deep inside torch)."""
+    if text.strip().lower().split(":")[0] == "npu" and getattr(torch, "npu", None) is None:
+        # torch knows 'npu' only once torch_npu is imported (torch's device-backend autoload
+        # usually does that); try it ourselves.
+        try:
+            importlib.import_module("torch_npu")
+        except ImportError:
+            raise argparse.ArgumentTypeError(
+                f"device {text!r}: torch_npu is not installed (install the torch_npu release made for "
+                f"torch {torch.__version__})") from None
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}: expected cpu, cuda[:N], npu[:N] or a "
+                                         f"plugin's device type") from None
+    if device.type == "cpu":
+        return text
+    module = getattr(torch, device.type, None)
+    if module is None:
+        hint = " (ROCm builds of torch name their GPUs 'cuda')" if device.type == "hip" else ""
+        raise argparse.ArgumentTypeError(f"device {text!r}: torch {torch.__version__} has no {device.type!r} "
+                                         f"devices{hint}")
+    # A plugin's device module need not have these (README: Writing a backend).
+    if hasattr(module, "is_available") and not module.is_available():
+        built = device.type != "cuda" or torch.version.cuda is not None or torch.version.hip is not None
+        why = "none is visible here" if built else "this torch was built without CUDA or ROCm"
+        raise argparse.ArgumentTypeError(f"device {text!r}: no {device.type} device ({why}; torch {torch.__version__})")
+    count = module.device_count() if hasattr(module, "device_count") else None
+    if count is not None and device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(f"device {text!r}: there are {count} {device.type} device(s) here "
+                                         f"({device.type}:0 to {device.type}:{count - 1})")
+    return text
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -64,6 +108,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     record = profile_record(args.profile) if args.profile else device_record(args.device)
+    # The launches the package itself refuses there (ops._validate) have no plan to show.
+    if args.dtype == "float64" and not record.supports_fp64:
+        raise ValueError(f"float64 is not supported on {record.name} (backend {record.backend!r}): "
+                         f"plan float32, float16 or bfloat16")
+    if args.dtype == "bfloat16" and not record.supports_bf16:
+        raise ValueError(f"bfloat16 is not supported on {record.name} ({record.arch}): plan float32 or float16")
     rows, cols = args.shape
     plan = plan_launch(record, rows, cols, args.dtype, backward=args.backward,
                        align=contiguous_align(rows, cols, DTYPE_BYTES[args.dtype]))
@@ -79,22 +129,40 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes end in one line, ``portable-softmax: error: ...`` (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _global_options(in_command: bool) -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name. After it they default to
+    SUPPRESS, so that a command without them keeps what was given before its name."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if in_command else False,
+                         help="log launch decisions (and show the traceback of an internal error)")
+    options.add_argument("--device", type=parse_device, default=argparse.SUPPRESS if in_command else None,
+                         help="torch device (default: the current accelerator, else cpu)")
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="portable-softmax", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log launch decisions")
-    parser.add_argument("--device", help="torch device (default: the current accelerator, else cpu)")
+    parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     parents=[_global_options(in_command=False)])
     parser.set_defaults(func=_cmd_check)
     commands = parser.add_subparsers(dest="command")
+    common = [_global_options(in_command=True)]
 
-    check = commands.add_parser("check", help="the main job (also the default)")
+    check = commands.add_parser("check", help="the main job (also the default)", parents=common)
     check.set_defaults(func=_cmd_check)
 
-    info = commands.add_parser("info", help="print the present device's normalized record")
+    info = commands.add_parser("info", help="print the present device's normalized record", parents=common)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=_cmd_info)
 
-    plan = commands.add_parser("plan", help="print the launch plan for a shape on a recorded chip or this device")
+    plan = commands.add_parser("plan", help="print the launch plan for a shape on a recorded chip or this device",
+                               parents=common)
     plan.add_argument("--profile", choices=profile_names(), help="a recorded chip (default: the present device)")
     plan.add_argument("--shape", type=parse_shape, required=True, help="rows x columns, e.g. 4096x50257")
     plan.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
@@ -102,12 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
 
-    validate = commands.add_parser("validate", help="conformance + short benchmark report for a vendor (JSON, Markdown, PNG)")
+    validate = commands.add_parser("validate", help="conformance + short benchmark report for a vendor (JSON, Markdown, PNG)",
+                                   parents=common)
     validate.add_argument("--out", default="validate-report", help="report folder")
     validate.add_argument("--no-bench", action="store_true", help="skip the benchmark")
     validate.set_defaults(func=_cmd_validate)
 
-    bench = commands.add_parser("bench", help="bandwidth vs x.clone() for us and the peers (GPU)")
+    bench = commands.add_parser("bench", help="bandwidth vs x.clone() for us and the peers (GPU)", parents=common)
     bench.add_argument("--M", type=int, help="rows (with --N: one shape instead of the sweep)")
     bench.add_argument("--N", type=int, help="columns")
     bench.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
@@ -128,20 +197,35 @@ def build_parser() -> argparse.ArgumentParser:
     from portable_softmax import crosscompile
 
     compile_ = commands.add_parser("compile", help="compile every kernel variant the plans use for GPU targets, "
-                                                   "without a GPU; report registers, spills, shared memory")
+                                                   "without a GPU; report registers, spills, shared memory",
+                                       parents=common)
     crosscompile.add_arguments(compile_)
     compile_.set_defaults(func=crosscompile.run_command)
     return parser
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``portable-softmax`` command; returns its exit status (argument mistakes exit 2)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, TypeError, RuntimeError) as error:
-        print(f"portable-softmax: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, RuntimeError, OSError) as error:
+        logger.debug("traceback", exc_info=True)
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
         return 2
+    except Exception as error:  # a bug: still one line, the traceback with -v
+        logger.debug("traceback", exc_info=True)
+        print(f"{PROG}: internal error: {type(error).__name__}: {_one_line(error)} (run with -v for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -786,11 +787,111 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
 # --------------------------------------------------------------------------------------------
 
 
+# Triton's backend (``triton.backends.backends``) that compiles for each target kind.
+TRITON_BACKENDS = {"cuda": "nvidia", "hip": "amd"}
+
+# A kernel as small as kernels come, compiled in a worker process to learn whether Triton's AMD
+# backend takes a gfx architecture: the list lives in its C++ ("unsupported target: 'gfx999'").
+_PROBE = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from portable_softmax import compat
+
+
+@triton.jit
+def probe(x_ptr):
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+backend, arch, warp_size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, warp_size)
+triton.compile(compat.ast_source(probe, {"x_ptr": "*fp32"}, {}), target=target)
+"""
+_PROBE_TIMEOUT_S = 300
+
+
+@functools.lru_cache(maxsize=None)
+def _ptxas_architectures(path: str) -> frozenset:
+    """The ``sm_*`` names a ptxas takes (its ``--help`` lists them); empty if it cannot be run."""
+    try:
+        text = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(re.findall(r"'(sm_[0-9]+[a-z]?)'", text))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capabilities() -> Optional[tuple]:
+    """Compute capabilities Triton's NVIDIA backend compiles for: its ``sm_arch_from_capability``
+    name of each must be one the ptxas it picks for that capability takes. None if unknown."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+        def known(capability: int) -> bool:
+            return sm_arch_from_capability(capability) in _ptxas_architectures(get_ptxas(capability).path)
+
+        names = _ptxas_architectures(get_ptxas(80).path) | _ptxas_architectures(get_ptxas(90).path)
+        return tuple(sorted(c for c in {int(re.sub(r"[a-z]$", "", n)[3:]) for n in names} if known(c))) or None
+    except Exception:  # noqa: BLE001  (no ptxas, another Triton layout: the compile itself will say)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(backend: str, arch: str, warp_size: int) -> Optional[str]:
+    """Why Triton cannot compile a trivial kernel for the target, or None if it can (or the probe
+    could not finish: the compile itself will say)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, "probe.py")  # triton.jit reads its function's source file
+        with open(script, "w") as handle:
+            handle.write(_PROBE)
+        try:
+            done = subprocess.run([sys.executable, script, backend, arch, str(warp_size)], capture_output=True,
+                                  text=True, env=env, timeout=_PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return None
+    if done.returncode == 0:
+        return None
+    # MLIR's "<file>:<line>:<col>: error: unsupported target: 'gfx999'", else the last error line.
+    errors = re.findall(r"error:\s*(.+)", done.stderr, flags=re.IGNORECASE)
+    reasons = [e for e in errors if "unsupported target" in e] or errors[-1:] or [f"exit code {done.returncode}"]
+    return reasons[0].strip()[:300]
+
+
+def target_problem(target: Target) -> Optional[str]:
+    """Why this Triton cannot compile for ``target`` (a sentence), or None if it can."""
+    import triton
+    import triton.backends
+
+    backend = TRITON_BACKENDS[target.backend]
+    if backend not in triton.backends.backends:
+        return (f"this Triton ({triton.__version__}) has no {backend!r} backend (installed: "
+                f"{', '.join(sorted(triton.backends.backends)) or 'none'})")
+    if target.backend == "cuda":
+        capabilities = _cuda_capabilities()
+        if capabilities is not None:
+            if target.arch in capabilities:
+                return None
+            return (f"Triton {triton.__version__} compiles for compute capabilities "
+                    f"{', '.join(map(str, capabilities))} (cuda:{capabilities[0]} to cuda:{capabilities[-1]})")
+    reason = _probe(target.backend, str(target.arch), target.warp_size)
+    return None if reason is None else f"Triton {triton.__version__} cannot compile for it ({reason})"
+
+
 def _target(text: str) -> Target:
     try:
-        return parse_target(text)
+        target = parse_target(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    # Refused here, not after a run of compiles that each die (cuda:999 aborted every one).
+    problem = target_problem(target)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"target {text!r}: {problem}")
+    return target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

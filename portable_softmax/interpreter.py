@@ -11,21 +11,32 @@ user setting anything, and GPU tensors keep working in the same process:
   standard library's jit functions are interpreted ones;
 * :func:`restored_language` undoes the interpreter's patches of ``triton.language`` after each
   launch: some Triton versions leave them in place, which breaks later GPU compilation.
+
+The interpreter keeps a launch's state in globals: those patches, and the program index and grid
+of its one builder. Two launches at once (from two threads) see each other's, so interpreted
+launches take turns (:data:`_LAUNCH_LOCK`).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib.util
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
 
+import numpy
 import triton.language as _tl
+from triton.runtime import interpreter as _interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 kernel_decorator = InterpretedFunction
+
+# Held by every interpreted launch and by the first load of the interpreted kernels (whose
+# rewriting must see the unpatched language). Reentrant, so that a launch may load them.
+_LAUNCH_LOCK = threading.RLock()
 
 
 class _InterpretedLanguage(types.ModuleType):
@@ -73,15 +84,21 @@ def interpreted_language() -> types.ModuleType:
     return _InterpretedLanguage(interpreted)
 
 
-@functools.lru_cache(maxsize=None)
+_kernels: Any = None
+
+
 def interpreted_kernels() -> types.ModuleType:
     """The kernel module, decorated for the interpreter (loaded once, on first CPU use)."""
-    # The file, found without importing the compiled module (which imports nothing from here).
-    source = importlib.util.find_spec("portable_softmax.kernels").origin
-    spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    global _kernels
+    with _LAUNCH_LOCK:
+        if _kernels is None:
+            # The file, found without importing the compiled module (which imports nothing from here).
+            source = importlib.util.find_spec("portable_softmax.kernels").origin
+            spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", source)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _kernels = module
+        return _kernels
 
 
 def _patched_namespaces() -> list[Any]:
@@ -92,20 +109,62 @@ def _patched_namespaces() -> list[Any]:
     return namespaces
 
 
+def _bfloat16_bits(data: numpy.ndarray) -> numpy.ndarray:
+    """bfloat16 bits of ``data`` rounded to nearest even, as c10::BFloat16 and GPUs round (NaN
+    stays NaN); float64 goes through float32 first, as in torch."""
+    bits = numpy.asarray(data, dtype=numpy.float32).view(numpy.uint32)
+    bias = ((bits >> numpy.uint32(16)) & numpy.uint32(1)) + numpy.uint32(0x7FFF)
+    rounded = ((bits + bias) >> numpy.uint32(16)).astype(numpy.uint16)
+    nan = (bits & numpy.uint32(0x7FFFFFFF)) > numpy.uint32(0x7F800000)
+    return numpy.where(nan, numpy.uint16(0x7FC0), rounded)
+
+
+def _rounding_cast(original: Any) -> Any:
+    """The builder's cast, except that narrowing to bfloat16 rounds to nearest even: Triton 3.9's
+    interpreter truncates float32 (GPUs and torch round), which biased bfloat16 results on CPU
+    tensors, and casts float64 to bfloat16's bits as to an integer (1.0 became 9.2e-41)."""
+
+    def cast(src: Any, dst_type: Any) -> Any:
+        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):
+            return _interpreter.TensorHandle(_bfloat16_bits(src.data), _tl.bfloat16)
+        return original(src, dst_type)
+
+    return cast
+
+
+def language_unpatched() -> threading.RLock:
+    """Held while a GPU kernel compiles: an interpreted launch in another thread patches
+    ``triton.language`` for its duration, which a compile must not see."""
+    return _LAUNCH_LOCK
+
+
 @contextlib.contextmanager
 def restored_language() -> Iterator[None]:
-    """Put every attribute of the interpreter-patched namespaces back as it was on entry."""
-    saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
-    try:
-        yield
-    finally:
-        for namespace, before in saved:
-            now = vars(namespace)
-            for name in [n for n in now if n not in before]:
-                delattr(namespace, name)
-            for name, value in before.items():
-                if now.get(name, _MISSING) is not value:
-                    setattr(namespace, name, value)
+    """Run one interpreted launch: alone (see :data:`_LAUNCH_LOCK`), with bfloat16 rounded as on a
+    GPU, and with every attribute of the interpreter-patched namespaces put back as it was on entry."""
+    with _LAUNCH_LOCK:
+        saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
+        builder = getattr(_interpreter, "interpreter_builder", None)
+        original_cast = getattr(builder, "cast_impl", None)
+        own_cast = vars(builder).get("cast_impl", _MISSING) if original_cast is not None else _MISSING
+        if original_cast is not None:
+            # An attribute of the instance, for this launch only: Triton's class stays as it is.
+            builder.cast_impl = _rounding_cast(original_cast)
+        try:
+            yield
+        finally:
+            if original_cast is not None:
+                if own_cast is _MISSING:
+                    del builder.cast_impl
+                else:
+                    builder.cast_impl = own_cast
+            for namespace, before in saved:
+                now = vars(namespace)
+                for name in [n for n in now if n not in before]:
+                    delattr(namespace, name)
+                for name, value in before.items():
+                    if now.get(name, _MISSING) is not value:
+                        setattr(namespace, name, value)
 
 
 _MISSING = object()

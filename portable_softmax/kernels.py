@@ -208,14 +208,25 @@ def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIG
 
 
 @_jit
+def _cast(v, TY: tl.constexpr):
+    """``v`` as ``TY``, rounded as torch rounds: torch narrows float64 to float16 and bfloat16
+    through float32 (c10's Half and BFloat16 are built from a float), which can differ from one
+    direct rounding; Triton 3.9's interpreter also turns float64 into bfloat16 wrongly."""
+    if v.dtype == tl.float64:
+        if TY != tl.float64:
+            v = v.to(tl.float32)
+    return v.to(TY)
+
+
+@_jit
 def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr):
     """``_load`` of ``_edge_columns`` from the window at ``base`` ([1])."""
-    return tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER).to(CAST_TY).to(tl.float32)
+    return _cast(tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER), CAST_TY).to(tl.float32)
 
 
 @_jit
 def _edge_store(ptr, base, cols, mask, value):
-    tl.store(ptr + tl.sum(base, 0) + cols, value.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + tl.sum(base, 0) + cols, _cast(value, ptr.dtype.element_ty), mask=mask)
 
 
 @_jit
@@ -223,7 +234,7 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
           EVICT: tl.constexpr):
     """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
     ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
-    v = tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT).to(CAST_TY)
+    v = _cast(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT), CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
@@ -234,7 +245,7 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
 
 @_jit
 def _store(ptr, base, cols, col_stride, mask, value):
-    tl.store(ptr + base[:, None] + cols * col_stride, value.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty), mask=mask)
 
 
 @_jit

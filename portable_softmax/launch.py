@@ -26,6 +26,7 @@ import torch
 from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
+from portable_softmax.interpreter import language_unpatched
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import TUNING, tuning_for
@@ -100,7 +101,8 @@ def _compiled_resources(kernel: Any, backend: Backend, device: torch.device, arg
            tuple(sorted(options.items())), _specialization(args))
     found = _resources_cache.get(key)
     if found is None:
-        compiled = kernel.warmup(*args, grid=(1,), **constexprs, **options)
+        with language_unpatched():
+            compiled = kernel.warmup(*args, grid=(1,), **constexprs, **options)
         compiled._init_handles()
         found = KernelResources(registers=compiled.n_regs, shared_memory=compiled.metadata.shared,
                                 num_warps=options["num_warps"], spills=getattr(compiled, "n_spills", 0))
@@ -190,8 +192,12 @@ class LaunchRecord:
             self._direct(stream, tensors)
             return self.plan
         args = (*tensors, *self.scalars)
-        programs = _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
-        if not self.backend.interpreted:
+        if self.backend.interpreted:
+            _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
+            return self.plan
+        # The first launch compiles (and so may every launch where the launcher is not known).
+        with language_unpatched():
+            programs = _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
             self._direct = compat.direct_launcher(self.kernel, args, programs, self.constexprs, self.options,
                                                   len(tensors))
         return self.plan

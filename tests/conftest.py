@@ -6,6 +6,7 @@ absent, so a CI runner that lost its accelerator cannot pass by skipping.
 from __future__ import annotations
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -42,7 +43,28 @@ def device(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+SEED_PROPERTY = "torch_seed"
+
+
+def seed_for(nodeid: str) -> int:
+    """The seed of a test: a stable hash of its id (Python's ``hash`` of a string changes with
+    every process), so that a failing id gives the same data in the next run."""
+    return zlib.crc32(nodeid.encode())
+
+
 @pytest.fixture(autouse=True)
-def _fresh_seed() -> None:
+def _fresh_seed(request: pytest.FixtureRequest) -> None:
     # Fresh inputs per test, yet reproducible from the test id when a failure is reported.
-    torch.manual_seed(hash(os.environ.get("PYTEST_CURRENT_TEST", "")) % 2**31)
+    seed = seed_for(request.node.nodeid)
+    torch.manual_seed(seed)
+    request.node.user_properties.append((SEED_PROPERTY, seed))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    # A failure's report names the seed its data came from.
+    outcome = yield
+    report = outcome.get_result()
+    seed = dict(item.user_properties).get(SEED_PROPERTY)
+    if report.failed and seed is not None:
+        report.sections.append(("torch seed", f"torch.manual_seed({seed})  # zlib.crc32 of {item.nodeid!r}"))

@@ -8,7 +8,7 @@ import torch
 
 import portable_softmax as ps
 from portable_softmax import launch, ops, tuning
-from portable_softmax.selfcheck import relative_error, tolerance
+from portable_softmax.selfcheck import ERROR_FLOOR, relative_error, tolerance
 
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
 FUNCTION_IDS = ["softmax", "log_softmax"]
@@ -70,15 +70,48 @@ def test_rank_zero_and_empty(device):
         assert y.shape == x.shape and y.dtype == x.dtype
 
 
-@pytest.mark.parametrize("in_dtype,out_dtype", [(torch.float16, torch.float32), (torch.float32, torch.bfloat16),
-                                                (torch.bfloat16, torch.float64)])
+ALL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# The output shapes of the dtype matrix: a tile on every backend, and rows longer than a program
+# holds (the loop kernels on the interpreter and Ascend, the split ones on GPUs).
+DTYPE_SHAPES = [(33, 257), (2, 70000)]
+
+
+def _skip_unsupported(device: str, *dtypes: torch.dtype) -> None:
+    record = ps.device_info(device)
+    if torch.float64 in dtypes and not record["supports_fp64"]:
+        pytest.skip("float64 unsupported on this device")
+    if torch.bfloat16 in dtypes and not record["supports_bf16"]:
+        pytest.skip("bfloat16 unsupported on this device")
+
+
+def _coarser(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype whose rounding bounds a result's error (the largest error floor)."""
+    return max(dtypes, key=lambda dtype: ERROR_FLOOR[dtype])
+
+
+@pytest.mark.parametrize("shape", DTYPE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("in_dtype", ALL_DTYPES, ids=str)
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
-def test_dtype_argument_casts_first(device, in_dtype, out_dtype, fns):
+def test_dtype_argument_casts_first(device, in_dtype, out_dtype, fns, shape):
+    """Every (input, ``dtype=``) pair, forward and backward, as torch computes it: the input cast
+    to ``dtype`` first (float64 to a 16-bit type rounds through float32, as torch does), the
+    gradient in the input's dtype."""
+    _skip_unsupported(device, in_dtype, out_dtype)
     ours, theirs = fns
-    x = (torch.randn(33, 257, device=device) * 3).to(in_dtype)
+    x = (torch.randn(shape, device=device) * 3).to(in_dtype).requires_grad_()
     y = ours(x, -1, dtype=out_dtype)
+    torch_y = theirs(x, -1, dtype=out_dtype)
     assert y.dtype == out_dtype
-    _check(y, theirs(x, -1, dtype=out_dtype), theirs(x.to(out_dtype).double(), -1), out_dtype)
+    xd = x.detach().to(out_dtype).double().requires_grad_()
+    reference = theirs(xd, -1)
+    _check(y, torch_y, reference, out_dtype)
+    dy = torch.randn(shape, device=device).to(out_dtype)
+    grad = torch.autograd.grad(y, x, dy)[0]
+    torch_grad = torch.autograd.grad(torch_y, x, dy)[0]
+    grad_reference = torch.autograd.grad(reference, xd, dy.double())[0]
+    assert grad.dtype == torch_grad.dtype == in_dtype
+    _check(grad, torch_grad, grad_reference, _coarser(in_dtype, out_dtype))
 
 
 def _special_rows(dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -1,0 +1,145 @@
+"""The command line, run in-process: global options before or after the command, and every
+mistake answered by one line, ``portable-softmax: error: ...`` (exit 2), never a traceback."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import triton.backends
+
+from portable_softmax import cli, crosscompile, validate
+from portable_softmax.planner import DTYPE_BYTES
+from portable_softmax.profiles import profile_names, profile_record
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_one_line_error(argv: list[str], capsys: pytest.CaptureFixture, *needles: str) -> str:
+    code, _, err = _run(argv, capsys)
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("portable-softmax: error: "), (code, err)
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _absent(device_type: str) -> bool:
+    module = getattr(torch, device_type, None)
+    return module is None or not module.is_available()
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+def test_global_options_before_or_after_the_command(before, capsys):
+    options = ["--device", "cpu", "-v"]
+    argv = [*options, "info", "--json"] if before else ["info", "--json", *options]
+    code, out, err = _run(argv, capsys)
+    assert code == 0 and "Traceback" not in err
+    assert json.loads(out)["backend"] == "interpreter"
+
+
+def test_an_option_after_the_command_does_not_undo_one_before(capsys):
+    # The command's copy of --device defaults to nothing, so the one given first stands.
+    code, out, _ = _run(["--device", "cpu", "plan", "--shape", "4x8", "--json"], capsys)
+    assert code == 0 and json.loads(out)["device"]["backend"] == "interpreter"
+
+
+@pytest.mark.skipif(not _absent("cuda"), reason="a CUDA device is present")
+@pytest.mark.parametrize("argv", [["--device", "cuda", "info"], ["info", "--device", "cuda:0"],
+                                  ["plan", "--shape", "4x8", "--device", "cuda"]])
+def test_a_device_this_torch_lacks(argv, capsys):
+    _assert_one_line_error(argv, capsys, "cuda")
+
+
+def test_a_device_index_past_the_last(capsys):
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    _assert_one_line_error(["info", "--device", f"cuda:{count}"], capsys, f"cuda:{count}")
+
+
+@pytest.mark.skipif(getattr(torch, "npu", None) is not None, reason="torch_npu is loaded")
+def test_npu_without_torch_npu(capsys):
+    _assert_one_line_error(["--device", "npu", "info"], capsys, "torch_npu")
+
+
+@pytest.mark.parametrize("text", ["gpu", "cuda:x", ""])
+def test_a_device_torch_does_not_know(text, capsys):
+    _assert_one_line_error(["info", "--device", text], capsys, "device")
+
+
+@pytest.mark.parametrize("profile", profile_names())
+@pytest.mark.parametrize("dtype", sorted(DTYPE_BYTES))
+def test_plan_refuses_what_the_chip_refuses(profile, dtype, capsys):
+    """A plan for every recorded chip and dtype exactly where the record allows the dtype (the
+    launches ``ops`` refuses there have no plan)."""
+    record = profile_record(profile)
+    allowed = {"float64": record.supports_fp64, "bfloat16": record.supports_bf16}.get(dtype, True)
+    argv = ["plan", "--profile", profile, "--shape", "64x1000", "--dtype", dtype]
+    if allowed:
+        code, out, err = _run(argv, capsys)
+        assert code == 0 and record.name in out, err
+    else:
+        _assert_one_line_error(argv, capsys, dtype, "not supported")
+
+
+@pytest.fixture
+def no_compiles(monkeypatch):
+    """Fails a test whose command line gets as far as compiling."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the target should have been refused before any compile")
+
+    monkeypatch.setattr(crosscompile, "run", refuse)
+
+
+def _have(backend: str) -> bool:
+    return {"cuda": "nvidia", "hip": "amd"}[backend] in triton.backends.backends
+
+
+@pytest.mark.skipif(not _have("cuda"), reason="no NVIDIA backend in this Triton")
+@pytest.mark.parametrize("text", ["cuda:999", "cuda:95", "cuda:88"])
+def test_a_cuda_target_triton_cannot_compile_for(text, capsys, no_compiles):
+    """cuda:999 was accepted, and then every compile aborted (exit code -6)."""
+    _assert_one_line_error(["compile", "--target", text, "--shape", "4x1024", "--dtype", "float32"], capsys,
+                           text, "compute capabilities")
+
+
+@pytest.mark.skipif(not _have("hip"), reason="no AMD backend in this Triton")
+def test_a_hip_target_triton_cannot_compile_for(capsys, no_compiles):
+    _assert_one_line_error(["compile", "--target", "hip:gfx999", "--shape", "4x1024", "--dtype", "float32"], capsys,
+                           "hip:gfx999", "unsupported target")
+
+
+@pytest.mark.parametrize("text", ["cuda:90", "cuda:121", "hip:gfx942", "hip:gfx1100=rx7900xtx"])
+def test_targets_triton_compiles_for_are_taken(text, capsys, monkeypatch):
+    if not _have(text.split(":")[0]):
+        pytest.skip(f"no backend for {text} in this Triton")
+    taken = []
+    monkeypatch.setattr(crosscompile, "run_command", lambda args: taken.extend(args.target) or 0)
+    code, _, err = _run(["compile", "--target", text], capsys)
+    assert code == 0 and [t.name for t in taken] == [text.split("=")[0]], err
+
+
+@pytest.mark.parametrize("argv", [
+    ["info", "--bogus"],
+    ["plan", "--shape", "axb"],
+    ["plan", "--shape", "4x8", "--profile", "no-such-chip"],
+    ["plan"],
+    ["frobnicate"],
+    ["bench", "--device", "cpu", "--M", "4", "--N", "8"],
+])
+def test_other_mistakes_are_one_line(argv, capsys):
+    _assert_one_line_error(argv, capsys)
+
+
+def test_an_unwritable_report_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(validate, "CONFORMANCE", [((4, 8), torch.float32)])
+    occupied = tmp_path / "a-file"
+    occupied.write_text("")
+    _assert_one_line_error(["validate", "--device", "cpu", "--no-bench", "--out", str(occupied)], capsys)
