@@ -22,20 +22,11 @@ import torch
 
 from portable_softmax.device import device_record
 from portable_softmax.planner import DTYPE_BYTES, contiguous_align, plan_launch
+from portable_softmax.arguments import parse_shape
 from portable_softmax.profiles import profile_names, profile_record
 
 PROG = "portable-softmax"
 logger = logging.getLogger(__name__)
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    try:
-        rows, cols = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a shape like 4096x50257, got {text!r}") from None
-    if rows < 1 or cols < 1:
-        raise argparse.ArgumentTypeError(f"shape {text!r} must be positive")
-    return rows, cols
 
 
 def parse_device(text: str) -> str:

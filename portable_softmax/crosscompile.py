@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from portable_softmax.amdgcn import amdgcn_resources, kernel_resources
 from portable_softmax import variants
 from portable_softmax.backend import get_backend
-from portable_softmax.cli import parse_shape as _shape
+from portable_softmax.arguments import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, dense_form,
                                       input_bytes_per_column, next_power_of_2, plan_launch, select_config)
 from portable_softmax.profiles import load_profile, profile_names

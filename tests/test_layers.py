@@ -1,0 +1,68 @@
+"""The package's layers import downward only, and no module imports another that imports it back
+(README, "How the package is laid out"). Read from the source (every import, also inside functions):
+no torch or Triton needed."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "portable_softmax"
+
+# Lowest first. A module may import its own layer and those below it.
+LAYERS = [
+    ("records", {"record"}),
+    ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
+    ("planning", {"tuning", "planner"}),
+    ("runtime", {"variants", "kernels", "interpreter", "launch"}),
+    ("public API and torch integration", {"ops", "torch_ops", "__init__"}),
+    ("tools", {"cli", "__main__", "arguments", "bench", "host_time", "validate", "selfcheck", "crosscompile",
+               "machine_code"}),
+]
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "portable_softmax":
+            parts = node.module.split(".")
+            found |= {alias.name for alias in node.names} if len(parts) == 1 else {parts[1]}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("portable_softmax.")}
+            found |= {"__init__" for a in node.names if a.name == "portable_softmax"}
+    return found
+
+
+def _modules() -> dict[str, set[str]]:
+    names = {p.stem for p in PACKAGE.glob("*.py")}
+    return {p.stem: {m for m in _imports(p) if m in names and m != p.stem} for p in PACKAGE.glob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    placed = set().union(*(modules for _, modules in LAYERS))
+    assert set(_modules()) == placed
+
+
+def test_layers_import_downward_only():
+    level = {module: i for i, (_, modules) in enumerate(LAYERS) for module in modules}
+    upward = [(m, dep) for m, deps in _modules().items() for dep in deps if level[dep] > level[m]]
+    # The package's __init__ re-exports the public API; importing a submodule runs it first, which
+    # is Python's doing, not an import of the module's own.
+    assert not upward, f"imports of a higher layer: {upward}"
+
+
+def test_no_import_cycles():
+    graph = _modules()
+    seen: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        if seen.get(module) == 1:
+            raise AssertionError(f"import cycle: {' -> '.join(path + [module])}")
+        if seen.get(module) == 2:
+            return
+        seen[module] = 1
+        for dep in sorted(graph[module] - {"__init__"}):
+            visit(dep, path + [module])
+        seen[module] = 2
+
+    for module in sorted(graph):
+        visit(module, [])
