@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Optional
+from typing import Any
 
 from portable_softmax.record import DeviceRecord, KernelResources
 
@@ -50,9 +50,6 @@ class Backend:
             compiler offers no such option.
         interpreted: kernels run through Triton's interpreter instead of being compiled.
         cooperative_launch: launches that rely on residency may ask the driver to enforce it.
-        native_launcher: ``(compiled, parameters, programs, tensors) -> launch(stream, tensors)``
-            or None: a launch cheaper than Triton's launcher for a compiled kernel, used where
-            it writes what Triton's does (checked on the first call); None to keep Triton's.
     """
 
     name: str
@@ -63,7 +60,6 @@ class Backend:
     fit_options: Callable[[DeviceRecord, int, int], dict[str, Any]] = no_fit_options
     interpreted: bool = False
     cooperative_launch: bool = False
-    native_launcher: Optional[Callable[[Any, Sequence[tuple[str, Any]], int, int], Any]] = None
 
 
 _REGISTRY: dict[str, Backend] = {}

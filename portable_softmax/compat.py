@@ -79,29 +79,16 @@ def _launch_hooks_set() -> bool:
     return any(_hook_set(hook) for hook in hooks)
 
 
-def compiled_kernel(kernel, args: tuple, programs: int, constexprs: dict, options: dict):
-    """The binary that ``kernel[(programs,)](*args, **constexprs, **options)`` ran, its handles
-    loaded; None where its launcher is not known (Triton < 3.6) or launch hooks (a profiler) are
-    set, which only ``kernel[grid]`` calls."""
+def direct_launcher(kernel, args: tuple, programs: int, constexprs: dict, options: dict,
+                    dynamic: int) -> Optional[Callable[[int, tuple], None]]:
+    """``launch(stream, tensors)`` through the launcher of the binary that ``kernel[(programs,)]
+    (*args, **constexprs, **options)`` ran, with the arguments after the first ``dynamic`` (the
+    tensors) laid out once; None where the launcher is not known (Triton < 3.6) or launch hooks
+    (a profiler) are set, which only ``kernel[grid]`` calls."""
     if not DIRECT_LAUNCH or _launch_hooks_set():
         return None
     compiled = kernel.warmup(*args, grid=(programs,), **constexprs, **options)
     compiled._init_handles()
-    return compiled
-
-
-def launch_parameters(kernel, compiled, args: tuple) -> list[tuple[str, object]]:
-    """The kernel's parameters that reach the binary, as (type, value): ``args`` (a launch's
-    non-constexpr values) less those the compiled signature made constexprs (integers equal to 1)."""
-    signature = compiled.src.signature
-    names = [p.name for p in kernel.params if not p.is_constexpr]
-    return [(signature[name], value) for name, value in zip(names, args) if signature[name] != "constexpr"]
-
-
-def direct_launcher(compiled, kernel, args: tuple, programs: int, constexprs: dict,
-                    dynamic: int) -> Callable[[int, tuple], None]:
-    """``launch(stream, tensors)`` through ``compiled``'s launcher (``compiled_kernel``), with the
-    arguments after the first ``dynamic`` (the tensors) laid out once."""
     values = iter(args[dynamic:])
     tail = tuple(constexprs[p.name] if p.is_constexpr else next(values) for p in kernel.params[dynamic:])
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata

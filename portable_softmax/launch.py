@@ -198,33 +198,9 @@ class LaunchRecord:
         # The first launch compiles (and so may every launch where the launcher is not known).
         with language_unpatched():
             programs = _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
-            compiled = compat.compiled_kernel(self.kernel, args, programs, self.constexprs, self.options)
-        if compiled is not None:
-            self._direct = compat.direct_launcher(compiled, self.kernel, args, programs, self.constexprs,
+            self._direct = compat.direct_launcher(self.kernel, args, programs, self.constexprs, self.options,
                                                   len(tensors))
-            if self.backend.native_launcher is not None and not self._slots:
-                native = self.backend.native_launcher(compiled, compat.launch_parameters(self.kernel, compiled, args),
-                                                      programs, len(tensors))
-                if native is not None and _writes_the_same(native, stream, tensors):
-                    self._direct = native
         return self.plan
-
-
-def _writes_the_same(launch: Callable[[int, tuple], None], stream: int, tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Whether ``launch`` writes, bit for bit, the output that Triton's launcher just wrote into
-    ``tensors[-1]`` from the same inputs (into a fresh tensor: the caller's stays as it is)."""
-    out = tensors[-1]
-    trial = torch.empty_like(out)
-    try:
-        launch(stream, (*tensors[:-1], trial))
-    except RuntimeError as error:
-        logger.warning("the backend's own launch failed (%s); keeping Triton's launcher", error)
-        return False
-    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
-    same = torch.equal(trial.view(bits), out.view(bits))
-    if not same:
-        logger.warning("the backend's own launch wrote other values than Triton's; keeping Triton's launcher")
-    return same
 
 
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,

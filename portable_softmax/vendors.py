@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from portable_softmax import cuda_driver
 from portable_softmax.backend import Backend, register_backend
 from portable_softmax.record import DeviceRecord, KernelResources
 
@@ -316,7 +315,7 @@ def _interpreter_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> Devi
 
 
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
-                                       cooperative_launch=True, native_launcher=cuda_driver.launcher))
+                                       cooperative_launch=True))
 HIP = register_backend(Backend("hip", "hip", "cuda", _hip_normalize, _hip_occupancy, cooperative_launch=True))
 NPU = register_backend(Backend("npu", "npu", "npu", _npu_normalize, _one_per_unit))
 INTERPRETER = register_backend(Backend("interpreter", "", "cpu", _interpreter_normalize, _one_per_unit, interpreted=True))

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "portable_softmax"
 # Lowest first. A module may import its own layer and those below it.
 LAYERS = [
     ("records", {"record"}),
-    ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat", "cuda_driver"}),
+    ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
     ("planning", {"tuning", "planner"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch"}),
     ("public API and torch integration", {"ops", "torch_ops", "__init__"}),
