@@ -66,7 +66,9 @@ _AMD_END = re.compile(r"^s_(endpgm|setpc_b64|trap)\b")
 _SASS_READ = re.compile(r"^(LDG|LD|ATOMG|ATOM|LDGSTS|UBLKCP|UTMALDG)(\.|\s|$)")
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _SASS_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
-_SASS_JUMP = re.compile(r"^(BRA|CALL)\S*\s+(?:\S+,\s*)?`?\(?(0x[0-9a-f]+|[.$\w][\w.$]*)\)?")
+# A jump with an operand before its target (``BRA.DIV UR8, `(.L_x_12)``, ``BRA.U !UP0, ...``) is
+# conditional as a predicated one is: it may fall through.
+_SASS_JUMP = re.compile(r"^(BRA|CALL)\S*\s+(\S+,\s*)?`?\(?(0x[0-9a-f]+|[.$\w][\w.$]*)\)?")
 _NV_LABEL = re.compile(r"^[.$\w][\w.$]*:$")
 _SASS_END = re.compile(r"^(EXIT|RET|BPT\.TRAP)\b")
 
@@ -214,7 +216,8 @@ def sass_loops(sass: str) -> list[Loop]:
         jump = _SASS_JUMP.match(plain)
         if jump:
             kind = "call" if jump.group(1) == "CALL" else "branch"
-            target = jump.group(2)
+            conditional = conditional or bool(jump.group(2))
+            target = jump.group(3)
             target = f"0x{int(target, 16):x}" if target.startswith("0x") else target
             ins = _Instruction(text, labels, kind, target, conditional, lines=lines)
         elif _SASS_END.match(plain):

@@ -52,6 +52,15 @@ def test_a_sass_wait_whose_read_was_hoisted():
     assert len(waits) == 1 and not waits[0].reads_memory
 
 
+def test_a_divergence_branch_falls_through():
+    """Triton 3.6's SASS puts a ``BRA.DIV UR8, ...`` inside the wait loop: taken only where the warp
+    diverged, so the loop's back edge also follows it (read as unconditional, the loop vanished)."""
+    sass = SASS_WAIT.replace("        /*0030*/", "        /*0028*/                   BRA.DIV UR8, `(.L_x_2) ;\n        /*0030*/")
+    sass = sass.replace("{READ}", "LDG.E.64.STRONG.SYS R26, desc[UR10][R44.64] ;")
+    waits = machine_code.wait_loops(machine_code.sass_loops(sass), WAIT)
+    assert len(waits) == 1 and waits[0].reads_memory
+
+
 def test_amd_wait_loops_and_lane_loops():
     kept = machine_code.amdgcn_loops(AMD_WAIT.replace("{READ}", "buffer_atomic_add_x2 v[86:87], v68, s[24:27], 0 offen sc0"))
     hoisted = machine_code.amdgcn_loops(AMD_WAIT.replace("{READ}", "v_mov_b32_e32 v1, v2"))

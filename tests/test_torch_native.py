@@ -104,7 +104,11 @@ def test_a_row_of_2_31_elements_or_more(device):
     x = torch.randn(n, device=device, dtype=torch.bfloat16)
     x[-3:] = 12.0  # the row's maximum sits past element 2**31
     y = ps.softmax(x, 0)
-    reference = torch.softmax(x.float(), 0)
+    # torch's CUDA softmax asserts on a row this long (torch 2.11: "potential_reg_cnt > 0"): the
+    # reference is written out in float32.
+    wide = x.float()
+    reference = torch.exp(wide - wide.max())
+    reference /= reference.sum()
     assert relative_error(y, reference) < 1e-2 and torch.equal(y[-3:], reference[-3:].to(y.dtype))
     dy = torch.randn_like(x)
     (dx,) = torch.autograd.grad(ps.softmax(x.requires_grad_(), 0), x, dy)
