@@ -26,7 +26,8 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
     if AST_SOURCE_CONSTEXPRS:
         attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
         return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    constants = {names.index(name): value for name, value in constexprs.items()}
+    # Triton 3.2 keys constants by parameter name ("Constants keys must be string").
+    constants = dict(constexprs)
     attrs = None
     if divisible_by_16:
         # Triton < 3.3 described specialisations with an AttrsDescriptor.
