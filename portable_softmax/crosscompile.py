@@ -362,16 +362,20 @@ def amdgcn_resources(asm: str) -> dict[str, int]:
     return found
 
 
-def called_shared_memory(llir: str) -> list[str]:
+def called_shared_memory(llir: str, kernel: Optional[str] = None) -> list[str]:
     """The functions in a kernel's LLVM IR, other than the kernel, that address shared memory.
     Triton 3.6 gives a called function none of its own: what it uses overlaps the caller's,
-    pipeline buffers in flight included (a pipelined split kernel gave NaN so, NOTES v9)."""
+    pipeline buffers in flight included (a pipelined split kernel gave NaN so, NOTES v9).
+
+    The kernel is the function with a kernel calling convention, or the one named ``kernel``:
+    Triton 3.2 marks an NVIDIA kernel only in ``!nvvm.annotations`` (``define void @name``)."""
     found: list[str] = []
     name = None
     for line in llir.splitlines():
         if line.startswith("define "):
-            kernel = "ptx_kernel" in line or "amdgpu_kernel" in line
-            name = None if kernel else line.split("@", 1)[1].split("(", 1)[0]
+            defined = line.split("@", 1)[1].split("(", 1)[0]
+            is_kernel = "ptx_kernel" in line or "amdgpu_kernel" in line or defined.strip('"') == kernel
+            name = None if is_kernel else defined
         elif name is not None and "global_smem" in line and name not in found:
             found.append(name)
     return found
@@ -411,7 +415,7 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"compile_s": round(compile_s, 2), "shared": int(compiled.metadata.shared),
                               "signature": {k: v for k, v in signature.items() if v != "constexpr"},
                               "specialised": {"divisible_by_16": divisible, "equal_to_1": equal_to_1},
-                              "called_shared": called_shared_memory(compiled.asm.get("llir", ""))}
+                              "called_shared": called_shared_memory(compiled.asm.get("llir", ""), name)}
     if backend == "cuda":
         usage = cubin_resources(compiled.asm["cubin"], name)
         # As the driver reports them: n_regs, and n_spills = local bytes / 4.
