@@ -15,6 +15,8 @@ Newer versions than the newest tested (3.9) are not refused: nothing here caps a
 """
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Optional
@@ -120,3 +122,53 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
 # JITFunction.run launches it: the code read in Triton 3.6 and 3.9. Older versions take the
 # ``kernel[grid]`` path on every call.
 DIRECT_LAUNCH = TRITON_VERSION >= Version("3.6")
+
+
+# Triton 3.2 to 3.4 link AMD code with an external ld.lld. 3.2 writes code objects v4
+# (``amd.set_abi_version(module, 400)``), which Debian's LLD 14 links; 3.3 and 3.4 write v5 (500),
+# which LLD 14 refuses ("unknown abi version") and LLD 15 and 16 link.
+AMD_LLD_MIN_MAJOR = 15 if TRITON_VERSION >= Version("3.3") else None
+
+
+def _lld_major(path: str) -> Optional[int]:
+    """The LLVM major version of an ld.lld (``Debian LLD 14.0.6``, ``AMD LLD 17.0.0``), if it says."""
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"\bLLD (\d+)\.", text)
+    return int(found.group(1)) if found else None
+
+
+def missing_toolchain(backend: str) -> Optional[str]:
+    """Why this Triton cannot compile for ``backend`` (``cuda`` or ``hip``) on this machine, or None.
+
+    Triton 3.2 to 3.4 link AMD code objects with an external ``ld.lld``, which they look for in
+    ``TRITON_HIP_LLD_PATH``, beside the amd backend (pytorch-triton-rocm bundles one), in
+    ``/opt/rocm/llvm/bin`` and as ``/usr/bin/ld.lld`` (Debian's ``lld`` package); newer ones link in
+    process. Asked here with Triton's own lookup, so the answer is the linker a compile would run.
+    """
+    import triton.backends
+
+    name = {"cuda": "nvidia", "hip": "amd"}.get(backend, backend)
+    if name not in triton.backends.backends:
+        return f"Triton {triton.__version__} has no {name} compiler backend"
+    if name == "amd":
+        from triton.backends.amd.compiler import HIPBackend
+
+        lookup = getattr(HIPBackend, "path_to_rocm_lld", None)
+        if lookup is None:
+            return None
+        fix = ("set TRITON_HIP_LLD_PATH to ROCm's or LLVM's ld.lld" +
+               (f" {AMD_LLD_MIN_MAJOR} or newer (Debian 12: apt-get install lld-16; "
+                f"TRITON_HIP_LLD_PATH=/usr/lib/llvm-16/bin/ld.lld)" if AMD_LLD_MIN_MAJOR else
+                " (Debian: apt-get install lld)"))
+        try:
+            lld = str(lookup())
+        except Exception as error:  # Triton raises a bare Exception naming the path it wanted
+            return f"Triton {triton.__version__} links AMD code with an external ld.lld, and none is found ({error}): {fix}"
+        major = _lld_major(lld)
+        if AMD_LLD_MIN_MAJOR and major is not None and major < AMD_LLD_MIN_MAJOR:
+            return (f"Triton {triton.__version__} links AMD code objects v5 with {lld}, LLD {major}, which cannot "
+                    f"read them: {fix}")
+    return None

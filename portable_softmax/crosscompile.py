@@ -323,6 +323,17 @@ def _cuobjdump() -> Optional[str]:
     return None
 
 
+def toolchain_missing(target: Target) -> Optional[str]:
+    """Why ``target`` cannot be compiled and read here, or None: what this Triton needs for it
+    (``compat.missing_toolchain``), and for NVIDIA targets the cuobjdump that reads the resources."""
+    from portable_softmax import compat
+
+    missing = compat.missing_toolchain(target.backend)
+    if missing is None and target.backend == "cuda" and _cuobjdump() is None:
+        missing = "no cuobjdump found (Triton's nvidia backend bin/, PATH, /usr/local/cuda/bin) to read the cubins"
+    return missing
+
+
 def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
     """REG, STACK, SHARED, LOCAL, ... of ``kernel`` in a cubin, read with cuobjdump."""
     tool = _cuobjdump()
@@ -611,14 +622,22 @@ def _cost(spec: dict[str, Any]) -> int:
 
 def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
         progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
-    """Plan, compile and check every variant; the report as plain data (``report["ok"]``)."""
+    """Plan, compile and check every variant; the report as plain data (``report["ok"]``). A
+    target whose toolchain is missing here (``toolchain_missing``) is not compiled: its report
+    says why (``unavailable``), and is not ok."""
     started = time.perf_counter()
     specs: list[dict[str, Any]] = []
     index_of: dict[str, int] = {}
     per_target = []
+    unavailable: dict[str, str] = {}
     for target in targets:
         record, profile, note = target_record(target)
         uses = []
+        missing = toolchain_missing(target)
+        if missing is not None:
+            unavailable[target.name] = missing
+            per_target.append((target, record, profile, note, uses))
+            continue
         for case in cases:
             for role, config in case_configs(record, case):
                 spec = variant_spec(target, config, case)
@@ -648,6 +667,9 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
 
     report_targets = [_target_report(target, record, profile, note, uses, specs, compiled)
                       for target, record, profile, note, uses in per_target]
+    for entry in report_targets:
+        if entry["target"] in unavailable:
+            entry.update(ok=False, unavailable=unavailable[entry["target"]])
     return {
         "ok": all(t["ok"] for t in report_targets),
         "elapsed_s": round(time.perf_counter() - started, 1),
@@ -741,7 +763,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         v.pop("resources", None)
     ok = not any(v["problems"] for v in variant_list) and not any(p["problems"] for p in plans)
     return {"target": target.name, "warp_size": target.warp_size, "profile": profile, "synthetic": note,
-            "record": record.to_dict(), "ok": ok, "variants": variant_list, "plans": plans}
+            "record": record.to_dict(), "ok": ok, "unavailable": None, "variants": variant_list, "plans": plans}
 
 
 # --------------------------------------------------------------------------------------------
@@ -796,6 +818,11 @@ def format_report(report: dict[str, Any]) -> str:
                      f"registers/unit, shared limit {r['shared_memory_per_unit']} B/program")
         if t["synthetic"]:
             lines.append(f"   NOTE: {t['synthetic']}")
+        if t.get("unavailable"):
+            lines.append(f"   NOT COMPILED: {t['unavailable']}")
+            lines.append(f"   {t['target']}: PROBLEMS")
+            lines.append("")
+            continue
         lines.append(f"   {'#':>2} {'kernel':<24} {'BLOCK_M':>7} {'BLOCK_N':>7} {'CHUNKS':>6} {'warps':>5} {'ptr':>5} "
                      f"{'regs':>4} {'spill':>5} {'shared':>6} {'static':>6} {'occ':>3} {'compile':>8}  status")
         for v in t["variants"]:
