@@ -92,6 +92,10 @@ def test_called_shared_memory_is_found():
                       'define internal fastcc float @"wait"(ptr %0) {', "  store @global_smem", "}",
                       "define internal float @clean(ptr %0) {", "  ret", "}"])
     assert crosscompile.called_shared_memory(llir) == ['"wait"']
+    # Triton 3.2 writes an NVIDIA kernel as a plain function, marked in !nvvm.annotations.
+    plain = llir.replace("define ptx_kernel void @k", "define void @k")
+    assert crosscompile.called_shared_memory(plain) == ["k", '"wait"']
+    assert crosscompile.called_shared_memory(plain, "k") == ['"wait"']
 
 
 def test_registers_read_without_a_driver(target):
