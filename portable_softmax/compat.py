@@ -159,10 +159,12 @@ def missing_toolchain(backend: str) -> Optional[str]:
         lookup = getattr(HIPBackend, "path_to_rocm_lld", None)
         if lookup is None:
             return None
-        fix = ("set TRITON_HIP_LLD_PATH to ROCm's or LLVM's ld.lld" +
-               (f" {AMD_LLD_MIN_MAJOR} or newer (Debian 12: apt-get install lld-16; "
-                f"TRITON_HIP_LLD_PATH=/usr/lib/llvm-16/bin/ld.lld)" if AMD_LLD_MIN_MAJOR else
-                " (Debian: apt-get install lld)"))
+        if AMD_LLD_MIN_MAJOR:
+            fix = (f"point TRITON_HIP_LLD_PATH at an ld.lld of LLVM {AMD_LLD_MIN_MAJOR} or newer (Debian 12: apt-get "
+                   f"install lld-16, then TRITON_HIP_LLD_PATH=/usr/lib/llvm-16/bin/ld.lld) or ROCm's")
+        else:
+            fix = ("install one where Triton looks (Debian: apt-get install lld, which gives /usr/bin/ld.lld) or point "
+                   "TRITON_HIP_LLD_PATH at one (ROCm's, LLVM's)")
         try:
             lld = str(lookup())
         except Exception as error:  # Triton raises a bare Exception naming the path it wanted
