@@ -5,6 +5,9 @@ interpreter.
     >>> import torch, portable_softmax
     >>> portable_softmax.softmax(torch.randn(3, 5), dim=-1).sum(-1)
 """
+# First: one ImportError naming the versions found and needed where Python, torch or Triton is
+# missing or too old, rather than a failure somewhere deeper.
+from portable_softmax import compat  # noqa: F401
 from portable_softmax import vendors  # noqa: F401  (registers the built-in backends)
 from portable_softmax.backend import Backend, get_backend, register_backend, registered_backends
 from portable_softmax.device import device_info

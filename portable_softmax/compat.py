@@ -1,15 +1,93 @@
-"""Differences between the Triton versions users have (3.2 for triton-ascend, 3.6, 3.9), behind
-version checks."""
+"""Differences between the Triton versions users have (3.2 for torch 2.6 and triton-ascend, to
+3.9), behind version checks; and, on import, the check that Python, torch and Triton are versions
+this package supports.
+
+The oldest supported versions, as ``pyproject.toml`` declares them (a test checks they agree):
+
+* Triton 3.2: the Triton of torch 2.6 and triton-ascend's; the oldest tested (its compiler builds
+  every kernel variant for sm_90 and gfx942, and its interpreter passes the tests).
+* torch 2.6: the first torch whose own Triton (3.2, ROCm's pytorch-triton-rocm too) is one of
+  those: torch 2.4 and 2.5 require Triton 3.0 and 3.1. torch.library.custom_op, which the
+  torch.compile integration needs, came in 2.4.
+* Python 3.9: the oldest that torch 2.6 and Triton 3.2 have wheels for.
+
+Newer versions than the newest tested (3.9) are not refused: nothing here caps a vendor's build.
+"""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
-import triton
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
-TRITON_VERSION = Version(Version(triton.__version__).base_version)
+MIN_PYTHON = (3, 9)
+MIN_TORCH = Version("2.6")
+MIN_TRITON = Version("3.2")
+
+_INSTALL_HINT = ("install or upgrade torch (on a GPU or NPU machine the vendor's build), then Triton: upstream "
+                 "with `pip install \"portable-softmax[cpu]\"` (or `[cuda]`), or the vendor's build, which provides "
+                 "the `triton` module (ROCm: pytorch-triton-rocm, Ascend: triton-ascend)")
+
+
+def _release(text: str) -> Optional[Version]:
+    """``2.6.0+cu124`` -> 2.6.0, ``3.2.0rc4`` -> 3.2.0; None where the string is no version."""
+    try:
+        return Version(Version(text.split("+", 1)[0]).base_version)
+    except InvalidVersion:
+        return None
+
+
+def requirement_problems(python: Sequence[int], torch: Optional[str], triton: Optional[str],
+                         why_missing: Optional[Mapping[str, str]] = None) -> list[str]:
+    """What keeps these versions from running this package, one line each. ``torch`` or
+    ``triton`` None: that module cannot be imported, for the reason ``why_missing`` gives
+    (by default: not installed)."""
+    problems = []
+    if tuple(python[:2]) < MIN_PYTHON:
+        problems.append(f"Python {'.'.join(map(str, python[:3]))} found, "
+                        f"{'.'.join(map(str, MIN_PYTHON))} or newer needed")
+    for name, found, needed in (("torch", torch, MIN_TORCH), ("Triton", triton, MIN_TRITON)):
+        if found is None:
+            why = (why_missing or {}).get(name.lower(), "is not installed")
+            problems.append(f"{name} {why}, {needed} or newer needed")
+            continue
+        release = _release(found)
+        # A version string that does not parse (a vendor's own scheme) is given the benefit of the doubt.
+        if release is not None and release < needed:
+            problems.append(f"{name} {found} found, {needed} or newer needed")
+    return problems
+
+
+def _imported_version(module: str) -> tuple[Optional[str], Optional[str]]:
+    """The ``__version__`` of ``module`` and None, or None and why it cannot be imported."""
+    try:
+        imported = __import__(module)
+    except ImportError as error:
+        if isinstance(error, ModuleNotFoundError) and error.name == module:
+            return None, "is not installed"
+        return None, f"cannot be imported ({error})"
+    return str(getattr(imported, "__version__", "")), None
+
+
+def _check_requirements() -> tuple[Version, Version]:
+    """The torch and Triton versions, or one ImportError naming every one that does not do."""
+    torch_version, torch_error = _imported_version("torch")
+    triton_version, triton_error = _imported_version("triton")
+    why = {name: error for name, error in (("torch", torch_error), ("triton", triton_error)) if error}
+    problems = requirement_problems(sys.version_info, torch_version, triton_version, why)
+    if problems:
+        raise ImportError(f"portable_softmax needs Python >= {'.'.join(map(str, MIN_PYTHON))}, torch >= {MIN_TORCH} "
+                          f"and Triton >= {MIN_TRITON}: {'; '.join(problems)}. To fix: {_INSTALL_HINT}.")
+    return _release(torch_version or "") or MIN_TORCH, _release(triton_version or "") or MIN_TRITON
+
+
+TORCH_VERSION, TRITON_VERSION = _check_requirements()
+
+import triton  # noqa: E402  (present: checked above)
 
 # kernel[grid](..., launch_cooperative_grid=True) asks the driver to refuse a grid that is not
 # resident all at once, instead of letting waiting programs hang.
@@ -30,7 +108,8 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
     if AST_SOURCE_CONSTEXPRS:
         attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
         return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    constants = {names.index(name): value for name, value in constexprs.items()}
+    # Triton 3.2 keys constants by parameter name ("Constants keys must be string").
+    constants = dict(constexprs)
     attrs = None
     if divisible_by_16:
         # Triton < 3.3 described specialisations with an AttrsDescriptor.
@@ -97,3 +176,55 @@ def direct_launcher(kernel, args: tuple, programs: int, constexprs: dict, option
         run(programs, 1, 1, stream, function, metadata, None, None, None, *tensors, *tail)
 
     return launch
+
+
+# Triton 3.2 to 3.4 link AMD code with an external ld.lld. 3.2 writes code objects v4
+# (``amd.set_abi_version(module, 400)``), which Debian's LLD 14 links; 3.3 and 3.4 write v5 (500),
+# which LLD 14 refuses ("unknown abi version") and LLD 15 and 16 link.
+AMD_LLD_MIN_MAJOR = 15 if TRITON_VERSION >= Version("3.3") else None
+
+
+def _lld_major(path: str) -> Optional[int]:
+    """The LLVM major version of an ld.lld (``Debian LLD 14.0.6``, ``AMD LLD 17.0.0``), if it says."""
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"\bLLD (\d+)\.", text)
+    return int(found.group(1)) if found else None
+
+
+def missing_toolchain(backend: str) -> Optional[str]:
+    """Why this Triton cannot compile for ``backend`` (``cuda`` or ``hip``) on this machine, or None.
+
+    Triton 3.2 to 3.4 link AMD code objects with an external ``ld.lld``, which they look for in
+    ``TRITON_HIP_LLD_PATH``, beside the amd backend (pytorch-triton-rocm bundles one), in
+    ``/opt/rocm/llvm/bin`` and as ``/usr/bin/ld.lld`` (Debian's ``lld`` package); newer ones link in
+    process. Asked here with Triton's own lookup, so the answer is the linker a compile would run.
+    """
+    import triton.backends
+
+    name = {"cuda": "nvidia", "hip": "amd"}.get(backend, backend)
+    if name not in triton.backends.backends:
+        return f"Triton {triton.__version__} has no {name} compiler backend"
+    if name == "amd":
+        from triton.backends.amd.compiler import HIPBackend
+
+        lookup = getattr(HIPBackend, "path_to_rocm_lld", None)
+        if lookup is None:
+            return None
+        if AMD_LLD_MIN_MAJOR:
+            fix = (f"point TRITON_HIP_LLD_PATH at an ld.lld of LLVM {AMD_LLD_MIN_MAJOR} or newer (Debian 12: apt-get "
+                   f"install lld-16, then TRITON_HIP_LLD_PATH=/usr/lib/llvm-16/bin/ld.lld) or ROCm's")
+        else:
+            fix = ("install one where Triton looks (Debian: apt-get install lld, which gives /usr/bin/ld.lld) or point "
+                   "TRITON_HIP_LLD_PATH at one (ROCm's, LLVM's)")
+        try:
+            lld = str(lookup())
+        except Exception as error:  # Triton raises a bare Exception naming the path it wanted
+            return f"Triton {triton.__version__} links AMD code with an external ld.lld, and none is found ({error}): {fix}"
+        major = _lld_major(lld)
+        if AMD_LLD_MIN_MAJOR and major is not None and major < AMD_LLD_MIN_MAJOR:
+            return (f"Triton {triton.__version__} links AMD code objects v5 with {lld}, LLD {major}, which cannot "
+                    f"read them: {fix}")
+    return None

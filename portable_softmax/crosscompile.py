@@ -367,6 +367,20 @@ def wait_loop_check(backend: str, compiled: Any) -> dict[str, Any]:
             "wait_loop_reads_memory": bool(waits) and all(loop.reads_memory for loop in waits)}
 
 
+def toolchain_missing(target: Target) -> Optional[str]:
+    """Why ``target`` cannot be compiled and read here, or None: what this Triton needs for it
+    (``compat.missing_toolchain``), and for NVIDIA targets the cuobjdump that reads the resources."""
+    from portable_softmax import compat
+
+    missing = compat.missing_toolchain(target.backend)
+    if missing is None and target.backend == "cuda":
+        absent = [tool for tool in ("cuobjdump", "nvdisasm") if _nvidia_tool(tool) is None]
+        if absent:
+            missing = (f"no {' or '.join(absent)} found (Triton's nvidia backend bin/, PATH, /usr/local/cuda/bin) "
+                       f"to read the cubins")
+    return missing
+
+
 def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
     """REG, STACK, SHARED, LOCAL, ... of ``kernel`` in a cubin, read with cuobjdump."""
     tool = _cuobjdump()
@@ -390,16 +404,20 @@ def cubin_resources(cubin: bytes, kernel: str) -> dict[str, int]:
     return found
 
 
-def called_shared_memory(llir: str) -> list[str]:
+def called_shared_memory(llir: str, kernel: Optional[str] = None) -> list[str]:
     """The functions in a kernel's LLVM IR, other than the kernel, that address shared memory.
     Triton 3.6 gives a called function none of its own: what it uses overlaps the caller's,
-    pipeline buffers in flight included (a pipelined split kernel gave NaN so, NOTES v9)."""
+    pipeline buffers in flight included (a pipelined split kernel gave NaN so, NOTES v9).
+
+    The kernel is the function with a kernel calling convention, or the one named ``kernel``:
+    Triton 3.2 marks an NVIDIA kernel only in ``!nvvm.annotations`` (``define void @name``)."""
     found: list[str] = []
     name = None
     for line in llir.splitlines():
         if line.startswith("define "):
-            kernel = "ptx_kernel" in line or "amdgpu_kernel" in line
-            name = None if kernel else line.split("@", 1)[1].split("(", 1)[0]
+            defined = line.split("@", 1)[1].split("(", 1)[0]
+            is_kernel = "ptx_kernel" in line or "amdgpu_kernel" in line or defined.strip('"') == kernel
+            name = None if is_kernel else defined
         elif name is not None and "global_smem" in line and name not in found:
             found.append(name)
     return found
@@ -439,7 +457,7 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"compile_s": round(compile_s, 2), "shared": int(compiled.metadata.shared),
                               "signature": {k: v for k, v in signature.items() if v != "constexpr"},
                               "specialised": {"divisible_by_16": divisible, "equal_to_1": equal_to_1},
-                              "called_shared": called_shared_memory(compiled.asm.get("llir", ""))}
+                              "called_shared": called_shared_memory(compiled.asm.get("llir", ""), name)}
     if spec["kernel"].endswith("_split"):
         result.update(wait_loop_check(backend, compiled))
     if backend == "cuda":
@@ -638,14 +656,22 @@ def _cost(spec: dict[str, Any]) -> int:
 
 def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
         progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
-    """Plan, compile and check every variant; the report as plain data (``report["ok"]``)."""
+    """Plan, compile and check every variant; the report as plain data (``report["ok"]``). A
+    target whose toolchain is missing here (``toolchain_missing``) is not compiled: its report
+    says why (``unavailable``), and is not ok."""
     started = time.perf_counter()
     specs: list[dict[str, Any]] = []
     index_of: dict[str, int] = {}
     per_target = []
+    unavailable: dict[str, str] = {}
     for target in targets:
         record, profile, note = target_record(target)
         uses = []
+        missing = toolchain_missing(target)
+        if missing is not None:
+            unavailable[target.name] = missing
+            per_target.append((target, record, profile, note, uses))
+            continue
         for case in cases:
             for role, config in case_configs(record, case):
                 spec = variant_spec(target, record, config, case)
@@ -675,6 +701,9 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
 
     report_targets = [_target_report(target, record, profile, note, uses, specs, compiled)
                       for target, record, profile, note, uses in per_target]
+    for entry in report_targets:
+        if entry["target"] in unavailable:
+            entry.update(ok=False, unavailable=unavailable[entry["target"]])
     return {
         "ok": all(t["ok"] for t in report_targets),
         "elapsed_s": round(time.perf_counter() - started, 1),
@@ -779,7 +808,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         v.pop("resources", None)
     ok = not any(v["problems"] for v in variant_list) and not any(p["problems"] for p in plans)
     return {"target": target.name, "warp_size": target.warp_size, "profile": profile, "synthetic": note,
-            "record": record.to_dict(), "ok": ok, "variants": variant_list, "plans": plans}
+            "record": record.to_dict(), "ok": ok, "unavailable": None, "variants": variant_list, "plans": plans}
 
 
 # --------------------------------------------------------------------------------------------
@@ -936,6 +965,11 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{'yes' if r['cooperative_launch'] else 'no'}")
         if t["synthetic"]:
             lines.append(f"   NOTE: {t['synthetic']}")
+        if t.get("unavailable"):
+            lines.append(f"   NOT COMPILED: {t['unavailable']}")
+            lines.append(f"   {t['target']}: PROBLEMS")
+            lines.append("")
+            continue
         lines.append(f"   {'#':>2} {'kernel':<24} {'BLOCK_M':>7} {'BLOCK_N':>7} {'CHUNKS':>6} {'warps':>5} {'ptr':>5} "
                      f"{'regs':>4} {'spill':>5} {'shared':>6} {'static':>6} {'occ':>3} {'compile':>8}  status")
         for v in t["variants"]:

@@ -305,11 +305,13 @@ def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHU
     # Triton does not software-pipeline a loop that holds another loop, but one that calls a
     # function holding it. The call costs registers (the calling convention), so only pipelined
     # kernels make it.
+    # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
+    # (the caller's unpacking then fails: "row_total is not defined").
     if STAGES > 1:
-        stats = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
+        row_max, total = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
     else:
-        stats = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC)
-    return stats
+        row_max, total = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC)
+    return row_max, total
 
 
 @_jit

@@ -10,6 +10,7 @@ Every check collects all problems and fails with the full list.
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MATRIX_PATH = REPO_ROOT / "ci" / "matrix.json"
+EXPAND_PATH = REPO_ROOT / "ci" / "expand_matrix.jq"
+PYPROJECT_PATH = REPO_ROOT / "pyproject.toml"
 BACKENDS_DIR = REPO_ROOT / "backends"
 WORKFLOW_PATH = REPO_ROOT / ".github" / "workflows" / "ci.yml"
 
@@ -46,7 +49,9 @@ REQUIRED_ENTRY_FIELDS = {
     "vendor_torch": bool,
     "validate": bool,
     "cross_compile_targets": list,
+    "triton_versions": list,
 }
+VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 TARGET_RE = re.compile(r"^(cuda:[0-9]+|hip:gfx[0-9A-Za-z]+)$")
 GITHUB_HOSTED_PREFIXES = ("ubuntu-", "windows-", "macos-")
 
@@ -61,6 +66,16 @@ def load_matrix():
 
 def name_of(entry):
     return entry.get("backend", "<no backend>")
+
+
+def expand_matrix(entries):
+    """The jobs ci/expand_matrix.jq makes of the entries: one per Triton version an entry lists
+    (``triton``: that version), else one (``triton``: None)."""
+    return [{**entry, "triton": version} for entry in entries for version in (entry.get("triton_versions") or [None])]
+
+
+def release(version):
+    return tuple(int(part) for part in version.split("."))
 
 
 def fail_if(errors):
@@ -267,6 +282,48 @@ def test_validate_and_vendor_flags_follow_device():
     fail_if(errors)
 
 
+def test_triton_versions():
+    """The Triton-version axis: plain release versions, oldest first, only where we install
+    Triton ourselves (the vendor images bring theirs), starting at the oldest the package
+    supports (pyproject's lower bound) and each a job of its own."""
+    bound = re.search(r'^cpu = \["triton>=([0-9.]+)"\]', PYPROJECT_PATH.read_text(), re.M)
+    assert bound, "pyproject.toml: no lower bound on triton in the cpu extra"
+    errors = []
+    for entry in load_matrix():
+        versions = entry.get("triton_versions")
+        if not isinstance(versions, list):
+            continue
+        if entry.get("vendor_torch") and versions:
+            errors.append(f"{name_of(entry)}: triton_versions must be empty: the vendor image brings its Triton")
+        if not versions:
+            continue
+        bad = [v for v in versions if not isinstance(v, str) or not VERSION_RE.match(v)]
+        if bad:
+            errors.append(f"{name_of(entry)}: triton_versions {bad} are not X.Y.Z releases")
+            continue
+        if [release(v) for v in versions] != sorted({release(v) for v in versions}):
+            errors.append(f"{name_of(entry)}: triton_versions {versions} should be distinct, oldest first")
+        if release(versions[0])[:2] != release(bound.group(1))[:2]:
+            errors.append(f"{name_of(entry)}: the oldest Triton {versions[0]} is not the supported minimum "
+                          f"{bound.group(1)} (pyproject.toml)")
+    assert any(entry.get("triton_versions") for entry in load_matrix()), "no entry has a Triton-version axis"
+    fail_if(errors)
+
+
+def test_expanded_jobs_are_distinct():
+    jobs = [(job["backend"], job["triton"]) for job in expand_matrix(load_matrix())]
+    assert len(jobs) == len(set(jobs)), f"duplicate jobs: {jobs}"
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq not installed")
+def test_expand_matrix_jq_matches():
+    """What the workflow's matrix job emits (ci/expand_matrix.jq) is what these checks check."""
+    result = subprocess.run(["jq", "-c", "-f", str(EXPAND_PATH), str(MATRIX_PATH)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == expand_matrix(load_matrix())
+
+
 def read_workflow():
     assert WORKFLOW_PATH.is_file(), f"{WORKFLOW_PATH} is missing"
     return WORKFLOW_PATH.read_text()
@@ -277,6 +334,7 @@ def test_workflow_is_driven_by_matrix_json():
     needles = [
         "ci/matrix.json",
         "fromJSON(needs.matrix.outputs.matrix)",
+        "jq -c -f ci/expand_matrix.jq ci/matrix.json",
         "runs-on: ${{ matrix.runs_on }}",
         "container: ${{ matrix.container }}",
         "fail-fast: false",
@@ -299,7 +357,8 @@ def test_workflow_matrix_keys_exist_in_every_entry():
     # "matrix.<key>" not preceded by "." (needs.matrix.outputs is the job named matrix)
     used = {k for expr in expressions for k in re.findall(r"(?<![\w.])matrix\.([A-Za-z_][A-Za-z0-9_-]*)", expr)}
     assert used, "workflow does not use the matrix context"
-    errors = [f"{name_of(e)}: workflow uses matrix.{k} but the entry has no {k!r}" for e in load_matrix() for k in sorted(used) if k not in e]
+    errors = [f"{name_of(e)}: workflow uses matrix.{k} but the job has no {k!r}" for e in expand_matrix(load_matrix())
+              for k in sorted(used) if k not in e]
     fail_if(errors)
 
 

@@ -1,7 +1,9 @@
 """Cross-compiling the kernel variants the plans use, for one NVIDIA and one AMD target, on a
 machine without either GPU (``portable_softmax.crosscompile``, ``portable-softmax compile``).
 
-Needs Triton with its nvidia and amd backends (upstream wheels carry both); no device.
+Needs Triton with its nvidia and amd backends (upstream wheels carry both); no device. A target
+whose toolchain is missing here is skipped with the reason (``crosscompile.toolchain_missing``):
+Triton 3.2 to 3.4 link AMD code with an external ld.lld.
 """
 from __future__ import annotations
 
@@ -22,28 +24,30 @@ ODD_SPLIT_ROW = (64, 50257)
 # Rows of more chunks (48 forward, 96 backward) than a warp has lanes, pipelined on cuda.
 LONG_SPLIT_ROW = (4096, 393216)
 TARGETS = ("cuda:90", "hip:gfx942")
-TRITON_BACKEND = {"cuda": "nvidia", "hip": "amd"}
-
-
-def _installed(target: str) -> bool:
-    import triton.backends
-
-    return TRITON_BACKEND[target.split(":")[0]] in triton.backends.backends
 
 
 @pytest.fixture(scope="module")
-def report():
-    missing = [t for t in TARGETS if not _installed(t)]
-    if missing:
-        pytest.skip(f"this Triton has no compiler backend for {missing}")
+def missing():
+    """Why each target cannot be compiled here (absent where it can)."""
+    reasons = {t: crosscompile.toolchain_missing(crosscompile.parse_target(t)) for t in TARGETS}
+    return {t: reason for t, reason in reasons.items() if reason is not None}
+
+
+@pytest.fixture(scope="module")
+def report(missing):
+    available = [t for t in TARGETS if t not in missing]
+    if not available:
+        pytest.skip(f"no target's toolchain here: {missing}")
     cases = crosscompile.cases_for([SMALL_TILE, MANY_TILES, SPLIT_ROW, ODD_SPLIT_ROW, LONG_SPLIT_ROW], ["bfloat16"],
                                    [False])
-    result = crosscompile.run([crosscompile.parse_target(t) for t in TARGETS], cases, jobs=2, timeout=300)
+    result = crosscompile.run([crosscompile.parse_target(t) for t in available], cases, jobs=2, timeout=300)
     return {t["target"]: t for t in result["targets"]}, result
 
 
 @pytest.fixture(params=TARGETS)
-def target(request, report):
+def target(request, missing, report):
+    if request.param in missing:
+        pytest.skip(f"{request.param}: {missing[request.param]}")
     return report[0][request.param]
 
 
@@ -122,6 +126,10 @@ def test_called_shared_memory_is_found():
                       'define internal fastcc float @"wait"(ptr %0) {', "  store @global_smem", "}",
                       "define internal float @clean(ptr %0) {", "  ret", "}"])
     assert crosscompile.called_shared_memory(llir) == ['"wait"']
+    # Triton 3.2 writes an NVIDIA kernel as a plain function, marked in !nvvm.annotations.
+    plain = llir.replace("define ptx_kernel void @k", "define void @k")
+    assert crosscompile.called_shared_memory(plain) == ["k", '"wait"']
+    assert crosscompile.called_shared_memory(plain, "k") == ['"wait"']
 
 
 def test_registers_read_without_a_driver(target):
@@ -184,3 +192,48 @@ def test_unknown_target_is_a_clear_error(text, capsys):
     assert exit_info.value.code == 2
     assert f"unknown target {text!r}" in capsys.readouterr().err
 
+
+
+def test_a_missing_amd_linker_is_named(monkeypatch):
+    """Triton 3.2 to 3.4 link AMD code with an external ld.lld: where Triton's own lookup finds
+    none, the reason says so and how to give it one."""
+    from portable_softmax import compat
+
+    amd = pytest.importorskip("triton.backends.amd.compiler")
+
+    def not_found():
+        raise Exception("ROCm linker /opt/rocm/llvm/bin/ld.lld not found. Set 'TRITON_HIP_LLD_PATH' to its path.")
+
+    monkeypatch.setattr(amd.HIPBackend, "path_to_rocm_lld", staticmethod(not_found), raising=False)
+    reason = compat.missing_toolchain("hip")
+    assert reason and "ld.lld" in reason and "none is found" in reason and "TRITON_HIP_LLD_PATH" in reason
+
+
+@pytest.mark.parametrize("needed, refused", [(15, True), (None, False)])
+def test_an_amd_linker_too_old_is_named(monkeypatch, tmp_path, needed, refused):
+    """Triton 3.3 and 3.4 write code objects v5, which LLD 14 cannot link."""
+    from portable_softmax import compat
+
+    amd = pytest.importorskip("triton.backends.amd.compiler")
+    lld = tmp_path / "ld.lld"
+    lld.write_text("#!/bin/sh\necho 'Debian LLD 14.0.6 (compatible with GNU linkers)'\n")
+    lld.chmod(0o755)
+    monkeypatch.setattr(amd.HIPBackend, "path_to_rocm_lld", staticmethod(lambda: lld), raising=False)
+    monkeypatch.setattr(compat, "AMD_LLD_MIN_MAJOR", needed)
+    reason = compat.missing_toolchain("hip")
+    if refused:
+        assert reason and "LLD 14" in reason and "15 or newer" in reason
+    else:
+        assert reason is None
+
+
+def test_a_target_without_its_toolchain_is_reported_not_compiled(monkeypatch):
+    monkeypatch.setattr(crosscompile, "toolchain_missing",
+                        lambda target: "no linker here" if target.backend == "hip" else None)
+    monkeypatch.setattr(crosscompile, "compile_all", lambda specs, **kwargs: [{"status": "error", "error": "x"}] * len(specs))
+    cases = crosscompile.cases_for([SMALL_TILE], ["bfloat16"], [False])
+    result = crosscompile.run([crosscompile.parse_target("hip:gfx942")], cases)
+    (entry,) = result["targets"]
+    assert result["compiles"] == 0 and not result["ok"]
+    assert entry["unavailable"] == "no linker here" and not entry["variants"] and not entry["plans"]
+    assert "NOT COMPILED: no linker here" in crosscompile.format_report(result)

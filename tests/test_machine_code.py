@@ -52,13 +52,31 @@ def test_a_sass_wait_whose_read_was_hoisted():
     assert len(waits) == 1 and not waits[0].reads_memory
 
 
+SASS_DIVERGENT_WAIT = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+	//## File "/x/kernels.py", line 313
+        /*0010*/                   LDG.E.64.STRONG.SYS R26, desc[UR10][R44.64] ;
+	//## File "/x/kernels.py", line 328
+        /*0020*/                   BRA.DIV UR8, `(.L_x_3) ;
+        /*0030*/                   REDUX.SUM.S32 UR5, R118 ;
+.L_x_4:
+        /*0040*/                   ISETP.GE.AND P1, PT, R19, 0x1, PT ;
+        /*0050*/               @P1 BRA `(.L_x_1) ;
+        /*0060*/                   EXIT ;
+.L_x_3:
+	//## File "/x/standard.py", line 290
+        /*0070*/                   SHFL.BFLY PT, R9, R8, 0x10, 0x1f ;
+        /*0080*/                   BRA `(.L_x_4) ;
+"""
+
+
 def test_a_divergence_branch_falls_through():
-    """Triton 3.6's SASS puts a ``BRA.DIV UR8, ...`` inside the wait loop: taken only where the warp
-    diverged, so the loop's back edge also follows it (read as unconditional, the loop vanished)."""
-    sass = SASS_WAIT.replace("        /*0030*/", "        /*0028*/                   BRA.DIV UR8, `(.L_x_2) ;\n        /*0030*/")
-    sass = sass.replace("{READ}", "LDG.E.64.STRONG.SYS R26, desc[UR10][R44.64] ;")
-    waits = machine_code.wait_loops(machine_code.sass_loops(sass), WAIT)
-    assert len(waits) == 1 and waits[0].reads_memory
+    """Triton 3.6's SASS puts a ``BRA.DIV UR8, ...`` inside the wait loop, to a block that comes
+    back into it: the branch is taken only where the warp diverged, so the loop's back edge also
+    follows it (read as unconditional, the loop vanished from the graph)."""
+    waits = machine_code.wait_loops(machine_code.sass_loops(SASS_DIVERGENT_WAIT), WAIT)
+    assert len(waits) == 1 and waits[0].reads_memory and len(waits[0].blocks) == 4
 
 
 def test_amd_wait_loops_and_lane_loops():

@@ -1,0 +1,8 @@
+# The test jobs of ci/matrix.json: one per entry, and one per Triton version where an entry lists
+# some (the cpu job's axis, "triton": that version); the other entries keep the Triton of their
+# vendor's image ("triton": null). Run by the workflow's matrix job:
+#   jq -c -f ci/expand_matrix.jq ci/matrix.json
+[ .[] | if (.triton_versions | length) > 0
+        then .triton_versions[] as $version | . + {triton: $version}
+        else . + {triton: null}
+        end ]
