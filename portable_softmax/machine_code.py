@@ -59,7 +59,9 @@ class _Instruction:
 _AMD_READ = re.compile(r"^(global|buffer|flat)_(load|atomic)\w*|^s_(load|buffer_load)\w*")
 _AMD_LABEL = re.compile(r"^(\.?[A-Za-z_][\w.$]*):")
 _AMD_BRANCH = re.compile(r"^s_(branch|cbranch_\w+)\s+(\S+)")
-_AMD_END = re.compile(r"^s_(endpgm|setpc_b64|trap)\b")
+# Not s_trap: Triton 3.2's gfx942 kernels open with ``s_trap 2``, which hardware that preloads
+# kernel arguments steps over, so the code after it is the kernel's.
+_AMD_END = re.compile(r"^s_(endpgm|setpc_b64)\b")
 
 # SASS: global and generic loads (LDG, LD), atomics (ATOM, ATOMG) and asynchronous global copies
 # (LDGSTS, bulk copies UBLKCP and UTMALDG); not LDS/LDSM (shared memory) or RED (no value back).

