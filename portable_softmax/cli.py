@@ -21,7 +21,8 @@ from typing import NoReturn, Optional, Sequence
 import torch
 
 from portable_softmax.device import device_record
-from portable_softmax.planner import DTYPE_BYTES, contiguous_align, plan_launch
+from portable_softmax.planner import DTYPE_BYTES, contiguous_align
+from portable_softmax.targets import plan_launch
 from portable_softmax.arguments import parse_shape
 from portable_softmax.profiles import profile_names, profile_record
 

@@ -42,8 +42,9 @@ from portable_softmax.amdgcn import amdgcn_resources, kernel_resources
 from portable_softmax import variants
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
-from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, dense_form,
-                                      input_bytes_per_column, next_power_of_2, plan_launch, select_config)
+from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align,
+                                      input_bytes_per_column, next_power_of_2)
+from portable_softmax.targets import dense_form, plan_launch, select_config
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for

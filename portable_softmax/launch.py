@@ -28,8 +28,9 @@ from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
+from portable_softmax.targets import target_for
 from portable_softmax.record import DeviceRecord, KernelResources
-from portable_softmax.tuning import TUNING, tuning_for
+from portable_softmax.tuning import TUNING
 
 logger = logging.getLogger(__name__)
 
@@ -209,11 +210,12 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
+    target = target_for(record)
     module = _kernel_module(backend)
     dtype_name = "float64" if acc_fp64 else "float32"
     backward = direction == "backward"
     input_bytes = sum(t.element_size() for t in tensors[:-1])
-    facts = variants.CallFacts(log, acc_fp64, tuning_for(record).split_wait_atomic)
+    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic)
     align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                          [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
     cooperative = record.cooperative_launch
@@ -227,10 +229,10 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         args = variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides)
         constexprs = variants.constexprs(config, facts)
         options = variants.options(config, config.num_warps, cooperative)
-        caps = split_fit(record, config, input_bytes)
+        caps = split_fit(target, config, input_bytes)
         if caps:
             options = fitted(kernel, args, constexprs, options, caps, reach=False)
-        caps = tile_fit(record, config, args[0])
+        caps = tile_fit(target, config, args[0])
         if caps:
             # Only where every tile then has a program at once: a second wave left partly empty
             # costs as much as a full one.
@@ -241,14 +243,14 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         # The most programs per unit whose register cap spills no more than the tuning allows (a
         # cap that spills in the loop costs more than the programs it adds) and that holds more
         # programs than the uncapped kernel, or (reach) as many as the cap was asked for.
-        held = backend.occupancy(record, compiled(kernel, args, constexprs, options))
+        held = target.occupancy(record, compiled(kernel, args, constexprs, options))
         for programs, fit in caps:
             if programs <= held:
                 break
             capped = {**options, **fit}
             used = compiled(kernel, args, constexprs, capped)
-            occupancy = backend.occupancy(record, used)
-            if used.spills <= tuning_for(record).split_fit_max_spills and occupancy >= (programs if reach else held + 1):
+            occupancy = target.occupancy(record, used)
+            if used.spills <= target.tuning.split_fit_max_spills and occupancy >= (programs if reach else held + 1):
                 return capped
         return options
 
@@ -260,7 +262,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     def resources(config: KernelConfig) -> KernelResources:
         return compiled(*arguments(config))
 
-    plan = plan_launch(record, view.n_rows, view.n_cols, dtype_name, backward=backward,
+    plan = plan_launch(target, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
                        allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow)
     kernel, args, constexprs, options = arguments(plan.config)

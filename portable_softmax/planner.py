@@ -1,6 +1,7 @@
-"""Launch planning: a pure function of the device record, the compiled kernel's resource use and
-the problem size. No torch, no driver calls, no globals: every recorded chip can be planned for on
-a machine without it.
+"""Launch planning: a pure function of the target (device record, tuning row, occupancy rule), the
+compiled kernel's resource use and the problem size. No torch, no driver calls, no registry or
+global table: every recorded chip can be planned for on a machine without it (``targets`` gathers
+a record's target).
 
 Three regimes (see ``kernels.py``):
 
@@ -18,9 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from portable_softmax.backend import get_backend
 from portable_softmax.record import DeviceRecord, KernelResources
-from portable_softmax.tuning import Tuning, tuning_for
+from portable_softmax.tuning import Tuning
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MAX_SPLIT_CHUNKS = 1024
@@ -31,6 +31,18 @@ TRITON_DIVISIBILITY = 16
 WAVE_FILL_MARGIN = 0.05
 # How many times taller than the planned tiles ``Tuning.tile_wave_fill`` tries them.
 TALLER_TILES = (2, 4)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything the planner knows of a device, handed to it: the record, the tuning row in
+    force for it, and its backend's occupancy rule and register caps (``targets.target_for``
+    gathers them for a record). The planner asks nothing else: no registry, no global table."""
+
+    record: DeviceRecord
+    tuning: Tuning
+    occupancy: Callable[[DeviceRecord, KernelResources], int]
+    fit_options: Callable[[DeviceRecord, int, int], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,7 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
     return KernelResources(registers=registers, shared_memory=shared, num_warps=config.num_warps)
 
 
-def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
+def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                   rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
                   input_bytes: Optional[int] = None) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
@@ -177,12 +189,13 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
     columns wider than the row, needs no more or wider chunks. ``input_bytes``: as
     ``plan_launch`` takes it.
     """
+    record = target.record
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
-    plain = _plain_config(record, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
-    if align == 1 or plain.regime != "split" or _direction(backward) not in tuning_for(record).split_windows:
+    plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
+    if align == 1 or plain.regime != "split" or _direction(backward) not in target.tuning.split_windows:
         return plain
-    windowed = _plain_config(record, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
+    windowed = _plain_config(target, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
                              input_bytes)
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
@@ -190,9 +203,10 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *,
     return dataclasses.replace(windowed, align=align, num_stages=1)
 
 
-def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, backward: bool,
+def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool,
                   rows_per_group: Optional[int], allow_split: bool, input_bytes: int) -> KernelConfig:
-    tuning = tuning_for(record)
+    record = target.record
+    tuning = target.tuning
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     fp64 = dtype == "float64"
     width = next_power_of_2(n_cols)
@@ -207,16 +221,17 @@ def _plain_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, ba
         block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
-            return _split_config(record, tuning, n_rows, n_cols, backward)
+            return _split_config(target, tuning, n_rows, n_cols, backward)
         warps = _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps)
         return KernelConfig("tile", block_m, width, 1, warps)
     if can_split:
-        return _split_config(record, tuning, n_rows, n_cols, backward)
+        return _split_config(target, tuning, n_rows, n_cols, backward)
     chunk = min(tuning.loop_chunk, width)
     return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps))
 
 
-def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int, backward: bool) -> KernelConfig:
+def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, backward: bool) -> KernelConfig:
+    record = target.record
     widest = tuning.split_chunk // (2 if backward else 1)
     chunks = _cdiv(n_cols, widest)
     wanted = _cdiv(record.compute_units * tuning.split_fill_per_unit, n_rows)
@@ -235,44 +250,47 @@ def _split_config(record: DeviceRecord, tuning: Tuning, n_rows: int, n_cols: int
     return KernelConfig("split", 1, block_n, chunks, warps, stages)
 
 
-def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
+def split_fit(target: Target, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
     """The register caps to try on a split kernel, most programs per unit first: from the count
     ``Tuning.split_fit_bytes`` asks for (a chunk reads ``input_bytes`` per column: x's element
     size forward, y's plus dy's backward) down to one, each with the backend's compile options
     that make it fit. Empty for other regimes, or where the backend offers no such option."""
-    tuning = tuning_for(record)
+    record = target.record
+    tuning = target.tuning
     wanted = _cdiv(tuning.split_fit_bytes, config.block_m * config.block_n * input_bytes)
     wanted = min(wanted, tuning.split_programs_per_unit, record.max_programs_per_unit or wanted)
     if config.regime != "split" or wanted < 1:
         return []
-    backend = get_backend(record.backend)
-    caps = [(programs, backend.fit_options(record, config.num_warps, programs)) for programs in range(wanted, 0, -1)]
+    caps = [(programs, target.fit_options(record, config.num_warps, programs)) for programs in range(wanted, 0, -1)]
     return [(programs, options) for programs, options in caps if options]
 
 
-def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tuple[int, dict[str, Any]]]:
+def tile_fit(target: Target, config: KernelConfig, tiles: int) -> list[tuple[int, dict[str, Any]]]:
     """As ``split_fit``, for a grid of a program per tile where ``Tuning.tile_wave_fill`` asks for
     one: the one cap that lets all ``tiles`` of ``config`` be resident at once, with the programs
     per unit that takes (a cap short of that only fills the last wave differently). Empty where
     the tuning does not ask, for one tile per unit or fewer, or where no cap can."""
-    tuning = tuning_for(record)
+    record = target.record
+    tuning = target.tuning
     wanted = _cdiv(tiles, max(record.compute_units, 1))
     if (config.regime != "tile" or config.reread or not tuning.tile_wave_fill or tiles <= record.compute_units
             or wanted > (record.max_programs_per_unit or wanted)):
         return []
-    options = get_backend(record.backend).fit_options(record, config.num_warps, wanted)
+    options = target.fit_options(record, config.num_warps, wanted)
     return [(wanted, options)] if options else []
 
 
-def wave_fill(record: DeviceRecord, plan: LaunchPlan) -> float:
+def wave_fill(target: Target, plan: LaunchPlan) -> float:
     """How full the waves of resident programs are that run a plan's tiles, on average: 1 when
     its tiles split evenly into them."""
+    record = target.record
     resident = max(1, record.compute_units * plan.occupancy)
     return plan.tiles / (_cdiv(plan.tiles, resident) * resident)
 
 
-def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfig, backward: bool,
+def _resources(source: ResourceSource, target: Target, config: KernelConfig, backward: bool,
                input_bytes: int) -> KernelResources:
+    record = target.record
     if source is None:
         return estimate_resources(record, config, backward, input_bytes)
     if isinstance(source, KernelResources):
@@ -280,7 +298,7 @@ def _resources(source: ResourceSource, record: DeviceRecord, config: KernelConfi
     return source(config)
 
 
-def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
+def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
                 programs: Optional[int] = None, allow_split: bool = True, align: int = 1,
                 input_bytes: Optional[int] = None, narrow: bool = False) -> LaunchPlan:
@@ -304,44 +322,45 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, *, b
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
     """
+    record = target.record
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
-    config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
+    config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align, input_bytes=input_bytes)
-    if config.regime == "split" and programs is None and _direction(backward) in tuning_for(record).split_tickets:
+    if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
-        kernel = _resources(resources, record, ticketed, backward, input_bytes)
-        if _ticket_fits(record, ticketed, kernel, n_rows, rows_per_group, input_bytes):
+        kernel = _resources(resources, target, ticketed, backward, input_bytes)
+        if _ticket_fits(target, ticketed, kernel, n_rows, rows_per_group, input_bytes):
             config = ticketed
     if not config.ticketed:
-        kernel = _resources(resources, record, config, backward, input_bytes)
-    plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
-    if plan is not None and config.num_stages > 1 and plan.items < tuning_for(record).split_pipeline_items * plan.programs:
+        kernel = _resources(resources, target, config, backward, input_bytes)
+    plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
+    if plan is not None and config.num_stages > 1 and plan.items < target.tuning.split_pipeline_items * plan.programs:
         config = dataclasses.replace(config, num_stages=1)
-        kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan is None:
-        config = select_config(record, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
+        config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align, input_bytes=input_bytes)
-        kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
     if (programs is None and plan.regime == "tile" and not plan.reread
             and plan.tiles > record.compute_units * plan.occupancy
-            and wave_fill(record, plan) < tuning_for(record).tile_wave_fill):
-        plan = _fuller_waves(record, plan, resources, n_rows, backward, input_bytes, rows_per_group)
-    if dense_form(record, plan, n_rows, n_cols, rows_per_group, narrow, backward):
+            and wave_fill(target, plan) < target.tuning.tile_wave_fill):
+        plan = _fuller_waves(target, plan, resources, n_rows, backward, input_bytes, rows_per_group)
+    if dense_form(target, plan, n_rows, n_cols, rows_per_group, narrow, backward):
         config = dataclasses.replace(plan.config, dense=True)
-        kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = _size(record, config, kernel, n_rows, rows_per_group, programs, backward)
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan.regime == "tile" and plan.programs == plan.tiles:
         # The same grid, compiled without the loop over tiles that a program of it never repeats.
         config = dataclasses.replace(plan.config, per_tile=True)
-        kernel = _resources(resources, record, config, backward, input_bytes)
-        plan = dataclasses.replace(plan, per_tile=True, occupancy=get_backend(record.backend).occupancy(record, kernel))
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        plan = dataclasses.replace(plan, per_tile=True, occupancy=target.occupancy(record, kernel))
     return plan
 
 
@@ -352,39 +371,41 @@ def _no_split_note(record: DeviceRecord) -> str:
     return "split path does not fit resident without a cooperative launch; "
 
 
-def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,
+def dense_form(target: Target, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,
                rows_per_group: int, narrow: bool, backward: bool) -> bool:
     """Whether a tile plan takes the kernels' ``DENSE`` form, as Inductor writes its kernels (no group
     division, int32 offsets, no masks): twice-read tiles, and held ones in the directions
     ``Tuning.dense_tiles`` names, where the call has one group of rows that fill their tiles and
     every offset fits in int32 (``narrow``)."""
-    eligible = plan.reread or _direction(backward) in tuning_for(record).dense_tiles
+    record = target.record
+    eligible = plan.reread or _direction(backward) in target.tuning.dense_tiles
     fits = narrow and rows_per_group == n_rows and n_cols == plan.block_n and n_rows % plan.block_m == 0
     return plan.regime == "tile" and eligible and fits
 
 
-def _fuller_waves(record: DeviceRecord, plan: LaunchPlan, resources: ResourceSource, n_rows: int, backward: bool,
+def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n_rows: int, backward: bool,
                   input_bytes: int, rows_per_group: int) -> LaunchPlan:
     """``plan``'s tile grid or one of tiles 2 or 4 times taller, whichever fills its waves of
     resident programs best (``Tuning.tile_wave_fill``); taller tiles that spill more than a
     register cap may are passed over. The launcher's resources function compiles each with the
     register cap of ``tile_fit`` where that makes room for every tile at once, as it did
     ``plan``'s."""
+    record = target.record
     best = plan
     for factor in TALLER_TILES:
         config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
         if config.block_m > next_power_of_2(rows_per_group):
             break
-        kernel = _resources(resources, record, config, backward, input_bytes)
-        if kernel.spills > tuning_for(record).split_fit_max_spills:
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        if kernel.spills > target.tuning.split_fit_max_spills:
             continue
-        found = _size(record, config, kernel, n_rows, rows_per_group, None, backward)
-        if found is not None and wave_fill(record, found) > wave_fill(record, best) + WAVE_FILL_MARGIN:
-            best = dataclasses.replace(found, reason=f"{found.reason}; waves {wave_fill(record, found):.2f} full")
+        found = _size(target, config, kernel, n_rows, rows_per_group, None, backward)
+        if found is not None and wave_fill(target, found) > wave_fill(target, best) + WAVE_FILL_MARGIN:
+            best = dataclasses.replace(found, reason=f"{found.reason}; waves {wave_fill(target, found):.2f} full")
     return best
 
 
-def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int,
+def _ticket_fits(target: Target, config: KernelConfig, kernel: KernelResources, n_rows: int,
                  rows_per_group: int, input_bytes: int) -> bool:
     """Whether a split launch gives each item a program that takes it by ticket (``config``,
     compiled as ``kernel``), rather than running a persistent grid. ``plan_launch`` asks in the
@@ -392,8 +413,9 @@ def _ticket_fits(record: DeviceRecord, config: KernelConfig, kernel: KernelResou
     ticketed programs resident on a unit hold ``split_ticket_bytes`` of input or more, and the
     items fill ``split_ticket_waves`` resident grids (few-row shapes keep the persistent grid,
     which needs no scratch reset before each launch)."""
-    tuning = tuning_for(record)
-    per_unit = min(get_backend(record.backend).occupancy(record, kernel), tuning.split_programs_per_unit)
+    record = target.record
+    tuning = target.tuning
+    per_unit = min(target.occupancy(record, kernel), tuning.split_programs_per_unit)
     items = _tiles(config, n_rows, rows_per_group) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
     return (config.chunks <= _domain_resident(record, per_unit) and held >= tuning.split_ticket_bytes
@@ -408,10 +430,11 @@ def _domain_resident(record: DeviceRecord, per_unit: int) -> int:
     return record.compute_units // max(record.residency_domains, 1) * per_unit
 
 
-def _size(record: DeviceRecord, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
+def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows: int, rows_per_group: int,
           forced: Optional[int], backward: bool, note: str = "") -> Optional[LaunchPlan]:
-    tuning = tuning_for(record)
-    occupancy = get_backend(record.backend).occupancy(record, kernel)
+    record = target.record
+    tuning = target.tuning
+    occupancy = target.occupancy(record, kernel)
     tiles = _tiles(config, n_rows, rows_per_group)
     items = tiles * config.chunks
     cap = min(record.grid_limit, tuning.max_programs)

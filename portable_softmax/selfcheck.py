@@ -16,7 +16,8 @@ import torch
 
 import portable_softmax
 from portable_softmax.device import as_device, device_record
-from portable_softmax.planner import contiguous_align, input_bytes_per_column, plan_launch
+from portable_softmax.planner import contiguous_align, input_bytes_per_column
+from portable_softmax.targets import plan_launch
 
 ERROR_FLOOR = {torch.float32: 2e-6, torch.float64: 1e-13, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 ERROR_FACTOR = 2.0

@@ -16,7 +16,8 @@ import torch
 import portable_softmax
 from portable_softmax import bench, selfcheck
 from portable_softmax.device import as_device, device_record
-from portable_softmax.planner import contiguous_align, plan_launch
+from portable_softmax.planner import contiguous_align
+from portable_softmax.targets import plan_launch
 
 CONFORMANCE = [((1823, 781), torch.float32), ((1823, 781), torch.bfloat16), ((64, 4096), torch.float16),
                ((7, 50257), torch.bfloat16), ((3, 131072), torch.float32), ((5, 1), torch.float32), ((1, 1), torch.float16)]

@@ -8,7 +8,7 @@ import pytest
 
 from portable_softmax import amdgcn, compat, crosscompile, device, vendors
 from portable_softmax.backend import get_backend
-from portable_softmax.planner import plan_launch
+from portable_softmax.targets import plan_launch
 from portable_softmax.profiles import load_profile, profile_record
 from portable_softmax.record import KernelResources
 

@@ -6,7 +6,8 @@ import pytest
 import portable_softmax
 from portable_softmax import vendors
 from portable_softmax.backend import get_backend
-from portable_softmax.planner import plan_launch, select_config, split_fit, window_align
+from portable_softmax.planner import window_align
+from portable_softmax.targets import plan_launch, select_config, split_fit
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING, replace, tuning_for

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "portable_softmax"
 LAYERS = [
     ("records", {"record"}),
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
-    ("planning", {"tuning", "planner"}),
+    ("planning", {"tuning", "planner", "targets"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch"}),
     ("public API and torch integration", {"ops", "torch_ops", "__init__"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "host_time", "validate", "selfcheck", "crosscompile",

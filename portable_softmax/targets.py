@@ -1,0 +1,44 @@
+"""A device's planning target (``planner.Target``): its record with the tuning row in force and
+its backend's occupancy rule, gathered from the registry and the tuning table. And the planner's
+functions for a record, for callers that hold a record (the command line, tests, plugins)."""
+from __future__ import annotations
+
+from typing import Any, Union
+
+from portable_softmax import planner
+from portable_softmax.backend import get_backend
+from portable_softmax.planner import KernelConfig, LaunchPlan, Target
+from portable_softmax.record import DeviceRecord
+from portable_softmax.tuning import tuning_for
+
+
+def target_for(record: DeviceRecord) -> Target:
+    """``record``'s target: the tuning row in force for it and its backend's rules."""
+    backend = get_backend(record.backend)
+    return Target(record, tuning_for(record), backend.occupancy, backend.fit_options)
+
+
+def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **options: Any) -> LaunchPlan:
+    """``planner.plan_launch`` for ``record``'s target."""
+    return planner.plan_launch(target_for(record), n_rows, n_cols, dtype, **options)
+
+
+def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **options: Any) -> KernelConfig:
+    """``planner.select_config`` for ``record``'s target."""
+    return planner.select_config(target_for(record), n_rows, n_cols, dtype, **options)
+
+
+def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
+    """``planner.split_fit`` for ``record``'s target."""
+    return planner.split_fit(target_for(record), config, input_bytes)
+
+
+def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tuple[int, dict[str, Any]]]:
+    """``planner.tile_fit`` for ``record``'s target."""
+    return planner.tile_fit(target_for(record), config, tiles)
+
+
+def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,
+               rows_per_group: int, narrow: bool, backward: bool) -> bool:
+    """``planner.dense_form`` for ``record``'s target."""
+    return planner.dense_form(target_for(record), plan, n_rows, n_cols, rows_per_group, narrow, backward)
