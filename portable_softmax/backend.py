@@ -14,6 +14,7 @@ a callable returning one::
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -50,6 +51,8 @@ class Backend:
             compiler offers no such option.
         interpreted: kernels run through Triton's interpreter instead of being compiled.
         cooperative_launch: launches that rely on residency may ask the driver to enforce it.
+        tuning: the backend's own tuning rows by architecture ("*": its default); the built-in
+            backends' rows are in ``tuning.TUNING``, which wins where it has one.
     """
 
     name: str
@@ -60,6 +63,9 @@ class Backend:
     fit_options: Callable[[DeviceRecord, int, int], dict[str, Any]] = no_fit_options
     interpreted: bool = False
     cooperative_launch: bool = False
+    # The backend's own tuning rows (``tuning.Tuning``) by architecture, "*" for its default:
+    # used where ``tuning.TUNING`` has no row for the record (a plugin's, or a table override).
+    tuning: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Backend] = {}

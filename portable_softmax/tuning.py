@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from portable_softmax.backend import registered_backends
 from portable_softmax.record import DeviceRecord
 
 
@@ -203,4 +204,10 @@ TUNING = TuningTable({
 
 
 def tuning_for(record: DeviceRecord) -> Tuning:
-    return TUNING.get((record.backend, record.arch)) or TUNING.get((record.backend, "*"), _DEFAULT)
+    """The row in force for ``record``: the table's for its architecture or its backend, else the
+    backend's own rows (a plugin's ``Backend(tuning=...)``), else the defaults."""
+    found = TUNING.get((record.backend, record.arch)) or TUNING.get((record.backend, "*"))
+    if found is not None:
+        return found
+    own = getattr(registered_backends().get(record.backend), "tuning", None) or {}
+    return own.get(record.arch) or own.get("*") or _DEFAULT

@@ -142,3 +142,27 @@ def test_registry_is_restored_after_a_plugin_test():
     # Runs after the tests above in file order: nothing of the plugin is left behind.
     assert "fakeaccel" not in ps.registered_backends()
     assert ps.device_info("cpu")["backend"] == "interpreter"
+
+
+def test_a_plugin_brings_its_own_tuning():
+    """A backend's own rows (``Backend(tuning=...)``) are what its records plan with, where the
+    table has none; the table wins where it has one."""
+    import dataclasses
+
+    from portable_softmax import tuning
+    from portable_softmax.backend import register_backend, unregister_backend
+    from portable_softmax.record import DeviceRecord
+    from portable_softmax.targets import plan_launch
+
+    own = tuning.replace(tuning.Tuning(), tile_elements=4096)
+    interpreter = ps.get_backend("interpreter")
+    register_backend(dataclasses.replace(interpreter, name="tuned", tuning={"*": own}))
+    try:
+        record = DeviceRecord("tuned", "tuned cpu", "cpu", 1, 4, None, None, None, 1, 2**31 - 1, True, True, False)
+        assert tuning.tuning_for(record) is own
+        assert plan_launch(record, 64, 256, "float32").block_m == 16  # 4096 elements a tile, rows of 256
+        tuning.TUNING[("tuned", "*")] = tuning.Tuning()
+        assert tuning.tuning_for(record) == tuning.Tuning()
+    finally:
+        tuning.TUNING.pop(("tuned", "*"), None)
+        unregister_backend("tuned")
