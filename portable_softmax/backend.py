@@ -51,8 +51,8 @@ class Backend:
             compiler offers no such option.
         interpreted: kernels run through Triton's interpreter instead of being compiled.
         cooperative_launch: launches that rely on residency may ask the driver to enforce it.
-        tuning: the backend's own tuning rows by architecture ("*": its default); the built-in
-            backends' rows are in ``tuning.TUNING``, which wins where it has one.
+        tuning: the backend's own tuning rows (``record.Tuning``) by architecture ("*": its
+            default); rows set in ``tuning.TUNING`` win over them.
     """
 
     name: str
@@ -63,8 +63,6 @@ class Backend:
     fit_options: Callable[[DeviceRecord, int, int], dict[str, Any]] = no_fit_options
     interpreted: bool = False
     cooperative_launch: bool = False
-    # The backend's own tuning rows (``tuning.Tuning``) by architecture, "*" for its default:
-    # used where ``tuning.TUNING`` has no row for the record (a plugin's, or a table override).
     tuning: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 

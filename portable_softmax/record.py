@@ -1,8 +1,10 @@
-"""The normalized device record and the resource use of a compiled kernel: the planner's inputs."""
+"""The normalized device record, the resource use of a compiled kernel and the tuning row: the
+planner's inputs, as data."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
@@ -77,3 +79,115 @@ class KernelResources:
     num_warps: int
     spills: int = 0
     sgprs: int = 0
+
+
+def both_directions(value: int) -> dict[str, int]:
+    """A per-direction setting with one value for "forward" and "backward"."""
+    return {"forward": value, "backward": value}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Attributes:
+        tile_elements: elements a program holds per tile when rows are short (rows are packed
+            into one tile until it holds this many).
+        row_elements: the longest row one program holds whole in registers (forward); backward
+            holds two tensors, so half of it.
+        elements_per_thread: sets num_warps for a tile: tile elements / (this x warp size).
+        max_warps: upper bound on num_warps.
+        split_chunk: the widest chunk a program holds in the split-row path (forward; halved
+            for backward).
+        split_elements_per_thread: as elements_per_thread, for split chunks.
+        split_programs_per_unit: cap on resident programs per unit in the split-row path.
+        split_fit_bytes: input bytes per unit that the split path wants in flight (programs per
+            unit x bytes of a chunk). While one program waits on its peers the others keep
+            memory busy, so where the compiled kernel holds too few programs for this, the
+            backend's ``fit_options`` (a register cap) are asked for enough, or for as many as a
+            cap allows without spilling more than ``split_fit_max_spills``; 0 turns that off.
+        split_fit_max_spills: the most spilled 32-bit words per thread (as Triton reports
+            them: local memory / 4) a register cap may cost.
+        split_min_cols: shortest row worth splitting when there are too few rows to fill the chip.
+        split_fill_per_unit: when rows are few, chunks are narrowed (down to split_min_chunk) until
+            there are this many programs per unit: few-row shapes are latency-bound.
+        split_min_chunk: the narrowest chunk.
+        split_max_padding: the largest share of a row's chunks that may be padding past its end;
+            above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
+        tile_waves: the tile and loop grids hold at most this many times the resident programs
+            (1 = strictly persistent).
+        tile_loop_occupancy: per direction ("forward", "backward"): tile kernels that fit
+            fewer programs per unit than this loop over tiles on the ``tile_waves`` grid; at or
+            above it the grid has a program per tile, and the hardware starts a new one as each
+            ends, overlapping one's loads with another's reduction. Twice-read tiles always get
+            a program per tile.
+        tile_wave_fill: a grid of a program per tile whose last wave of resident programs is
+            filled less than this (tiles / (waves x resident)) looks for one that fills it
+            better: a register cap that makes room for every tile at once, or tiles of 2 or 4
+            times the rows with such a cap. Short rows end in one or two waves, and a second
+            wave a third full costs as much as a full one. 0 turns it off.
+        loop_chunk: chunk width of the streaming (two-read) path.
+        max_programs: cap on the persistent grid (the interpreter gains nothing from more).
+        split_windows: the directions ("forward", "backward") whose split path reads rows off
+            16-byte boundaries through aligned windows (``kernels.py``) rather than one element
+            per instruction.
+        split_tickets: the directions whose split path may give each item a program that takes
+            it by ticket (``kernels._split_items``) instead of running a persistent grid: the
+            hardware then starts a program wherever one ends, rather than a fixed group of
+            programs stepping through rows together. Taken where the resident programs hold
+            ``split_ticket_bytes`` of input per unit or more and the items fill
+            ``split_ticket_waves`` resident grids.
+        split_pipelined: the directions whose persistent split grids are software-pipelined:
+            each program copies its next items' chunks into ``split_stages`` - 1 shared-memory
+            buffers while it waits on its current row's peers, so that memory stays busy without
+            more registers. Only rows read whole (not through aligned windows), and only where
+            each program takes ``split_pipeline_items`` items or more (a ticketed program has
+            one: nothing to pipeline).
+        split_stages: the pipeline depth (Triton's ``num_stages``) there; 3 keeps one chunk
+            in flight during a wait (the other buffer holds the chunk being used).
+        split_pipeline_items: the fewest items per program, on average, that a pipelined grid
+            takes; below it (few-row shapes) the pipeline's buffers only cost occupancy.
+        reread_cols: per (direction, bytes a column reads: x's element size forward, y's plus
+            dy's backward), the power-of-two row widths that a program reads twice where there
+            are rows enough to fill the chip: y and dy (x forward) for the row's sum, then again
+            (from L2) for the output, as torch.compile's backward does, rather than holding them
+            across the sum or splitting the row. The forward computes its exponentials twice.
+            Off where absent.
+        reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
+        dense_tiles: directions in which held tiles, not only twice-read ones, take the kernels'
+            ``DENSE`` form (``planner.dense_form``) where the call allows it.
+        max_program_threads: the most threads a program may have.
+        split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
+            with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
+            load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
+            are hoisted out of it); the compile report checks that every wait loop reads memory.
+    """
+
+    tile_elements: int = 1024
+    row_elements: int = 16384
+    elements_per_thread: int = 16
+    max_warps: int = 16
+    split_chunk: int = 8192
+    split_elements_per_thread: int = 64
+    split_programs_per_unit: int = 16
+    split_fit_bytes: int = 98304
+    split_fit_max_spills: int = 8
+    split_min_cols: int = 8192
+    split_fill_per_unit: int = 2
+    split_min_chunk: int = 1024
+    split_max_padding: float = 0.1
+    tile_waves: int = 4
+    tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: both_directions(4))
+    tile_wave_fill: float = 0.0
+    loop_chunk: int = 4096
+    max_programs: int = 2**31 - 1
+    split_windows: frozenset[str] = frozenset({"forward", "backward"})
+    split_tickets: frozenset[str] = frozenset({"forward", "backward"})
+    split_ticket_bytes: int = 131072
+    split_ticket_waves: int = 2
+    split_pipelined: frozenset[str] = frozenset()
+    split_stages: int = 3
+    split_pipeline_items: int = 2
+    reread_cols: Mapping[tuple[str, int], frozenset[int]] = field(default_factory=dict)
+    reread_elements_per_thread: int = 8
+    dense_tiles: frozenset[str] = frozenset()
+    max_program_threads: int = 1024
+    split_wait_atomic: bool = True

@@ -13,11 +13,11 @@ import math
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from portable_softmax.backend import Backend, register_backend
-from portable_softmax.record import DeviceRecord, KernelResources
+from portable_softmax.record import DeviceRecord, KernelResources, Tuning, both_directions
 
 # Per-SM limits CUDA's driver dictionary lacks, by compute capability (CUDA programming guide,
 # "Technical Specifications per Compute Capability"). Unknown architectures fall back to the
@@ -314,8 +314,53 @@ def _interpreter_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> Devi
     )
 
 
+# ----------------------------------------------------------------------------------------------
+# Tuning rows: each backend's numbers for the planner (record.Tuning), beside its rules.
+# ----------------------------------------------------------------------------------------------
+
+# A program per tile from 3 programs per unit forward and 2 backward, measured on the H200 only
+# (NOTES v12): rows of 8192 gain 0.04-0.10 of copy in both dtypes and directions; the bf16 forward
+# of 16384, 2 programs per unit, reads 0.90 per tile against 0.92 on the looping grid.
+_CUDA_TILE_LOOP = {"forward": 3, "backward": 2}
+
+# Rows read twice where a column reads 4 bytes, measured on the H200 only: of 16384 (NOTES v10),
+# fp32 forward 0.90 -> 0.95 of copy, bf16 backward 0.99 -> 1.02 (fp16, the same bytes, not
+# measured); in the kernels' dense form (NOTES v13), bf16 backward of 4096 1.02 -> 1.05 and of
+# 32768 0.97 -> 1.03, where rows of 8192 read 1.01 against 1.02-1.03 held. Elsewhere twice-read
+# tiles were level or lower: bf16 forward (twice the exponentials) 0.69-0.84, fp32 backward of
+# 16384-32768 0.87-0.96.
+_CUDA_REREAD = {("forward", 4): frozenset({16384}), ("backward", 4): frozenset({4096, 16384, 32768})}
+
+# Held tiles in the kernels' dense form too, measured on the H200 only (NOTES v13, three passes):
+# rows of 128-256 gain 0.02-0.08 of copy (bf16 32768x128 backward 1.01-1.07 -> 1.10-1.17, fp32
+# 32768x128 forward 0.93-0.95 -> 0.99-1.04); rows of 1024-16384 level.
+_CUDA_DENSE = frozenset({"forward", "backward"})
+
+# CUDA's split wait re-reads its slots with a volatile load: ptxas keeps ``ld.volatile`` in the
+# loop (the compile report checks the SASS), where a relaxed atomic costs a shared-memory broadcast
+# and a barrier per trip (Triton issues an atomic once per element and hands its result to the
+# threads that replicate it) and, in the called wait of pipelined kernels, shared memory that
+# overlaps the pipeline's buffers (NOTES v9).
+_CUDA_WAIT_ATOMIC = False
+
+# Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
+# gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
+CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
+                      tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
+                      split_wait_atomic=_CUDA_WAIT_ATOMIC)
+# No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
+# vector core.
+NPU_TUNING = replace(Tuning(), tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
+                     tile_loop_occupancy=both_directions(2**31 - 1))
+# The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
+INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, loop_chunk=16384, max_warps=1,
+                             max_programs=4, tile_waves=1)
+
+
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
-                                       cooperative_launch=True))
-HIP = register_backend(Backend("hip", "hip", "cuda", _hip_normalize, _hip_occupancy, cooperative_launch=True))
-NPU = register_backend(Backend("npu", "npu", "npu", _npu_normalize, _one_per_unit))
-INTERPRETER = register_backend(Backend("interpreter", "", "cpu", _interpreter_normalize, _one_per_unit, interpreted=True))
+                                       cooperative_launch=True, tuning={"*": CUDA_TUNING}))
+HIP = register_backend(Backend("hip", "hip", "cuda", _hip_normalize, _hip_occupancy, cooperative_launch=True,
+                                      tuning={"*": Tuning()}))
+NPU = register_backend(Backend("npu", "npu", "npu", _npu_normalize, _one_per_unit, tuning={"*": NPU_TUNING}))
+INTERPRETER = register_backend(Backend("interpreter", "", "cpu", _interpreter_normalize, _one_per_unit, interpreted=True,
+                                       tuning={"*": INTERPRETER_TUNING}))
