@@ -7,7 +7,9 @@ group (``outer_stride`` unused); a softmax over a middle dimension of a contiguo
 ``n_outer`` groups whose rows are adjacent (``row_stride == 1``), which keeps tiles coalesced
 without a transposing copy. A *tile* is ``BLOCK_M`` adjacent rows of one group.
 
-Three ways to hold a row, chosen by the launch planner (``planner.py``):
+Three ways to hold a row, chosen by the launch planner (``planner.py``). The file reads in this
+order: the row helpers, the forward and backward tile and loop kernels, then the split regime with
+its exchange (``variants.py`` declares every kernel's arguments and constexprs):
 
 * ``*_tile``: each program keeps a whole tile in registers: one read, one write. A program takes
   one tile (``PER_TILE``) or loops over tiles. Used whenever a row fits a program. Rows may be read
@@ -59,6 +61,11 @@ PEER_GROUP = tl.constexpr(32)
 CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
+# --------------------------------------------------------------------------------------------
+# Rows: which rows a tile holds, where they start, and their elements in and out.
+# --------------------------------------------------------------------------------------------
+
+
 @_jit
 def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DENSE: tl.constexpr):
     """The group of ``tile`` and the in-group indices of its rows, with their validity mask.
@@ -91,6 +98,243 @@ def _tile_mask(row_mask, cols, n_cols, BLOCK_N: tl.constexpr, DENSE: tl.constexp
     else:
         mask = row_mask[:, None] & (cols < n_cols)
     return mask
+
+
+@_jit
+def _tile_items(n_tiles, PER_TILE: tl.constexpr):
+    """The tiles a tile-kernel program takes: ``offset + i`` for ``i`` in ``tl.range(start, stop,
+    step)``; every grid-th tile from the program's id, or with ``PER_TILE`` (a grid of a program
+    per tile) its own alone. That loop has constant bounds, one trip, and folds away before
+    Triton places its barriers and ptxas its loads: inside a loop, a bf16 backward row of 16384
+    in 32 registers (sm_90) was read in two rounds, the second waiting on the first, and its
+    sum waited at a barrier that guards the shared memory of a previous trip."""
+    if PER_TILE:
+        start, stop, step, offset = 0, 1, 1, tl.program_id(0)
+    else:
+        start, stop, step, offset = tl.program_id(0), n_tiles, tl.num_programs(0), 0
+    return start, stop, step, offset
+
+
+@_jit
+def _cast(v, TY: tl.constexpr):
+    """``v`` as ``TY``, rounded as torch rounds: torch narrows float64 to float16 and bfloat16
+    through float32 (c10's Half and BFloat16 are built from a float), which can differ from one
+    direct rounding; Triton 3.9's interpreter also turns float64 into bfloat16 wrongly."""
+    if v.dtype == tl.float64:
+        if TY != tl.float64:
+            v = v.to(tl.float32)
+    return v.to(TY)
+
+
+@_jit
+def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
+          EVICT: tl.constexpr):
+    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
+    ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
+    v = _cast(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT), CAST_TY)
+    # One return: Triton 3.6 rejects returns of different types from a function's branches.
+    if ACC_FP64:
+        v = v.to(tl.float64)
+    else:
+        v = v.to(tl.float32)
+    return v
+
+
+@_jit
+def _store(ptr, base, cols, col_stride, mask, value):
+    tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward: y = softmax(x) or log_softmax(x) along a row, a row held by one program (tile) or
+# streamed twice (loop).
+# --------------------------------------------------------------------------------------------
+
+
+@_jit
+def _normalized(z, e, scale, shift, LOG: tl.constexpr):
+    """The output from z = x - ref and e = exp(z): ``e * scale`` (softmax) or ``z + shift`` (log)."""
+    if LOG:
+        return z + shift
+    return e * scale
+
+
+@_jit
+def softmax_forward_tile(
+    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
+    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
+):
+    # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
+    # rather than held across the row's sum (see softmax_backward_tile).
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    keep: tl.constexpr = "evict_last" if REREAD else ""
+    start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
+    for item in tl.range(start, stop, step):
+        tile = offset + item
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, DENSE)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
+        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
+        # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
+        row_max = tl.max(x, 1)
+        z = x - row_max[:, None]
+        e = tl.exp2(z * LOG2E)
+        total = tl.sum(e, 1)
+        if REREAD:
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
+                      "evict_first")
+            z = x - row_max[:, None]
+            e = tl.exp2(z * LOG2E)
+        _store(y_ptr, y_base, cols, y_col_stride, mask,
+               _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG))
+
+
+@_jit
+def softmax_forward_loop(
+    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
+        if ACC_FP64:
+            row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
+            total = tl.zeros([BLOCK_M], tl.float64)
+            ref = tl.zeros([BLOCK_M], tl.float64)
+        else:
+            row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+            total = tl.zeros([BLOCK_M], tl.float32)
+            ref = tl.zeros([BLOCK_M], tl.float32)
+        # Online pass: keep the running maximum and the sum of exponentials relative to it.
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
+                      ACC_FP64, "")
+            new_max = tl.maximum(row_max, tl.max(x, 1))
+            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
+            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
+            # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
+            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
+            row_max = new_max
+            ref = new_ref
+        scale = 1.0 / total
+        shift = -tl.log(total)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
+                      ACC_FP64, "")
+            z = x - ref[:, None]
+            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask,
+                   _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
+
+
+# --------------------------------------------------------------------------------------------
+# Backward: dx from the saved output y and the incoming gradient dy.
+#   softmax:     dx = y * (dy - sum(dy * y))
+#   log_softmax: dx = dy - exp(y) * sum(dy)
+# --------------------------------------------------------------------------------------------
+
+
+@_jit
+def _grad_terms(y, dy, LOG: tl.constexpr):
+    """The per-element term whose row sum the gradient needs."""
+    if LOG:
+        return dy
+    return dy * y
+
+
+@_jit
+def _grad(y, dy, row_sum, LOG: tl.constexpr):
+    if LOG:
+        return dy - tl.exp2(y * LOG2E) * row_sum
+    return y * (dy - row_sum)
+
+
+@_jit
+def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+                EVICT: tl.constexpr):
+    """Write dx at block columns ``cols`` from y and dy read there."""
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, EVICT)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, EVICT)
+    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
+
+
+@_jit
+def softmax_backward_tile(
+    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    dx_outer_stride, dx_row_stride, dx_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
+    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
+):
+    # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
+    # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
+    # use at a time: half as many, so that wide programs stay resident in numbers (torch.compile's
+    # backward does this).
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    keep: tl.constexpr = "evict_last" if REREAD else ""
+    start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
+    for item in tl.range(start, stop, step):
+        tile = offset + item
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, DENSE)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, DENSE)
+        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
+        row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
+        if REREAD:
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "evict_first")
+        else:
+            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
+
+
+@_jit
+def softmax_backward_loop(
+    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    dx_outer_stride, dx_row_stride, dx_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, False)
+        if ACC_FP64:
+            row_sum = tl.zeros([BLOCK_M], tl.float64)
+        else:
+            row_sum = tl.zeros([BLOCK_M], tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = (start + chunk_cols)[None, :]
+            mask = row_mask[:, None] & (cols < n_cols)
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "")
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
+            row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = (start + chunk_cols)[None, :]
+            mask = row_mask[:, None] & (cols < n_cols)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "")
+
+
+# --------------------------------------------------------------------------------------------
+# The split regime: a row cut into chunks held by co-resident programs, which trade packed
+# (max, sum) partials through 64-bit slots. Items, aligned windows, the exchange and its wait,
+# the slots emptied for the next launch, then the two split kernels.
+# --------------------------------------------------------------------------------------------
 
 
 @_jit
@@ -137,21 +381,6 @@ def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
         first = tl.program_id(0)
         stop = n_items
     return first, stop, 1 if TICKETED else tl.num_programs(0)
-
-
-@_jit
-def _tile_items(n_tiles, PER_TILE: tl.constexpr):
-    """The tiles a tile-kernel program takes: ``offset + i`` for ``i`` in ``tl.range(start, stop,
-    step)``; every grid-th tile from the program's id, or with ``PER_TILE`` (a grid of a program
-    per tile) its own alone. That loop has constant bounds, one trip, and folds away before
-    Triton places its barriers and ptxas its loads: inside a loop, a bf16 backward row of 16384
-    in 32 registers (sm_90) was read in two rounds, the second waiting on the first, and its
-    sum waited at a barrier that guards the shared memory of a previous trip."""
-    if PER_TILE:
-        start, stop, step, offset = 0, 1, 1, tl.program_id(0)
-    else:
-        start, stop, step, offset = tl.program_id(0), n_tiles, tl.num_programs(0), 0
-    return start, stop, step, offset
 
 
 @_jit
@@ -208,17 +437,6 @@ def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIG
 
 
 @_jit
-def _cast(v, TY: tl.constexpr):
-    """``v`` as ``TY``, rounded as torch rounds: torch narrows float64 to float16 and bfloat16
-    through float32 (c10's Half and BFloat16 are built from a float), which can differ from one
-    direct rounding; Triton 3.9's interpreter also turns float64 into bfloat16 wrongly."""
-    if v.dtype == tl.float64:
-        if TY != tl.float64:
-            v = v.to(tl.float32)
-    return v.to(TY)
-
-
-@_jit
 def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr):
     """``_load`` of ``_edge_columns`` from the window at ``base`` ([1])."""
     return _cast(tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER), CAST_TY).to(tl.float32)
@@ -227,25 +445,6 @@ def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr
 @_jit
 def _edge_store(ptr, base, cols, mask, value):
     tl.store(ptr + tl.sum(base, 0) + cols, _cast(value, ptr.dtype.element_ty), mask=mask)
-
-
-@_jit
-def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
-          EVICT: tl.constexpr):
-    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
-    ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
-    v = _cast(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT), CAST_TY)
-    # One return: Triton 3.6 rejects returns of different types from a function's branches.
-    if ACC_FP64:
-        v = v.to(tl.float64)
-    else:
-        v = v.to(tl.float32)
-    return v
-
-
-@_jit
-def _store(ptr, base, cols, col_stride, mask, value):
-    tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty), mask=mask)
 
 
 @_jit
@@ -413,52 +612,6 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
         tl.store(done_ptr + tile, 0, mask=last)
 
 
-# --------------------------------------------------------------------------------------------
-# Forward: y = softmax(x) or log_softmax(x) along a row.
-# --------------------------------------------------------------------------------------------
-
-
-@_jit
-def _normalized(z, e, scale, shift, LOG: tl.constexpr):
-    """The output from z = x - ref and e = exp(z): ``e * scale`` (softmax) or ``z + shift`` (log)."""
-    if LOG:
-        return z + shift
-    return e * scale
-
-
-@_jit
-def softmax_forward_tile(
-    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
-    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
-):
-    # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
-    # rather than held across the row's sum (see softmax_backward_tile).
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    keep: tl.constexpr = "evict_last" if REREAD else ""
-    start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
-    for item in tl.range(start, stop, step):
-        tile = offset + item
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, DENSE)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
-        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
-        # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
-        row_max = tl.max(x, 1)
-        z = x - row_max[:, None]
-        e = tl.exp2(z * LOG2E)
-        total = tl.sum(e, 1)
-        if REREAD:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
-                      "evict_first")
-            z = x - row_max[:, None]
-            e = tl.exp2(z * LOG2E)
-        _store(y_ptr, y_base, cols, y_col_stride, mask,
-               _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG))
-
-
 @_jit
 def softmax_forward_split(
     x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
@@ -514,104 +667,6 @@ def softmax_forward_split(
 
 
 @_jit
-def softmax_forward_loop(
-    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
-    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-):
-    chunk_cols = tl.arange(0, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-        if ACC_FP64:
-            row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
-            total = tl.zeros([BLOCK_M], tl.float64)
-            ref = tl.zeros([BLOCK_M], tl.float64)
-        else:
-            row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
-            total = tl.zeros([BLOCK_M], tl.float32)
-            ref = tl.zeros([BLOCK_M], tl.float32)
-        # Online pass: keep the running maximum and the sum of exponentials relative to it.
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
-            mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64, "")
-            new_max = tl.maximum(row_max, tl.max(x, 1))
-            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
-            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
-            # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
-            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
-            row_max = new_max
-            ref = new_ref
-        scale = 1.0 / total
-        shift = -tl.log(total)
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
-            mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64, "")
-            z = x - ref[:, None]
-            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask,
-                   _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
-
-
-# --------------------------------------------------------------------------------------------
-# Backward: dx from the saved output y and the incoming gradient dy.
-#   softmax:     dx = y * (dy - sum(dy * y))
-#   log_softmax: dx = dy - exp(y) * sum(dy)
-# --------------------------------------------------------------------------------------------
-
-
-@_jit
-def _grad_terms(y, dy, LOG: tl.constexpr):
-    """The per-element term whose row sum the gradient needs."""
-    if LOG:
-        return dy
-    return dy * y
-
-
-@_jit
-def _grad(y, dy, row_sum, LOG: tl.constexpr):
-    if LOG:
-        return dy - tl.exp2(y * LOG2E) * row_sum
-    return y * (dy - row_sum)
-
-
-@_jit
-def softmax_backward_tile(
-    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
-    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
-    dx_outer_stride, dx_row_stride, dx_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
-):
-    # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
-    # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
-    # use at a time: half as many, so that wide programs stay resident in numbers (torch.compile's
-    # backward does this).
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    keep: tl.constexpr = "evict_last" if REREAD else ""
-    start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
-    for item in tl.range(start, stop, step):
-        tile = offset + item
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
-        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, DENSE)
-        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, DENSE)
-        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
-        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
-        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
-        row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        if REREAD:
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "evict_first")
-        else:
-            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
-
-
-@_jit
 def softmax_backward_split(
     y_ptr, dy_ptr, dx_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
@@ -646,43 +701,3 @@ def softmax_backward_split(
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
-
-
-@_jit
-def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                y_col_stride, dy_col_stride, dx_col_stride, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-                EVICT: tl.constexpr):
-    """Write dx at block columns ``cols`` from y and dy read there."""
-    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, EVICT)
-    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, EVICT)
-    _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
-
-
-@_jit
-def softmax_backward_loop(
-    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
-    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
-    dx_outer_stride, dx_row_stride, dx_col_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-):
-    chunk_cols = tl.arange(0, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
-        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
-        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, False)
-        if ACC_FP64:
-            row_sum = tl.zeros([BLOCK_M], tl.float64)
-        else:
-            row_sum = tl.zeros([BLOCK_M], tl.float32)
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = (start + chunk_cols)[None, :]
-            mask = row_mask[:, None] & (cols < n_cols)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
-            row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = (start + chunk_cols)[None, :]
-            mask = row_mask[:, None] & (cols < n_cols)
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "")
