@@ -158,6 +158,16 @@ _CALLS_LIMIT = 4096
 _build_lock = threading.Lock()
 
 
+def _remember(calls: dict[tuple, Callable], key: tuple, build: Callable[[], Callable]) -> Callable:
+    """Build the call record for ``key`` and keep it (builds take turns; the table is bounded).
+    Called only on a miss: the hot path pays for no closure."""
+    with _build_lock:
+        if len(calls) >= _CALLS_LIMIT:
+            calls.clear()
+        found = calls[key] = build()
+    return found
+
+
 def _forget_calls() -> None:
     _forward_calls.clear()
     _backward_calls.clear()
@@ -236,12 +246,7 @@ def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool)
         _autocast_available[device.type] = torch.amp.is_autocast_available(device.type)
         return _forward(x, dim, dtype, log)
     key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
-    call = _forward_calls.get(key)
-    if call is None:
-        with _build_lock:
-            if len(_forward_calls) >= _CALLS_LIMIT:
-                _forward_calls.clear()
-            call = _forward_calls[key] = _forward_call(x, dim, dtype, log, autocast)
+    call = _forward_calls.get(key) or _remember(_forward_calls, key, lambda: _forward_call(x, dim, dtype, log, autocast))
     return call(x)
 
 
@@ -269,12 +274,8 @@ def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dty
     ``dim`` normalized (0 <= dim < rank)."""
     key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, dim, grad_dtype, log,
            y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, _overrides())
-    call = _backward_calls.get(key)
-    if call is None:
-        with _build_lock:
-            if len(_backward_calls) >= _CALLS_LIMIT:
-                _backward_calls.clear()
-            call = _backward_calls[key] = _backward_call(y, dy, dim, grad_dtype, log)
+    call = _backward_calls.get(key) or _remember(_backward_calls, key,
+                                                 lambda: _backward_call(y, dy, dim, grad_dtype, log))
     return call(y, dy)
 
 
