@@ -51,6 +51,9 @@ from portable_softmax.tuning import tuning_for
 
 DEFAULT_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx90a", "hip:gfx942", "hip:gfx950", "hip:gfx1100")
 DEFAULT_SHAPES = ((32768, 256), (32768, 4096), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256))
+# Reductions along a strided dimension, as rows (side by side in memory) x their length: a
+# column softmax of a (32768, 1024) tensor.
+DEFAULT_STRIDED_SHAPES = ((1024, 32768),)
 DEFAULT_DTYPES = ("bfloat16", "float32")
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -169,13 +172,15 @@ def target_record(target: Target) -> tuple[DeviceRecord, str, Optional[str]]:
 
 @dataclass(frozen=True)
 class Case:
-    """One problem: a contiguous [rows, cols] tensor, softmax over the last dimension."""
+    """One problem: a contiguous [rows, cols] tensor, softmax over the last dimension; or with
+    ``strided`` a contiguous [cols, rows] one, softmax over the first (rows side by side)."""
 
     rows: int
     cols: int
     dtype: str
     backward: bool
     log: bool
+    strided: bool = False
 
     @property
     def direction(self) -> str:
@@ -183,7 +188,14 @@ class Case:
 
     @property
     def align(self) -> int:
-        return contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
+        return 1 if self.strided else contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
+
+    @property
+    def strides(self) -> tuple[int, int, int]:
+        """Each tensor's (outer, row, column) strides."""
+        if self.strided:
+            return (0, 1 if self.rows > 1 else 0, self.rows)
+        return (0, self.cols if self.rows > 1 else 0, 1)
 
     @property
     def input_bytes(self) -> int:
@@ -202,7 +214,8 @@ class Case:
 
     def label(self) -> str:
         function = "log_softmax" if self.log else "softmax"
-        return f"{self.rows}x{self.cols} {self.dtype} {self.direction} {function}"
+        over = f"{self.cols}x{self.rows} over dim 0" if self.strided else f"{self.rows}x{self.cols}"
+        return f"{over} {self.dtype} {self.direction} {function}"
 
 
 def _int_type(value: int) -> str:
@@ -220,17 +233,16 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
     """The kernel, its non-constexpr arguments as (type, divisible by 16 or constant value) pairs,
     and its constexprs, as the launch would pass them for ``case`` (both from ``variants``).
 
-    The row view of a contiguous [rows, cols] tensor: one group (outer stride 0), row stride
-    ``cols`` (0 for a single row), column stride 1; pointers 16-byte aligned.
+    The row view of ``case``'s tensors: one group (outer stride 0), ``Case.strides``; pointers
+    16-byte aligned.
     """
     tensors = len(variants.TENSORS[case.direction])
-    row_stride = case.cols if case.rows > 1 else 0
     pointer = POINTER_TYPES[case.dtype]
     args: list[tuple[str, Any]] = [(pointer, True)] * tensors
     if config.regime == "split":
         args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
     facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic)
-    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [(0, row_stride, 1)] * tensors):
+    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
     return variants.kernel_name(case.direction, config.regime), tuple(args), variants.constexprs(config, facts)
@@ -256,7 +268,7 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
     better (``Tuning.tile_wave_fill``), and the dense form of each tile that the plan would take
     (``planner.dense_form``), each also in its form for a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
-                  input_bytes=case.input_bytes)
+                  input_bytes=case.input_bytes, strided=case.strided)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
@@ -645,8 +657,10 @@ def compile_all(specs: Sequence[dict[str, Any]], *, jobs: int = 2, timeout: floa
 # --------------------------------------------------------------------------------------------
 
 
-def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: Iterable[bool]) -> list[Case]:
-    return [Case(rows, cols, dtype, backward, log) for (rows, cols) in shapes for dtype in dtypes
+def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: Iterable[bool],
+              strided_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
+    forms = [(shape, False) for shape in shapes] + [(shape, True) for shape in strided_shapes]
+    return [Case(rows, cols, dtype, backward, log, strided) for (rows, cols), strided in forms for dtype in dtypes
             for log in logs for backward in (False, True)]
 
 
@@ -772,13 +786,13 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         variant = variants[index]
         row = {"case": case.label(), "rows": case.rows, "cols": case.cols, "dtype": case.dtype,
                "direction": case.direction, "log": case.log, "role": role, "variant": variant["id"],
-               "regime": config.regime, "problems": []}
+               "regime": config.regime, "block_m": config.block_m, "problems": []}
         compiled_for_case = by_case.get(case, {})
         if config in compiled_for_case:
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
                                rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c],
-                               input_bytes=case.input_bytes, narrow=case.narrow)
+                               input_bytes=case.input_bytes, narrow=case.narrow, strided=case.strided)
             if plan.config != config:
                 # Another configuration serves the case: the ticketed, persistent or unpipelined
                 # form, or the fallback where the split grid does not fit resident (each has its
@@ -935,6 +949,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", type=_shape, action="append",
                         help="rows x columns; repeat for several (default: "
                              f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_SHAPES)})")
+    parser.add_argument("--strided-shape", type=_shape, action="append",
+                        help="rows x length of a reduction along a strided dimension (a softmax over dim 0 "
+                             "of a contiguous length x rows tensor); repeat for several (default: "
+                             f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_STRIDED_SHAPES)}, unless --shape is given)")
     parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
                         help=f"repeat for several (default: {' '.join(DEFAULT_DTYPES)})")
     parser.add_argument("--log", action="store_true", help="also compile the log_softmax (LOG=True) variants")
@@ -948,7 +966,8 @@ def run_command(args: argparse.Namespace) -> int:
     """``portable-softmax compile``: 0 when every variant compiled and fits its target, else 1."""
     targets = args.target or [parse_target(t) for t in DEFAULT_TARGETS]
     logs = (False, True) if args.log else (False,)
-    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs)
+    strided = args.strided_shape or (() if args.shape else DEFAULT_STRIDED_SHAPES)
+    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided)
     show = getattr(args, "verbose", False) or sys.stderr.isatty()
     report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
                  progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)

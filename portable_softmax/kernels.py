@@ -486,30 +486,34 @@ def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
 
 
 @_jit
-def _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-              MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
-    """Publish this chunk's partial of the item's row (``packed``: a [1] int64 block of
+def _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
+              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
+    """Publish this chunk's partials of the item's rows (``packed``: a [BLOCK_M] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
-    the row, and return the row's maximum and total from them all (``_gather_row``).
+    the rows, and return the rows' maxima and totals from them all (``_gather_row``; for a tile
+    of several rows ``_gather_tile``, [BLOCK_M] each, where one row gives scalars).
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange and read back with a
     relaxed atomic (``_read_slots``): the slot is the only datum exchanged, and a reader needs
     nothing written before it, so no acquire or release (whose fence would drain this program's
     output stores) is needed.
     """
-    slots = _row_slots(slot_ptr, tile, 1, CHUNKS)
+    slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
-    first_slot = slot_ptr + tile * CHUNKS
-    exists = tl.sum(row_mask.to(tl.int32), 0) > 0
     # Triton does not software-pipeline a loop that holds another loop, but one that calls a
     # function holding it. The call costs registers (the calling convention), so only pipelined
-    # kernels make it.
+    # kernels make it; its arguments are scalars, so it takes chunks of one row.
     # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
     # (the caller's unpacking then fails: "row_total is not defined").
-    if STAGES > 1:
-        row_max, total = _gathered_row_called(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
+    if BLOCK_M > 1:
+        tl.static_assert(STAGES == 1, "pipelined split items are chunks of one row")
+        row_max, total = _gather_tile(slots, row_mask, CHUNKS, CHUNKS_P2, MAXIMA, WAIT_ATOMIC)
+    elif STAGES > 1:
+        row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
+                                              CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
     else:
-        row_max, total = _gathered_row(first_slot, exists, CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC)
+        row_max, total = _gathered_row(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
+                                       CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC)
     return row_max, total
 
 
@@ -573,6 +577,22 @@ _gathered_row_called = _jit_call(_gather_row)
 
 
 @_jit
+def _gather_tile(slots, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
+                 ATOMIC: tl.constexpr):
+    """``_gather_row`` for a tile of rows (``slots``: each row's first slot, [BLOCK_M]): the
+    rows' maxima and totals ([BLOCK_M] each), from the slots of all their chunks read as one
+    [BLOCK_M, CHUNKS_P2] block in the same wait loop. A tile's rows are adjacent in memory (a
+    reduction along a strided dimension), and a chunk holds enough of each that the slots cost
+    a few percent of its reads. Without ``MAXIMA`` (backward) the maxima returned are unused."""
+    v = _awaited_slots(slots[:, None], row_mask[:, None], 0, CHUNKS, CHUNKS_P2, ATOMIC)
+    peer_max, peer_sum = _peer_values(v)
+    row_max = tl.max(peer_max, 1)
+    if MAXIMA:
+        peer_sum = peer_sum * tl.exp2((peer_max - row_max[:, None]) * LOG2E)
+    return row_max, tl.sum(peer_sum, 1)
+
+
+@_jit
 def _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
     """The first slot of each row of ``tile`` ([BLOCK_M]), and which rows exist."""
     _, _, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
@@ -620,7 +640,8 @@ def softmax_forward_split(
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
     WAIT_ATOMIC: tl.constexpr,
 ):
-    tl.static_assert(BLOCK_M == 1, "a split item is a chunk of one row")
+    # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
+    tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
     for item in tl.range(first, stop, step, num_stages=STAGES):
@@ -653,8 +674,8 @@ def softmax_forward_split(
             e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2, True, STAGES,
-                                         WAIT_ATOMIC)
+        row_max, row_total = _exchange(slot_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS, CHUNKS_P2, True,
+                                       STAGES, WAIT_ATOMIC)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -675,7 +696,8 @@ def softmax_backward_split(
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
     WAIT_ATOMIC: tl.constexpr,
 ):
-    tl.static_assert(BLOCK_M == 1, "a split item is a chunk of one row")
+    # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
+    tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
     for item in tl.range(first, stop, step, num_stages=STAGES):
@@ -694,8 +716,10 @@ def softmax_backward_split(
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), CHUNKS, CHUNKS_P2, False, STAGES,
-                                 WAIT_ATOMIC)
+        _, row_sum = _exchange(slot_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS, CHUNKS_P2,
+                               False, STAGES, WAIT_ATOMIC)
+        if BLOCK_M > 1:
+            row_sum = row_sum[:, None]
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
         if ALIGN > 1:
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))

@@ -52,6 +52,14 @@ class RowView:
         return self.n_outer * self.rows_per_outer
 
     @property
+    def strided(self) -> bool:
+        """Whether an input's rows lie side by side in memory while its rows' own elements do not
+        (a reduction along a strided dimension): tiles then span adjacent rows
+        (``planner._strided_config``). The last tensor is the output."""
+        return self.rows_per_outer > 1 and self.n_cols > 1 and any(
+            row == 1 and col != 1 for _, row, col in self.strides[:-1])
+
+    @property
     def narrow(self) -> bool:
         """Whether every element offset of every tensor fits in int32."""
         counts = (self.n_outer, self.rows_per_outer, self.n_cols)
@@ -264,7 +272,8 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
 
     plan = plan_launch(target, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow)
+                       allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow,
+                       strided=view.strided)
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None

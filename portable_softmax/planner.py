@@ -112,16 +112,18 @@ def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequen
     should be read through aligned windows (``kernels.py``), else 1.
 
     Triton proves a row start 16-byte aligned only from strides that are multiples of 16
-    elements; otherwise it reads one element per instruction, which costs bf16 rows of 50257 a
-    third of their bandwidth. A window needs contiguous columns and aligned pointers, and every
-    tensor's rows must start equally far past an aligned element, so that one window fits all.
-    ``strides`` are (outer, row, column) per tensor, in elements.
+    elements, and a row's end mask constant over 16 bytes only from a length that is a multiple
+    of them; otherwise it reads one element per instruction, which costs bf16 rows of 50257 a
+    third of their bandwidth, and as much to rows sliced from a padded vocabulary
+    ((4096, 50304)[:, :50257]), which start aligned. A window needs contiguous columns and
+    aligned pointers, and every tensor's rows must start equally far past an aligned element, so
+    that one window fits all. ``strides`` are (outer, row, column) per tensor, in elements.
     """
     align = VECTOR_BYTES // min(element_sizes)
     if not pointers_aligned or n_cols <= align or any(col != 1 for _, _, col in strides):
         return 1
     used = [i for i, count in enumerate((n_outer, rows_per_outer)) if count > 1]
-    if all(triple[i] % TRITON_DIVISIBILITY == 0 for triple in strides for i in used):
+    if n_cols % align == 0 and all(triple[i] % TRITON_DIVISIBILITY == 0 for triple in strides for i in used):
         return 1
     if any(triple[i] % align != strides[0][i] % align for triple in strides for i in used):
         return 1
@@ -181,17 +183,19 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                   rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                  input_bytes: Optional[int] = None) -> KernelConfig:
+                  input_bytes: Optional[int] = None, strided: bool = False) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks. ``input_bytes``: as
-    ``plan_launch`` takes it.
+    columns wider than the row, needs no more or wider chunks. ``input_bytes`` and ``strided``:
+    as ``plan_launch`` takes them.
     """
-    record = target.record
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
+    if strided:
+        rows_per_group = n_rows if rows_per_group is None else rows_per_group
+        return _strided_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
     plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
     if align == 1 or plain.regime != "split" or _direction(backward) not in target.tuning.split_windows:
         return plain
@@ -203,15 +207,53 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
     return dataclasses.replace(windowed, align=align, num_stages=1)
 
 
+def _row_limit(tuning: Tuning, dtype: str, backward: bool) -> int:
+    """The most elements of a row (or of a strided tile) one program holds whole."""
+    return tuning.row_elements // (2 if backward else 1) // (2 if dtype == "float64" else 1)
+
+
+def _can_split(record: DeviceRecord, dtype: str, allow_split: bool) -> bool:
+    return allow_split and record.residency_guaranteed and dtype != "float64"
+
+
+def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool, rows_per_group: int,
+                    allow_split: bool, input_bytes: int) -> KernelConfig:
+    """The configuration for rows that lie side by side in memory, reduced along a strided
+    dimension: every tile spans ``Tuning.strided_row_bytes`` of adjacent rows, so that its loads
+    read lines of the contiguous dimension, and as much of the reduced one as a program holds
+    (``_row_limit``): the whole row (tile), else chunks of it held at once by several programs
+    (split, ``Tuning.strided_split_elements``), else streamed twice (loop)."""
+    record = target.record
+    tuning = target.tuning
+    width = next_power_of_2(n_cols)
+    inputs = 2 if backward else 1
+    side = min(next_power_of_2(rows_per_group), max(1, tuning.strided_row_bytes * inputs // input_bytes))
+    if side * width <= _row_limit(tuning, dtype, backward):
+        block_m = max(side, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
+        return KernelConfig("tile", block_m, width, 1,
+                            _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
+    if _can_split(record, dtype, allow_split):
+        chunks = _cdiv(n_cols, max(1, tuning.strided_split_elements // inputs // side))
+        tiles = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, side)
+        wanted = _cdiv(record.compute_units * tuning.split_fill_per_unit, tiles)
+        if chunks < wanted:
+            # Few tiles: narrower chunks put more of the chip to work on each.
+            chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
+        block_n = next_power_of_2(_cdiv(n_cols, chunks))
+        return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
+                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
+    chunk = max(1, min(tuning.loop_chunk // side, width))
+    return KernelConfig("loop", side, chunk, 1, _warps(side * chunk, tuning.elements_per_thread, record, tuning.max_warps))
+
+
 def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool,
                   rows_per_group: Optional[int], allow_split: bool, input_bytes: int) -> KernelConfig:
     record = target.record
     tuning = target.tuning
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
-    fp64 = dtype == "float64"
     width = next_power_of_2(n_cols)
-    row_limit = tuning.row_elements // (2 if backward else 1) // (2 if fp64 else 1)
-    can_split = allow_split and record.residency_guaranteed and not fp64
+    row_limit = _row_limit(tuning, dtype, backward)
+    can_split = _can_split(record, dtype, allow_split)
     few_rows = can_split and n_rows < record.compute_units and n_cols >= tuning.split_min_cols
     if width in tuning.reread_cols.get((_direction(backward), input_bytes), ()) and not few_rows:
         most = tuning.max_program_threads // max(record.warp_size, 1)
@@ -301,7 +343,7 @@ def _resources(source: ResourceSource, target: Target, config: KernelConfig, bac
 def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
                 programs: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                input_bytes: Optional[int] = None, narrow: bool = False) -> LaunchPlan:
+                input_bytes: Optional[int] = None, narrow: bool = False, strided: bool = False) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -318,6 +360,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
             if None. Decides between a persistent and a ticketed split grid (``_ticket_fits``).
         narrow: every element offset of every tensor fits in int32: tile plans may then take the
             kernels' ``DENSE`` form (``dense_form``).
+        strided: the rows lie side by side in memory and are reduced along a strided dimension
+            (``_strided_config``).
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -329,7 +373,7 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split, align=align, input_bytes=input_bytes)
+                           allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided)
     if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
@@ -345,7 +389,7 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan is None:
         config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False, align=align, input_bytes=input_bytes)
+                               allow_split=False, align=align, input_bytes=input_bytes, strided=strided)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
     if (programs is None and plan.regime == "tile" and not plan.reread

@@ -155,6 +155,13 @@ class Tuning:
         dense_tiles: directions in which held tiles, not only twice-read ones, take the kernels'
             ``DENSE`` form (``planner.dense_form``) where the call allows it.
         max_program_threads: the most threads a program may have.
+        strided_row_bytes: for a reduction along a strided dimension whose rows lie side by side
+            in memory (a column softmax, channels of NCHW, a transposed input): the bytes of
+            adjacent rows a tile spans, so that its loads read whole lines of the contiguous
+            dimension (128: one line) rather than one element per transaction.
+        strided_split_elements: the elements a split program holds for such tiles (forward;
+            halved backward): the tile's rows times its chunk of the reduced dimension. Chunks
+            wide enough that reading the exchange slots of all their rows' chunks costs little.
         split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
@@ -191,3 +198,5 @@ class Tuning:
     dense_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
     split_wait_atomic: bool = True
+    strided_row_bytes: int = 128
+    strided_split_elements: int = 16384

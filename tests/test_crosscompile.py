@@ -23,6 +23,9 @@ SPLIT_ROW = (64, 65536)
 ODD_SPLIT_ROW = (64, 50257)
 # Rows of more chunks (48 forward, 96 backward) than a warp has lanes, pipelined on cuda.
 LONG_SPLIT_ROW = (4096, 393216)
+# A column softmax of a (32768, 1024) tensor: 1024 rows side by side, split into chunks of
+# tiles that span adjacent rows (BLOCK_M > 1).
+STRIDED_SPLIT = (1024, 32768)
 TARGETS = ("cuda:90", "hip:gfx942")
 
 
@@ -39,7 +42,7 @@ def report(missing):
     if not available:
         pytest.skip(f"no target's toolchain here: {missing}")
     cases = crosscompile.cases_for([SMALL_TILE, MANY_TILES, SPLIT_ROW, ODD_SPLIT_ROW, LONG_SPLIT_ROW], ["bfloat16"],
-                                   [False])
+                                   [False], [STRIDED_SPLIT])
     result = crosscompile.run([crosscompile.parse_target(t) for t in available], cases, jobs=2, timeout=300)
     return {t["target"]: t for t in result["targets"]}, result
 
@@ -66,6 +69,17 @@ def test_odd_rows_compile_windowed_split_kernels(target):
     """The window code runs only where the split path does (GPUs): here it is at least built."""
     windowed = {v["kernel"] for v in target["variants"] if v["constexprs"].get("ALIGN", 1) == 8 and v["status"] == "ok"}
     assert windowed == {"softmax_forward_split", "softmax_backward_split"}
+
+
+def test_strided_rows_compile_split_kernels_of_several_rows(target):
+    """A reduction along a strided dimension splits tiles of adjacent rows: the split kernels'
+    exchange for several rows (``kernels._gather_tile``) is built, unpipelined, for both
+    directions (its wait loop is checked with the others below)."""
+    tiles = {v["kernel"] for v in target["variants"] if v["kernel"].endswith("_split") and v["status"] == "ok"
+             and v["constexprs"]["BLOCK_M"] > 1 and v["num_stages"] == 1}
+    assert tiles == {"softmax_forward_split", "softmax_backward_split"}
+    plans = [p for p in target["plans"] if "over dim 0" in p["case"] and "note" not in p]
+    assert plans and all(p["block_m"] > 1 and not p["problems"] for p in plans), plans
 
 
 def test_a_program_per_tile_is_within_the_plan_checks(target):

@@ -196,7 +196,9 @@ def test_cli_plan_json_for_recorded_chips(capsys):
     (dict(rows=4, cols=781, strides=[(0, 781, 1)] * 2, sizes=[2, 4]), 8),       # bf16 in, fp32 out (dtype=)
     (dict(rows=4, cols=50264, strides=[(0, 50264, 1)] * 2, sizes=[2, 2]), 8),   # aligned, but Triton cannot tell
     (dict(rows=4, cols=1024, strides=[(0, 1024, 1)] * 2, sizes=[2, 2]), 1),     # Triton proves these aligned
-    (dict(rows=1, cols=781, strides=[(0, 0, 1)] * 2, sizes=[2, 2]), 1),         # one row starts at the pointer
+    (dict(rows=1, cols=784, strides=[(0, 0, 1)] * 2, sizes=[2, 2]), 1),         # one row starts at the pointer
+    (dict(rows=1, cols=781, strides=[(0, 0, 1)] * 2, sizes=[2, 2]), 8),         # ... but ends off 16 bytes
+    (dict(rows=4, cols=50257, strides=[(0, 50304, 1)] * 2, sizes=[2, 2]), 8),   # sliced from a padded vocabulary
     (dict(rows=4, cols=8, strides=[(0, 9, 1)] * 2, sizes=[2, 2]), 1),           # a row within one group
     (dict(rows=4, cols=781, strides=[(0, 800, 1), (0, 781, 1)], sizes=[2, 2]), 1),  # rows start differently
     (dict(rows=4, cols=781, strides=[(0, 1, 4)] * 2, sizes=[2, 2]), 1),         # columns not contiguous

@@ -1,0 +1,138 @@
+"""Reductions along strided dimensions and sliced rows on one GPU (issue 18): correctness first,
+then fraction of copy bandwidth for ours under several strided tunings, torch eager and
+torch.compile, forward and the backward op, in one run.
+
+    python benchmarks/strided_sweep.py --out DIR
+
+Outputs are laid out as torch lays its own out (contiguous), whatever the input's layout. Bytes:
+forward 2x the tensor, backward 3x; copy = x.clone() of the same tensor.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from portable_softmax import launch, ops, tuning
+from portable_softmax.vendors import CUDA_TUNING
+
+# (name, shape of the tensor made, the view of it that is the input, dim, dtype)
+CASES = [
+    ("column (32768,1024) fp32 dim0", (32768, 1024), None, 0, torch.float32),
+    ("column (32768,1024) bf16 dim0", (32768, 1024), None, 0, torch.bfloat16),
+    ("transposed (4096,8192).t() bf16", (4096, 8192), lambda t: t.t(), -1, torch.bfloat16),
+    ("NCHW (16,21,512,512) fp32 dim1", (16, 21, 512, 512), None, 1, torch.float32),
+    ("NCHW (64,1024,32,32) bf16 dim1", (64, 1024, 32, 32), None, 1, torch.bfloat16),
+    ("NCHW (8,1000,64,64) fp32 dim1", (8, 1000, 64, 64), None, 1, torch.float32),
+    ("sliced (4096,50304)[:, :50257] bf16", (4096, 50304), lambda t: t[:, :50257], -1, torch.bfloat16),
+    ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
+    ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
+]
+SWEEP = [(row_bytes, held) for row_bytes in (32, 64, 128) for held in (16384, 32768)]
+
+
+def ours_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    launch.run_forward(x, y, ops.row_view(tuple(x.shape), dim % x.dim(), x, y), False)
+    return y
+
+
+def ours_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    launch.run_backward(y, dy, dx, ops.row_view(tuple(y.shape), dim % y.dim(), y, dy, dx), False)
+    return dx
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="the default tuning only")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    from torch._dynamo import config as dynamo_config
+
+    dynamo_config.cache_size_limit = 256
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    rows = []
+    failures = 0
+    for name, shape, view, dim, dtype in CASES:
+        x = (torch.randn(shape, device="cuda") * 3).to(dtype)
+        if view is not None:
+            x = view(x)
+        bytes_moved = x.numel() * x.element_size()
+        reference = torch.softmax(x.double(), dim)
+        dy = torch.randn(x.shape, device="cuda").to(dtype)
+        reference_dx = torch._softmax_backward_data(dy.double(), reference, dim % x.dim(), torch.float64)
+        copy = min(do_bench(lambda: x.clone()) for _ in range(2))
+        bandwidth = 2 * bytes_moved / copy
+        y_torch = torch.softmax(x, dim)
+        compiled_forward = torch.compile(lambda t: torch.softmax(t, dim), dynamic=False)
+        compiled_backward = torch.compile(lambda y, g: torch._softmax_backward_data(g, y, dim % x.dim(), dtype),
+                                          dynamic=False)
+        entry = {"case": name, "copy_ms": copy, "copy_tbs": bandwidth / 1e9}
+        timings = {
+            "torch": (lambda: torch.softmax(x, dim),
+                      lambda: torch._softmax_backward_data(dy, y_torch, dim % x.dim(), dtype)),
+            "compile": (lambda: compiled_forward(x), lambda: compiled_backward(y_torch, dy)),
+        }
+        for label, (forward, backward) in timings.items():
+            entry[f"{label}_fwd"] = 2 * bytes_moved / do_bench(forward) / bandwidth
+            entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(backward) / bandwidth
+        settings = [None] + ([] if args.quick else SWEEP)
+        for setting in settings:
+            label = "ours" if setting is None else f"ours rb{setting[0]} e{setting[1]}"
+            if setting is not None:
+                tuning.TUNING[("cuda", "*")] = dataclasses.replace(
+                    CUDA_TUNING, strided_row_bytes=setting[0], strided_split_elements=setting[1])
+            try:
+                y = ours_forward(x, dim)
+                forward_error = rel(y, reference)
+                dx = ours_backward(y_torch, dy, dim)
+                backward_error = rel(dx, reference_dx)
+                plan_f = launch._records and [r.plan for r in launch._records.values()][-2:]
+                ok = forward_error < (1e-5 if dtype == torch.float32 else 2e-2) and \
+                    backward_error < (1e-5 if dtype == torch.float32 else 2e-2)
+                failures += not ok
+                entry[f"{label}_err"] = (forward_error, backward_error)
+                entry[f"{label}_fwd"] = 2 * bytes_moved / do_bench(lambda: ours_forward(x, dim)) / bandwidth
+                entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(lambda: ours_backward(y_torch, dy, dim)) / bandwidth
+                entry[f"{label}_plans"] = [f"{p.regime} {p.block_m}x{p.block_n} c{p.chunks} w{p.num_warps} "
+                                           f"p{p.programs}{' T' if p.ticketed else ''}" for p in plan_f]
+            except Exception as error:  # a setting that fails to compile or launch is reported, not fatal
+                entry[f"{label}_error"] = repr(error)[:300]
+                failures += 1
+            finally:
+                tuning.TUNING.pop(("cuda", "*"), None)
+        rows.append(entry)
+        print(json.dumps(entry), flush=True)
+        del x, y_torch, dy, reference, reference_dx
+        torch.cuda.empty_cache()
+    (args.out / "strided_sweep.json").write_text(json.dumps(rows, indent=1))
+    print("\n| case | copy TB/s | torch fwd/bwd | compile fwd/bwd | ours fwd/bwd | best sweep fwd | best sweep bwd |")
+    print("|---|---|---|---|---|---|---|")
+    for entry in rows:
+        sweep_f = max(((v, k) for k, v in entry.items() if k.startswith("ours rb") and k.endswith("_fwd")),
+                      default=(0, "-"))
+        sweep_b = max(((v, k) for k, v in entry.items() if k.startswith("ours rb") and k.endswith("_bwd")),
+                      default=(0, "-"))
+        print(f"| {entry['case']} | {entry['copy_tbs']:.2f} | {entry['torch_fwd']:.2f} / {entry['torch_bwd']:.2f} | "
+              f"{entry['compile_fwd']:.2f} / {entry['compile_bwd']:.2f} | "
+              f"{entry.get('ours_fwd', 0):.2f} / {entry.get('ours_bwd', 0):.2f} | "
+              f"{sweep_f[0]:.2f} {sweep_f[1][5:-4]} | {sweep_b[0]:.2f} {sweep_b[1][5:-4]} |")
+    print(f"failures: {failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Reductions along a strided dimension (rows side by side in memory): column softmax, channels of
+NCHW tensors, transposed inputs. Their tiles span adjacent rows (``planner._strided_config``) in
+every regime: a whole row per tile, chunks of tiles split across co-resident programs (GPUs), or
+streamed twice (the interpreter, Ascend, and GPUs where the split grid does not fit). Results
+against torch in float64, forward and backward; the plans are checked to be what the test means
+to exercise."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import portable_softmax as ps
+from portable_softmax import launch, ops
+from portable_softmax.device import device_record
+from portable_softmax.selfcheck import relative_error, tolerance
+from portable_softmax.targets import plan_launch
+from portable_softmax.profiles import profile_record
+
+FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
+
+# (shape, dim): a column softmax (a tile on the interpreter, split on GPUs), one too long for the
+# interpreter's tiles (the loop), channels of an NCHW tensor, and a row of one element per tile.
+CASES = [((4096, 160), 0), ((70000, 3), 0), ((5, 21, 17, 19), 1), ((1, 300), 0)]
+
+
+def _planned_regime(x: torch.Tensor, dim: int, backward: bool = False) -> tuple[str, int]:
+    y = torch.empty_like(x)
+    tensors = (y, y, y) if backward else (x, y)
+    view = ops.row_view(tuple(x.shape), dim % x.dim(), *tensors)
+    record = launch.build_record("backward" if backward else "forward", tensors, view, False, False)
+    return record.plan.regime, record.plan.block_m
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-dim{c[1]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=["softmax", "log_softmax"])
+def test_strided_reductions_match_torch(device, case, dtype, fns):
+    shape, dim = case
+    ours, theirs = fns
+    x = (torch.randn(shape, device=device) * 4).to(dtype).requires_grad_()
+    reference_x = x.detach().double().requires_grad_()
+    reference = theirs(reference_x, dim)
+    y = ours(x, dim)
+    expected = theirs(x.detach(), dim)
+    assert relative_error(y, reference) <= tolerance(dtype, relative_error(expected, reference), device)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (reference_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
+    torch_x = x.detach().requires_grad_()
+    (torch_dx,) = torch.autograd.grad(theirs(torch_x, dim), torch_x, dy)
+    assert relative_error(dx, reference_dx) <= tolerance(dtype, relative_error(torch_dx, reference_dx), device)
+
+
+def test_transposed_rows_with_a_contiguous_output(device):
+    """Rows side by side in the input, contiguous in the output: loads coalesce one way, stores
+    the other."""
+    x = torch.randn(300, 4000, device=device).t()
+    y = torch.full((4000, 300), float("nan"), device=device)
+    view = ops.row_view((4000, 300), 1, x, y)
+    assert view is not None and view.strided
+    launch.run_forward(x, y, view, False)
+    assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-6
+
+
+def test_strided_tiles_span_adjacent_rows(device):
+    """Each regime's tiles hold several adjacent rows: the one-row tiles of contiguous rows would
+    read one element per transaction."""
+    for shape, dim in CASES[:3]:
+        x = torch.randn(shape, device=device)
+        for backward in (False, True):
+            regime, block_m = _planned_regime(x, dim, backward)
+            assert block_m > 1, (shape, dim, backward, regime)
+    if device == "cpu":
+        assert _planned_regime(torch.randn(70000, 3), 0)[0] == "loop"
+
+
+@pytest.mark.parametrize("profile", ["h100", "mi300x", "ascend910b"])
+def test_strided_plans_on_recorded_chips(profile):
+    """A column softmax of (32768, 1024): split tiles of 128 bytes of adjacent rows where the
+    chip promises residency, streamed tiles of them where not; never a tile of one row."""
+    record = profile_record(profile)
+    for element, backward in [(4, False), (2, False), (2, True)]:
+        plan = plan_launch(record, 1024, 32768, "float32", backward=backward, strided=True,
+                           input_bytes=element * (2 if backward else 1))
+        assert plan.block_m * element >= 32, plan
+        assert plan.regime == ("split" if record.residency_guaranteed else "loop"), plan
