@@ -354,16 +354,20 @@ def cubin_sass(cubin: bytes) -> str:
         return subprocess.run([tool, "-c", "-g", path], capture_output=True, text=True, check=True).stdout
 
 
-def wait_source_line() -> str:
-    """``kernels.py:N``: the line of the split kernels' wait loop (the ``while`` in
-    ``kernels._awaited_slots``), which the machine code's line information names."""
+def wait_source_lines() -> tuple[str, ...]:
+    """``kernels.py:N`` of each of the split kernels' wait loops (the ``while`` in
+    ``kernels._awaited_slots`` and ``kernels._awaited_count``), which the machine code's line
+    information names."""
     import inspect
 
     from portable_softmax import kernels
 
-    lines, first = inspect.getsourcelines(kernels._awaited_slots.fn)
-    offset = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
-    return f"{os.path.basename(kernels.__file__)}:{first + offset}"
+    found = []
+    for function in (kernels._awaited_slots, kernels._awaited_count):
+        lines, first = inspect.getsourcelines(function.fn)
+        offset = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
+        found.append(f"{os.path.basename(kernels.__file__)}:{first + offset}")
+    return tuple(found)
 
 
 def wait_loop_check(backend: str, compiled: Any) -> dict[str, Any]:
@@ -375,7 +379,7 @@ def wait_loop_check(backend: str, compiled: Any) -> dict[str, Any]:
         loops = machine_code.sass_loops(cubin_sass(compiled.asm["cubin"]))
     else:
         loops = machine_code.amdgcn_loops(compiled.asm["amdgcn"])
-    waits = machine_code.wait_loops(loops, wait_source_line())
+    waits = [loop for line in wait_source_lines() for loop in machine_code.wait_loops(loops, line)]
     return {"wait_loops": len(waits), "wait_loop_reads": [list(loop.reads[:2]) for loop in waits],
             "wait_loop_reads_memory": bool(waits) and all(loop.reads_memory for loop in waits)}
 

@@ -174,6 +174,11 @@ class LaunchRecord:
         self.scalars, self.constexprs, self.options = scalars, constexprs, options
         self._fallback, self._fallback_record = fallback, None
         self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
+        # Counters: one per tile (rows split one at a time), or the ticket counter and two per tile
+        # (tiles of several rows count arrivals and departures: kernels._gather_tile).
+        self._counters = plan.tiles if plan.block_m == 1 else 1 + 2 * plan.tiles
+        # Ticketed grids of one-row items leave their slots full: they are emptied before each launch.
+        self._refill = plan.ticketed and plan.block_m == 1
         self._direct: Optional[Callable[[int, tuple], None]] = None
         self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
         self._current = None if backend.interpreted else compat.current_device_getter(device)
@@ -188,12 +193,12 @@ class LaunchRecord:
         stream = self._stream()
         if self._slots:
             pool = _ticket_scratch if self.plan.ticketed else _scratch
-            scratch = pool.get(self.device, stream, self._slots, self.plan.tiles)
+            scratch = pool.get(self.device, stream, self._slots, self._counters)
             if scratch is None:
                 if self._fallback_record is None:
                     self._fallback_record = self._fallback(tensors)
                 return self._fallback_record(tensors)
-            if self.plan.ticketed:
+            if self._refill:
                 # Ticketed programs leave their row's slots full (only the counter resets itself).
                 scratch[0][:self._slots].fill_(-1)
             tensors = (*tensors, *scratch)
