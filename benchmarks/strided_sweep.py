@@ -34,7 +34,8 @@ CASES = [
     ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
-SWEEP = [(32, 8192), (32, 16384), (64, 8192), (64, 16384), (128, 16384), (128, 32768)]
+# (rows per tile by element bytes, elements a split program holds)
+SWEEP = [({2: 16, 4: 16}, 16384), ({2: 32, 4: 32}, 16384), ({2: 16, 4: 32}, 32768), ({2: 8, 4: 8}, 16384)]
 # Cases the sweep's settings change (reductions along a strided dimension that split).
 SWEPT = ("column", "transposed", "(64,1024", "(8,1000")
 REPEATS = 5
@@ -97,10 +98,10 @@ def main() -> int:
             entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(backward) / bandwidth
         settings = [None] + ([] if args.quick or not any(k in name for k in SWEPT) else SWEEP)
         for setting in settings:
-            label = "ours" if setting is None else f"ours rb{setting[0]} e{setting[1]}"
+            label = "ours" if setting is None else f"ours rows{setting[0][2]}/{setting[0][4]} e{setting[1]}"
             if setting is not None:
                 tuning.TUNING[("cuda", "*")] = dataclasses.replace(
-                    CUDA_TUNING, strided_row_bytes=setting[0], strided_split_elements=setting[1])
+                    CUDA_TUNING, strided_rows=setting[0], strided_split_elements=setting[1])
             try:
                 # Several launches each: a race in an exchange shows in some of them.
                 forward_error = max(rel(ours_forward(x, dim), reference) for _ in range(REPEATS))
@@ -127,9 +128,9 @@ def main() -> int:
     print("\n| case | copy TB/s | torch fwd/bwd | compile fwd/bwd | ours fwd/bwd | best sweep fwd | best sweep bwd |")
     print("|---|---|---|---|---|---|---|")
     for entry in rows:
-        sweep_f = max(((v, k) for k, v in entry.items() if k.startswith("ours rb") and k.endswith("_fwd")),
+        sweep_f = max(((v, k) for k, v in entry.items() if k.startswith("ours rows") and k.endswith("_fwd")),
                       default=(0, "-"))
-        sweep_b = max(((v, k) for k, v in entry.items() if k.startswith("ours rb") and k.endswith("_bwd")),
+        sweep_b = max(((v, k) for k, v in entry.items() if k.startswith("ours rows") and k.endswith("_bwd")),
                       default=(0, "-"))
         print(f"| {entry['case']} | {entry['copy_tbs']:.2f} | {entry['torch_fwd']:.2f} / {entry['torch_bwd']:.2f} | "
               f"{entry['compile_fwd']:.2f} / {entry['compile_bwd']:.2f} | "

@@ -156,6 +156,9 @@ _scratch = _Scratch()
 # Ticketed split launches (a program per item) fill their slots before each launch, so they keep
 # their own: the persistent path's slots must stay empty between launches.
 _ticket_scratch = _Scratch()
+# Split tiles of several rows count arrivals instead (kernels._gather_tile) and leave their slots
+# full: their own, too.
+_counted_scratch = _Scratch()
 
 
 class LaunchRecord:
@@ -192,7 +195,7 @@ class LaunchRecord:
     def _launch(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
         stream = self._stream()
         if self._slots:
-            pool = _ticket_scratch if self.plan.ticketed else _scratch
+            pool = _counted_scratch if self.plan.block_m > 1 else _ticket_scratch if self.plan.ticketed else _scratch
             scratch = pool.get(self.device, stream, self._slots, self._counters)
             if scratch is None:
                 if self._fallback_record is None:

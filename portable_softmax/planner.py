@@ -219,15 +219,16 @@ def _can_split(record: DeviceRecord, dtype: str, allow_split: bool) -> bool:
 def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool, rows_per_group: int,
                     allow_split: bool, input_bytes: int) -> KernelConfig:
     """The configuration for rows that lie side by side in memory, reduced along a strided
-    dimension: every tile spans ``Tuning.strided_row_bytes`` of adjacent rows, so that its loads
-    read lines of the contiguous dimension, and as much of the reduced one as a program holds
+    dimension: every tile spans ``Tuning.strided_rows`` adjacent rows, so that its loads read
+    whole sectors of the contiguous dimension, and as much of the reduced one as a program holds
     (``_row_limit``): the whole row (tile), else chunks of it held at once by several programs
     (split, ``Tuning.strided_split_elements``), else streamed twice (loop)."""
     record = target.record
     tuning = target.tuning
     width = next_power_of_2(n_cols)
     inputs = 2 if backward else 1
-    side = min(next_power_of_2(rows_per_group), max(1, tuning.strided_row_bytes * inputs // input_bytes))
+    element = max(1, input_bytes // inputs)
+    side = min(next_power_of_2(rows_per_group), tuning.strided_rows.get(element, VECTOR_BYTES * 2 // element))
     if side * width <= _row_limit(tuning, dtype, backward):
         block_m = max(side, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         return KernelConfig("tile", block_m, width, 1,

@@ -155,10 +155,11 @@ class Tuning:
         dense_tiles: directions in which held tiles, not only twice-read ones, take the kernels'
             ``DENSE`` form (``planner.dense_form``) where the call allows it.
         max_program_threads: the most threads a program may have.
-        strided_row_bytes: for a reduction along a strided dimension whose rows lie side by side
-            in memory (a column softmax, channels of NCHW, a transposed input): the bytes of
-            adjacent rows a tile spans, so that its loads read whole lines of the contiguous
-            dimension (128: one line) rather than one element per transaction.
+        strided_rows: for a reduction along a strided dimension whose rows lie side by side
+            in memory (a column softmax, channels of NCHW, a transposed input): the adjacent rows
+            a tile spans, by the bytes of an input element, so that its loads read whole sectors
+            of the contiguous dimension rather than one element per transaction (the H100 sweep
+            of NOTES v15: 32 float32 rows (a 128-byte line), 16 bfloat16 rows).
         strided_split_elements: the elements a split program holds for such tiles (forward;
             halved backward): the tile's rows times its chunk of the reduced dimension. Chunks
             wide enough that reading the exchange slots of all their rows' chunks costs little.
@@ -198,5 +199,5 @@ class Tuning:
     dense_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
     split_wait_atomic: bool = True
-    strided_row_bytes: int = 128
+    strided_rows: Mapping[int, int] = field(default_factory=lambda: {2: 16, 4: 32, 8: 16})
     strided_split_elements: int = 16384
