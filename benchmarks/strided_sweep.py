@@ -35,7 +35,9 @@ CASES = [
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
 # (rows per tile by element bytes, elements a split program holds)
-SWEEP = [({2: 16, 4: 16}, 16384), ({2: 32, 4: 32}, 16384), ({2: 16, 4: 32}, 32768), ({2: 8, 4: 8}, 16384)]
+# (rows per tile by element bytes, elements a split program holds, elements per thread)
+SWEEP = [({2: 16, 4: 32}, 8192, 32), ({2: 16, 4: 32}, 16384, 64), ({2: 32, 4: 32}, 8192, 32),
+         ({2: 16, 4: 16}, 8192, 16), ({2: 32, 4: 32}, 16384, 32)]
 # Cases the sweep's settings change (reductions along a strided dimension that split).
 SWEPT = ("column", "transposed", "(64,1024", "(8,1000")
 REPEATS = 5
@@ -98,10 +100,12 @@ def main() -> int:
             entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(backward) / bandwidth
         settings = [None] + ([] if args.quick or not any(k in name for k in SWEPT) else SWEEP)
         for setting in settings:
-            label = "ours" if setting is None else f"ours rows{setting[0][2]}/{setting[0][4]} e{setting[1]}"
+            label = "ours" if setting is None else \
+                f"ours rows{setting[0][2]}/{setting[0][4]} e{setting[1]} t{setting[2]}"
             if setting is not None:
                 tuning.TUNING[("cuda", "*")] = dataclasses.replace(
-                    CUDA_TUNING, strided_rows=setting[0], strided_split_elements=setting[1])
+                    CUDA_TUNING, strided_rows=setting[0], strided_split_elements=setting[1],
+                    strided_elements_per_thread=setting[2])
             try:
                 # Several launches each: a race in an exchange shows in some of them.
                 forward_error = max(rel(ours_forward(x, dim), reference) for _ in range(REPEATS))
@@ -136,6 +140,14 @@ def main() -> int:
               f"{entry['compile_fwd']:.2f} / {entry['compile_bwd']:.2f} | "
               f"{entry.get('ours_fwd', 0):.2f} / {entry.get('ours_bwd', 0):.2f} | "
               f"{sweep_f[0]:.2f} {sweep_f[1][5:-4]} | {sweep_b[0]:.2f} {sweep_b[1][5:-4]} |")
+    print("\n| case | setting | fwd | bwd | plans |")
+    print("|---|---|---|---|---|")
+    for entry in rows:
+        for key in entry:
+            if key.startswith("ours") and key.endswith("_fwd"):
+                label = key[:-4]
+                print(f"| {entry['case']} | {label} | {entry[key]:.2f} | {entry.get(label + '_bwd', 0):.2f} | "
+                      f"{'; '.join(entry.get(label + '_plans', []))} |")
     print(f"failures: {failures}")
     return 1 if failures else 0
 

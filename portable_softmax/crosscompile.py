@@ -363,8 +363,8 @@ def wait_source_lines() -> tuple[str, ...]:
     from portable_softmax import kernels
 
     found = []
-    for function in (kernels._awaited_slots, kernels._awaited_count):
-        lines, first = inspect.getsourcelines(function.fn)
+    for function in (kernels._awaited_slots.fn, kernels._awaited_count.fn):
+        lines, first = inspect.getsourcelines(function)
         offset = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
         found.append(f"{os.path.basename(kernels.__file__)}:{first + offset}")
     return tuple(found)

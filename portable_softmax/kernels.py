@@ -510,8 +510,9 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
     # (the caller's unpacking then fails: "row_total is not defined").
     if BLOCK_M > 1:
-        tl.static_assert(STAGES == 1, "pipelined split items are chunks of one row")
-        row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
+        tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
+        row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA,
+                                      WAIT_ATOMIC)
     elif STAGES > 1:
         row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
                                               CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
@@ -581,7 +582,8 @@ _gathered_row_called = _jit_call(_gather_row)
 
 
 @_jit
-def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr):
+def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
+                 ATOMIC: tl.constexpr):
     """``_gather_row`` for a tile of rows (``slots``: each row's first slot, [BLOCK_M]; this
     program's chunk has stored its partials there): the rows' maxima and totals ([BLOCK_M] each).
 
@@ -589,14 +591,17 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     that re-read all their slots ([BLOCK_M, CHUNKS]) on every trip would flood the cache that
     its peers publish through (a 64-row tile of 256 chunks ran 50 times slower than a copy).
     So the tile's chunks count their arrivals at ``counters`` (arrivals, departures): each adds
-    itself with release semantics once its partials are stored, waits with acquire semantics
-    for all CHUNKS (one word per trip), then reads the slots once. Slots are never emptied; the
-    last chunk to leave resets the counters for the next launch."""
+    itself with release semantics once its partials are stored, waits for all CHUNKS (one word
+    per trip, ``_read_slots``), reads the count once more with acquire semantics, then reads the
+    slots once. Slots are never emptied; the last chunk to leave resets the counters for the next
+    launch."""
     # One thread counts for the program: the barrier first makes every thread's stores its own,
     # which its release then publishes (the grid-wide barrier's pattern).
     tl.debug_barrier()
     tl.atomic_add(counters, 1, sem="release")
-    _awaited_count(counters, CHUNKS)
+    _awaited_count(counters, CHUNKS, ATOMIC)
+    # The acquire: an RMW reads the count's last value, so it synchronises with every release.
+    tl.atomic_add(counters, 0, sem="acquire")
     tl.debug_barrier()
     peers = tl.arange(0, CHUNKS_P2)
     present = row_mask[:, None] & (peers < CHUNKS)[None, :]
@@ -613,12 +618,12 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
 
 
 @_jit
-def _awaited_count(counter, COUNT: tl.constexpr):
-    """Wait until ``counter`` reaches ``COUNT``; each read is an acquire, so that what the
-    programs that counted stored before counting is seen after."""
-    seen = tl.atomic_add(counter, 0, sem="acquire")
+def _awaited_count(counter, COUNT: tl.constexpr, ATOMIC: tl.constexpr):
+    """Wait until the int32 ``counter`` reaches ``COUNT``, re-reading it on every trip
+    (``_read_slots``)."""
+    seen = _read_slots(counter, True, ATOMIC)
     while seen < COUNT:
-        seen = tl.atomic_add(counter, 0, sem="acquire")
+        seen = _read_slots(counter, True, ATOMIC)
 
 
 @_jit
