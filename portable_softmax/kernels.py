@@ -618,12 +618,21 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
 
 
 @_jit
+def _read_count(counter, ATOMIC: tl.constexpr):
+    """The current value of the scalar ``counter``, read as ``_read_slots`` reads slots."""
+    if ATOMIC:
+        seen = tl.atomic_add(counter, 0, sem="relaxed")
+    else:
+        seen = tl.load(counter, volatile=True)
+    return seen
+
+
+@_jit
 def _awaited_count(counter, COUNT: tl.constexpr, ATOMIC: tl.constexpr):
-    """Wait until the int32 ``counter`` reaches ``COUNT``, re-reading it on every trip
-    (``_read_slots``)."""
-    seen = _read_slots(counter, True, ATOMIC)
+    """Wait until the int32 ``counter`` reaches ``COUNT``, re-reading it on every trip."""
+    seen = _read_count(counter, ATOMIC)
     while seen < COUNT:
-        seen = _read_slots(counter, True, ATOMIC)
+        seen = _read_count(counter, ATOMIC)
 
 
 @_jit
