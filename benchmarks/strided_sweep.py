@@ -35,9 +35,8 @@ CASES = [
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
 # (rows per tile by element bytes, elements a split program holds)
-# (rows per tile by element bytes, elements a split program holds, elements per thread)
-SWEEP = [({2: 16, 4: 32}, 8192, 32), ({2: 16, 4: 32}, 16384, 64), ({2: 32, 4: 32}, 8192, 32),
-         ({2: 16, 4: 16}, 8192, 16), ({2: 32, 4: 32}, 16384, 32)]
+# (rows per tile by element bytes, elements a split program holds)
+SWEEP = [({2: 16, 4: 16}, 16384), ({2: 32, 4: 32}, 16384), ({2: 16, 4: 32}, 32768)]
 # Cases the sweep's settings change (reductions along a strided dimension that split).
 SWEPT = ("column", "transposed", "(64,1024", "(8,1000")
 REPEATS = 5
@@ -101,11 +100,10 @@ def main() -> int:
         settings = [None] + ([] if args.quick or not any(k in name for k in SWEPT) else SWEEP)
         for setting in settings:
             label = "ours" if setting is None else \
-                f"ours rows{setting[0][2]}/{setting[0][4]} e{setting[1]} t{setting[2]}"
+                f"ours rows{setting[0][2]}/{setting[0][4]} e{setting[1]}"
             if setting is not None:
                 tuning.TUNING[("cuda", "*")] = dataclasses.replace(
-                    CUDA_TUNING, strided_rows=setting[0], strided_split_elements=setting[1],
-                    strided_elements_per_thread=setting[2])
+                    CUDA_TUNING, strided_rows=setting[0], strided_split_elements=setting[1])
             try:
                 # Several launches each: a race in an exchange shows in some of them.
                 forward_error = max(rel(ours_forward(x, dim), reference) for _ in range(REPEATS))

@@ -242,7 +242,7 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
             chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
         block_n = next_power_of_2(_cdiv(n_cols, chunks))
         return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
-                            _warps(side * block_n, tuning.strided_elements_per_thread, record, tuning.max_warps))
+                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
     chunk = max(1, min(tuning.loop_chunk // side, width))
     return KernelConfig("loop", side, chunk, 1, _warps(side * chunk, tuning.elements_per_thread, record, tuning.max_warps))
 
