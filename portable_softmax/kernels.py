@@ -392,6 +392,19 @@ def _window_start(base, ALIGN: tl.constexpr):
 
 
 @_jit
+def _output_window(row, lead, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
+    """Where the output's window of a row starts (``row``: the row's first element): its own
+    aligned window, or with ``SHIFTED`` (its rows lie at another offset from 16-byte boundaries
+    than the inputs') ``lead`` columns before the row, so that the inputs' window columns
+    address it; its stores are then unaligned, one element each, and the loads stay vectors."""
+    if SHIFTED:
+        base = row - lead
+    else:
+        base = _window_start(row, ALIGN)
+    return base
+
+
+@_jit
 def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
     """Which columns of a chunk ([1, BLOCK_N]) to load and store as the block. With windows
     (``lead``: the row's first column in its window, int32 so that compares take one
@@ -671,7 +684,7 @@ def softmax_forward_split(
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
-    WAIT_ATOMIC: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
@@ -681,7 +694,7 @@ def softmax_forward_split(
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
-        y_base = _window_start(_row_starts(outer, rows, y_outer_stride, y_row_stride, False), ALIGN)
+        y_base = _output_window(_row_starts(outer, rows, y_outer_stride, y_row_stride, False), lead, ALIGN, SHIFTED)
         if STAGES > 1:
             # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
             # the load's would be carried.
@@ -727,7 +740,7 @@ def softmax_backward_split(
     dx_outer_stride, dx_row_stride, dx_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
-    WAIT_ATOMIC: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
@@ -738,7 +751,8 @@ def softmax_backward_split(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
         dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride, False), ALIGN)
-        dx_base = _window_start(_row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), ALIGN)
+        dx_base = _output_window(_row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), lead, ALIGN,
+                                 SHIFTED)
         y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
         cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,

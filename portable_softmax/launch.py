@@ -231,9 +231,14 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     dtype_name = "float64" if acc_fp64 else "float32"
     backward = direction == "backward"
     input_bytes = sum(t.element_size() for t in tensors[:-1])
-    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic)
-    align = window_align(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
-                         [t.element_size() for t in tensors], all(t.data_ptr() % 16 == 0 for t in tensors))
+    window = (view.n_outer, view.rows_per_outer, view.n_cols, view.strides, [t.element_size() for t in tensors],
+              all(t.data_ptr() % 16 == 0 for t in tensors))
+    align = window_align(*window)
+    # Inputs that share windows but an output that does not (rows sliced from a padded
+    # vocabulary, written contiguous): windows follow the inputs.
+    shifted = align == 1 and window_align(*window, shifted_output=True) > 1
+    align = window_align(*window, shifted_output=shifted)
+    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted)
     cooperative = record.cooperative_launch
     # Rows of 2**31 elements or more stream through the loop regime, whose column offsets come
     # from a 64-bit loop counter (Triton passes such a length as i64); the split kernels count

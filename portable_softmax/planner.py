@@ -107,7 +107,7 @@ ResourceSource = Union[KernelResources, Callable[[KernelConfig], KernelResources
 
 
 def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequence[tuple[int, int, int]],
-                 element_sizes: Sequence[int], pointers_aligned: bool) -> int:
+                 element_sizes: Sequence[int], pointers_aligned: bool, shifted_output: bool = False) -> int:
     """The ``ALIGN`` constexpr of the tile and split kernels: the elements in 16 bytes if rows
     should be read through aligned windows (``kernels.py``), else 1.
 
@@ -117,7 +117,9 @@ def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequen
     third of their bandwidth, and as much to rows sliced from a padded vocabulary
     ((4096, 50304)[:, :50257]), which start aligned. A window needs contiguous columns and
     aligned pointers, and every tensor's rows must start equally far past an aligned element, so
-    that one window fits all. ``strides`` are (outer, row, column) per tensor, in elements.
+    that one window fits all, or with ``shifted_output`` all but the last (the output, then
+    written unaligned at the inputs' window columns). ``strides`` are (outer, row, column) per
+    tensor, in elements.
     """
     align = VECTOR_BYTES // min(element_sizes)
     if not pointers_aligned or n_cols <= align or any(col != 1 for _, _, col in strides):
@@ -125,7 +127,8 @@ def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequen
     used = [i for i, count in enumerate((n_outer, rows_per_outer)) if count > 1]
     if n_cols % align == 0 and all(triple[i] % TRITON_DIVISIBILITY == 0 for triple in strides for i in used):
         return 1
-    if any(triple[i] % align != strides[0][i] % align for triple in strides for i in used):
+    windowed = strides[:-1] if shifted_output else strides
+    if any(triple[i] % align != strides[0][i] % align for triple in windowed for i in used):
         return 1
     return align
 

@@ -55,6 +55,10 @@ class CallFacts:
     acc_fp64: bool = False
     # The split wait's read (``Tuning.split_wait_atomic``).
     wait_atomic: bool = True
+    # The output's rows lie at another offset from 16-byte boundaries than the inputs' (rows
+    # sliced from a padded vocabulary, written contiguous): windows follow the inputs
+    # (``planner.window_align``) and the output is written unaligned at their columns.
+    shifted: bool = False
 
 
 def kernel_name(direction: str, regime: str) -> str:
@@ -68,7 +72,8 @@ def constexprs(config: Config, facts: CallFacts) -> dict[str, Any]:
     values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": facts.log}
     if config.regime == "split":
         values.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                      TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=facts.wait_atomic)
+                      TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=facts.wait_atomic,
+                      SHIFTED=facts.shifted and config.align > 1)
     else:
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":

@@ -84,3 +84,35 @@ def test_strided_plans_on_recorded_chips(profile):
                            input_bytes=element * (2 if backward else 1))
         assert plan.block_m * element >= 32, plan
         assert plan.regime == ("split" if record.residency_guaranteed else "loop"), plan
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_sliced_rows_with_a_contiguous_output(device, log):
+    """Rows sliced from a padded vocabulary start on 16-byte boundaries; the contiguous output's
+    rows do not. On GPUs their windows follow the input (the output is written unaligned), in
+    both directions."""
+    padded = torch.randn(3, 50304, device=device, dtype=torch.bfloat16) * 4
+    x = padded[:, :50257]
+    y = torch.full((3, 50257), float("nan"), device=device, dtype=torch.bfloat16)
+    view = ops.row_view((3, 50257), 1, x, y)
+    launch.run_forward(x, y, view, log)
+    function = torch.log_softmax if log else torch.softmax
+    reference = function(x.double(), -1)
+    assert relative_error(y, reference) <= tolerance(torch.bfloat16, relative_error(function(x, -1), reference), device)
+    dy_padded = torch.randn(3, 50304, device=device, dtype=torch.bfloat16)
+    y_sliced = torch.empty_like(padded)[:, :50257].copy_(y)
+    dy = dy_padded[:, :50257]
+    dx = torch.full((3, 50257), float("nan"), device=device, dtype=torch.bfloat16)
+    launch.run_backward(y_sliced, dy, dx, ops.row_view((3, 50257), 1, y_sliced, dy, dx), log)
+    backward = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+    expected = backward(dy.double(), y_sliced.double(), 1, torch.float64)
+    assert relative_error(dx, expected) < 2e-2
+
+
+def test_windows_follow_the_inputs_where_only_the_output_is_shifted():
+    from portable_softmax.planner import window_align
+
+    sliced, contiguous = (0, 50304, 1), (0, 50257, 1)
+    assert window_align(1, 4, 50257, [sliced, contiguous], [2, 2], True) == 1
+    assert window_align(1, 4, 50257, [sliced, contiguous], [2, 2], True, shifted_output=True) == 8
+    assert window_align(1, 4, 50257, [contiguous, sliced, contiguous], [2, 2, 2], True, shifted_output=True) == 1
