@@ -193,6 +193,34 @@ def softmax_forward_tile(
 
 
 @_jit
+def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols, CAST_TY: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr):
+    """One streamed pass over rows (chunks of ``BLOCK_N`` columns): each row's maximum, the
+    reference its exponentials are taken against (the maximum, or 0 for a row of -inf only), and
+    their sum."""
+    if ACC_FP64:
+        row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
+        total = tl.zeros([BLOCK_M], tl.float64)
+        ref = tl.zeros([BLOCK_M], tl.float64)
+    else:
+        row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        ref = tl.zeros([BLOCK_M], tl.float32)
+    for start in tl.range(0, n_cols, BLOCK_N):
+        cols = start + chunk_cols
+        mask = row_mask[:, None] & (cols < n_cols)[None, :]
+        x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), CAST_TY, ACC_FP64, "")
+        new_max = tl.maximum(row_max, tl.max(x, 1))
+        new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
+        # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
+        # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
+        total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
+        row_max = new_max
+        ref = new_ref
+    return row_max, ref, total
+
+
+@_jit
 def softmax_forward_loop(
     x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
@@ -203,27 +231,8 @@ def softmax_forward_loop(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-        if ACC_FP64:
-            row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
-            total = tl.zeros([BLOCK_M], tl.float64)
-            ref = tl.zeros([BLOCK_M], tl.float64)
-        else:
-            row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
-            total = tl.zeros([BLOCK_M], tl.float32)
-            ref = tl.zeros([BLOCK_M], tl.float32)
-        # Online pass: keep the running maximum and the sum of exponentials relative to it.
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
-            mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64, "")
-            new_max = tl.maximum(row_max, tl.max(x, 1))
-            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
-            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
-            # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
-            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
-            row_max = new_max
-            ref = new_ref
+        _, ref, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols,
+                                      y_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64)
         scale = 1.0 / total
         shift = -tl.log(total)
         for start in tl.range(0, n_cols, BLOCK_N):
@@ -301,6 +310,23 @@ def softmax_backward_tile(
 
 
 @_jit
+def _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, n_cols, y_col_stride, dy_col_stride, chunk_cols,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """One streamed pass over rows: the row sums of ``_grad_terms``."""
+    if ACC_FP64:
+        row_sum = tl.zeros([BLOCK_M], tl.float64)
+    else:
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+    for start in tl.range(0, n_cols, BLOCK_N):
+        cols = (start + chunk_cols)[None, :]
+        mask = row_mask[:, None] & (cols < n_cols)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "")
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
+        row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
+    return row_sum
+
+
+@_jit
 def softmax_backward_loop(
     y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
@@ -313,16 +339,8 @@ def softmax_backward_loop(
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
         dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, False)
-        if ACC_FP64:
-            row_sum = tl.zeros([BLOCK_M], tl.float64)
-        else:
-            row_sum = tl.zeros([BLOCK_M], tl.float32)
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = (start + chunk_cols)[None, :]
-            mask = row_mask[:, None] & (cols < n_cols)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
-            row_sum += tl.sum(_grad_terms(y, dy, LOG), 1)
+        row_sum = _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, n_cols, y_col_stride, dy_col_stride,
+                             chunk_cols, BLOCK_M, BLOCK_N, LOG, ACC_FP64)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = (start + chunk_cols)[None, :]
             mask = row_mask[:, None] & (cols < n_cols)
@@ -772,3 +790,112 @@ def softmax_backward_split(
             _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
+
+
+# --------------------------------------------------------------------------------------------
+# Rows sharded across ranks (``distributed.py``): each rank holds a slice of every row. The
+# forward writes its slice's partials (maximum, sum of exponentials) in one read; a collective
+# gathers every rank's; a second pass combines them and writes the output. The backward writes
+# the slice's partial sums, which a collective adds, then writes dx. Rows are streamed in chunks
+# (long vocabulary slices) or held in tiles of several rows, as the loop kernels stream them.
+# Partials are float32 (float64 where the call accumulates in float64): ``stats_ptr`` rows of
+# two (maximum, sum) forward, of one (sum) backward, by the row's index in the view.
+# --------------------------------------------------------------------------------------------
+
+
+@_jit
+def _stat_rows(outer, rows, rows_per_outer):
+    """The index of each row of a tile among all rows of the view: its partials' row."""
+    return outer * rows_per_outer + rows
+
+
+@_jit
+def softmax_forward_partials(
+    x_ptr, stats_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        # x in its own dtype: ``distributed`` casts first where ``dtype=`` asks for another.
+        row_max, _, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols,
+                                          x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64)
+        where = stats_ptr + _stat_rows(outer, rows, rows_per_outer) * 2
+        tl.store(where, row_max, mask=row_mask)
+        tl.store(where + 1, total, mask=row_mask)
+
+
+@_jit
+def softmax_forward_normalize(
+    x_ptr, stats_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols, n_ranks,
+    x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    RANKS_P2: tl.constexpr,
+):
+    # stats_ptr: every rank's partials, [n_ranks, rows, 2] (one all-gather).
+    chunk_cols = tl.arange(0, BLOCK_N)
+    ranks = tl.arange(0, RANKS_P2)
+    all_rows = n_tiles // tiles_per_outer * rows_per_outer
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
+        where = (ranks[None, :].to(tl.int64) * all_rows + _stat_rows(outer, rows, rows_per_outer)[:, None]) * 2
+        present = row_mask[:, None] & (ranks < n_ranks)[None, :]
+        peer_max = tl.load(stats_ptr + where, mask=present, other=-float("inf"))
+        peer_sum = tl.load(stats_ptr + where + 1, mask=present, other=0.0)
+        row_max = tl.max(peer_max, 1)
+        # A rank whose slice of a row is -inf only adds 0 * exp(-inf) = 0; a row of -inf only
+        # gives -inf - -inf = NaN, as torch does.
+        total = tl.sum(peer_sum * tl.exp2((peer_max - row_max[:, None]) * LOG2E), 1)
+        ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+        scale = 1.0 / total
+        shift = -tl.log(total)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
+                      ACC_FP64, "")
+            z = x - ref[:, None]
+            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask,
+                   _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
+
+
+@_jit
+def softmax_backward_partials(
+    y_ptr, dy_ptr, stats_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
+        row_sum = _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, n_cols, y_col_stride, dy_col_stride,
+                             chunk_cols, BLOCK_M, BLOCK_N, LOG, ACC_FP64)
+        tl.store(stats_ptr + _stat_rows(outer, rows, rows_per_outer), row_sum, mask=row_mask)
+
+
+@_jit
+def softmax_backward_normalize(
+    y_ptr, dy_ptr, stats_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
+    dx_outer_stride, dx_row_stride, dx_col_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+):
+    # stats_ptr: the rows' sums over every rank (one all-reduce).
+    chunk_cols = tl.arange(0, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
+        dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
+        dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, False)
+        row_sum = tl.load(stats_ptr + _stat_rows(outer, rows, rows_per_outer), mask=row_mask, other=0.0)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = (start + chunk_cols)[None, :]
+            mask = row_mask[:, None] & (cols < n_cols)
+            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
+                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "")

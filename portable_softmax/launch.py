@@ -27,7 +27,8 @@ from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
-from portable_softmax.planner import KernelConfig, LaunchPlan, plan_launch, split_fit, tile_fit, window_align
+from portable_softmax.planner import (KernelConfig, LaunchPlan, plan_launch, plan_sharded, split_fit, tile_fit,
+                                      window_align)
 from portable_softmax.targets import target_for
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import TUNING
@@ -365,3 +366,43 @@ def run_forward(x: torch.Tensor, y: torch.Tensor, view: RowView, log: bool) -> L
 def run_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, view: RowView, log: bool) -> LaunchPlan:
     """dx from the saved output y and the gradient dy; strides in view order y, dy, dx."""
     return _launch("backward", (y, dy, dx), view, log, torch.float64 in (y.dtype, dy.dtype, dx.dtype))
+
+
+# Launches of the sharded-row kernels (``variants.SHARDED_PHASES``) by signature: the plan, the
+# kernel and its arguments after the tensors.
+_sharded: dict[tuple, tuple[Any, Backend, LaunchPlan, tuple, dict, dict]] = {}
+TUNING.on_change(_sharded.clear)
+
+
+def run_sharded(phase: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
+                ranks: int) -> LaunchPlan:
+    """Launch the ``phase`` kernel of rows sharded across ``ranks`` ranks (``distributed.py``):
+    ``tensors`` in ``variants.SHARDED_TENSORS[phase]``'s order, ``view`` over the row tensors."""
+    device = tensors[0].device
+    key = (phase, log, acc_fp64, view, ranks, device, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
+    found = _sharded.get(key)
+    if found is None:
+        backend = backend_for(device)
+        record = device_record(device)
+        names = variants.SHARDED_TENSORS[phase]
+        rows = [t for t, name in zip(tensors, names) if name != "stats"]
+        backward = phase.startswith("backward")
+        inputs = rows[:2] if backward else rows[:1]
+        plan = plan_sharded(target_for(record), view.n_rows, view.n_cols, "float64" if acc_fp64 else "float32",
+                            backward=backward, rows_per_group=view.rows_per_outer,
+                            input_bytes=sum(t.element_size() for t in inputs), strided=view.strided)
+        kernel = getattr(_kernel_module(backend), variants.sharded_kernel_name(phase))
+        scalars = variants.sharded_scalar_arguments(phase, plan.config, view.n_outer, view.rows_per_outer,
+                                                    view.n_cols, view.strides, ranks)
+        constexprs = variants.sharded_constexprs(phase, plan.config, log, acc_fp64, ranks)
+        options = {"num_warps": plan.num_warps, "num_stages": 1}
+        if len(_sharded) >= _RECORDS_LIMIT:
+            _sharded.clear()
+        found = _sharded[key] = (kernel, backend, plan, scalars, constexprs, options)
+    kernel, backend, plan, scalars, constexprs, options = found
+    if backend.interpreted:
+        _run(kernel, backend, plan, (*tensors, *scalars), constexprs, options)
+    else:
+        with language_unpatched():
+            _run(kernel, backend, plan, (*tensors, *scalars), constexprs, options)
+    return plan

@@ -378,7 +378,20 @@ def use_custom_op(call: Callable[[torch.Tensor, int, torch.dtype, bool], torch.T
     _custom_op_call = call
 
 
+# DTensor's class and the call that takes DTensors (``distributed`` registers them): a DTensor
+# sharded on the softmax dimension keeps its shards.
+_dtensor: Optional[tuple[type, Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]]] = None
+
+
+def use_dtensor(kind: type, call: Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]) -> None:
+    """Route calls on tensors of type ``kind`` (DTensor) to ``call(x, dim, dtype, log)``."""
+    global _dtensor
+    _dtensor = (kind, call)
+
+
 def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, name: str) -> torch.Tensor:
+    if type(x) is not torch.Tensor and _dtensor is not None and isinstance(x, _dtensor[0]):
+        return _dtensor[1](x, dim, dtype, log)
     if _custom_op_call is not None and _compiling():
         dim, out_dtype = _validate(x, dim, dtype, name)
         return _custom_op_call(x, dim, out_dtype, log)

@@ -536,3 +536,33 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
                       config.ticketed, config.reread, config.per_tile, config.dense)
+
+
+def plan_sharded(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
+                 rows_per_group: Optional[int] = None, input_bytes: Optional[int] = None,
+                 strided: bool = False) -> LaunchPlan:
+    """Plan the streamed kernels of rows sharded across ranks (``kernels.softmax_forward_partials``
+    and the others): the loop regime's chunks for long slices, tiles of several rows for short
+    ones, tiles of ``Tuning.strided_rows`` adjacent rows for ``strided`` ones; a grid as the loop
+    regime's. No program waits on another, so every backend takes them."""
+    record = target.record
+    tuning = target.tuning
+    rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    if input_bytes is None:
+        input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
+    width = next_power_of_2(max(n_cols, 1))
+    inputs = 2 if backward else 1
+    if strided:
+        block_m = min(next_power_of_2(rows_per_group),
+                      tuning.strided_rows.get(input_bytes // inputs, VECTOR_BYTES * 2 // max(1, input_bytes // inputs)))
+        block_n = max(1, min(tuning.loop_chunk // block_m, width))
+    elif width <= tuning.tile_elements:
+        block_m, block_n = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group))), width
+    else:
+        block_m, block_n = 1, min(tuning.loop_chunk, width)
+    config = KernelConfig("loop", block_m, block_n, 1,
+                          _warps(block_m * block_n, tuning.elements_per_thread, record, tuning.max_warps))
+    plan = _size(target, config, estimate_resources(record, config, backward, input_bytes), n_rows, rows_per_group,
+                 None, backward)
+    assert plan is not None  # the loop regime always has a grid
+    return dataclasses.replace(plan, reason=f"sharded rows, {plan.reason}")

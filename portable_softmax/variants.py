@@ -113,3 +113,51 @@ def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]
     if config.regime == "split" and not config.ticketed and cooperative:
         values["launch_cooperative_grid"] = True
     return values
+
+
+# Rows sharded across ranks (``distributed.py``): the kernels of each phase, their tensors in
+# argument order (``stats``: the partials, indexed by row; the others: row views with (outer,
+# row, column) strides), and a count after ``COUNTS`` (the ranks whose partials are combined).
+SHARDED_PHASES = ("forward_partials", "forward_normalize", "backward_partials", "backward_normalize")
+SHARDED_TENSORS = {
+    "forward_partials": ("x", "stats"),
+    "forward_normalize": ("x", "stats", "y"),
+    "backward_partials": ("y", "dy", "stats"),
+    "backward_normalize": ("y", "dy", "stats", "dx"),
+}
+SHARDED_COUNTS = {"forward_normalize": ("n_ranks",)}
+
+
+def sharded_kernel_name(phase: str) -> str:
+    if phase not in SHARDED_PHASES:
+        raise ValueError(f"no sharded kernel for {phase!r}")
+    return f"softmax_{phase}"
+
+
+def sharded_row_tensors(phase: str) -> tuple[str, ...]:
+    """The tensors of ``phase`` walked as row views (all but the partials)."""
+    return tuple(t for t in SHARDED_TENSORS[phase] if t != "stats")
+
+
+def sharded_parameter_names(phase: str) -> tuple[str, ...]:
+    names = [f"{t}_ptr" for t in SHARDED_TENSORS[phase]]
+    names += ["n_tiles", *COUNTS[1:], *SHARDED_COUNTS.get(phase, ())]
+    names += [f"{t}_{axis}_stride" for t in sharded_row_tensors(phase) for axis in ("outer", "row", "col")]
+    return tuple(names)
+
+
+def sharded_constexprs(phase: str, config: Config, log: bool, acc_fp64: bool, ranks: int) -> dict[str, Any]:
+    values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "ACC_FP64": acc_fp64}
+    if phase != "forward_partials":
+        values["LOG"] = log
+    if phase == "forward_normalize":
+        values["RANKS_P2"] = 1 << max(ranks - 1, 0).bit_length()
+    return values
+
+
+def sharded_scalar_arguments(phase: str, config: Config, n_outer: int, rows_per_outer: int, n_cols: int,
+                             strides: Sequence[tuple[int, int, int]], ranks: int) -> tuple[int, ...]:
+    """The integer arguments after the tensors: counts, ranks where combined, each row view's strides."""
+    per_outer, total = tiles(config, n_outer, rows_per_outer)
+    extra = (ranks,) if phase in SHARDED_COUNTS else ()
+    return (total, per_outer, rows_per_outer, n_cols, *extra, *(s for triple in strides for s in triple))

@@ -46,3 +46,16 @@ def test_options_ask_cooperation_only_for_persistent_split_grids():
 def test_unknown_variants_are_refused():
     with pytest.raises(ValueError):
         variants.kernel_name("sideways", "tile")
+
+
+@pytest.mark.parametrize("phase", variants.SHARDED_PHASES)
+def test_the_sharded_table_matches_the_kernel_source(phase):
+    kernel = getattr(kernels, variants.sharded_kernel_name(phase))
+    declared = [p.name for p in kernel.params if not p.is_constexpr]
+    constexprs = [p.name for p in kernel.params if p.is_constexpr]
+    assert list(variants.sharded_parameter_names(phase)) == declared
+    assert sorted(variants.sharded_constexprs(phase, _config("loop"), True, False, 3)) == sorted(constexprs)
+    strides = [(0, 7, 1)] * len(variants.sharded_row_tensors(phase))
+    scalars = variants.sharded_scalar_arguments(phase, _config("loop"), 1, 10, 1000, strides, 3)
+    assert len(scalars) + len(variants.SHARDED_TENSORS[phase]) == len(declared)
+    assert variants.sharded_constexprs("forward_normalize", _config("loop"), False, False, 3)["RANKS_P2"] == 4

@@ -1,0 +1,130 @@
+"""Softmax over a dimension sharded across ranks (``portable_softmax.distributed``) and DTensor
+inputs, on CPU processes talking gloo over loopback: 2 and 3 ranks, uneven slices, both
+functions, forward and backward, float32 and bfloat16. Each rank checks its slice against
+torch's result for the whole tensor in float64; an error on any rank fails the test."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from portable_softmax.selfcheck import relative_error, tolerance
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="no gloo here")
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(world: int, check, *args) -> None:
+    """``check(rank, world, *args)`` on ``world`` forked processes joined in a gloo group; a
+    failure on any rank is raised here."""
+    port = _free_port()
+    mp.start_processes(_rank_main, args=(world, port, check, args), nprocs=world, start_method="fork")
+
+
+def _rank_main(rank: int, world: int, port: int, check, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        check(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _slices(length: int, world: int) -> list[int]:
+    """Uneven slices: 5, 7, ... and the rest on the last rank (1 of 13 for 3 ranks)."""
+    sizes = [5 + 2 * i for i in range(world - 1)]
+    return sizes + [length - sum(sizes)]
+
+
+def _check_sharded(rank: int, world: int, shape: tuple[int, ...], dim: int, dtype: torch.dtype, log: bool) -> None:
+    from portable_softmax import distributed
+
+    torch.manual_seed(1234)  # the same full tensor on every rank
+    x = (torch.randn(shape) * 3).to(dtype)
+    dy = torch.randn(shape).to(dtype)
+    sizes = _slices(shape[dim], world)
+    local = x.split(sizes, dim)[rank].clone().requires_grad_()
+    y = (distributed.log_softmax if log else distributed.softmax)(local, dim)
+    full = x.double().requires_grad_()
+    reference = (torch.log_softmax if log else torch.softmax)(full, dim)
+    (reference_dx,) = torch.autograd.grad(reference, full, dy.double())
+    # torch's own error in this dtype, on the whole tensor, sets the bound (selfcheck.tolerance).
+    own = x.clone().requires_grad_()
+    theirs = (torch.log_softmax if log else torch.softmax)(own, dim)
+    (their_dx,) = torch.autograd.grad(theirs, own, dy)
+    expected = reference.split(sizes, dim)[rank]
+    assert y.dtype == dtype and y.shape == local.shape
+    bound = tolerance(dtype, relative_error(theirs.split(sizes, dim)[rank], expected))
+    assert relative_error(y, expected) <= bound, f"rank {rank}: forward"
+    # The slice alone would give another result: the ranks' partials were combined.
+    alone = (torch.log_softmax if log else torch.softmax)(local.detach().double(), dim)
+    assert relative_error(alone, expected) > 2 * bound
+    (dx,) = torch.autograd.grad(y, local, dy.split(sizes, dim)[rank])
+    expected_dx = reference_dx.split(sizes, dim)[rank]
+    bound = tolerance(dtype, relative_error(their_dx.split(sizes, dim)[rank], expected_dx))
+    assert relative_error(dx, expected_dx) <= bound, f"rank {rank}: backward"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_sharded_rows_match_torch(world, dtype, log):
+    _run(world, _check_sharded, (6, 13), -1, dtype, log)
+
+
+def test_a_sharded_middle_dimension():
+    _run(2, _check_sharded, (3, 17, 4), 1, torch.float32, False)
+
+
+def _check_empty_slice(rank: int, world: int) -> None:
+    """A rank whose slice is empty still takes part; the others' results are the whole softmax."""
+    from portable_softmax import distributed
+
+    torch.manual_seed(7)
+    x = torch.randn(4, 9)
+    sizes = [9, 0]
+    local = x.split(sizes, -1)[rank]
+    y = distributed.softmax(local, -1)
+    assert relative_error(y, torch.softmax(x.double(), -1).split(sizes, -1)[rank]) < 1e-5 if local.numel() else \
+        y.shape == (4, 0)
+
+
+def test_an_empty_slice():
+    _run(2, _check_empty_slice)
+
+
+def _check_dtensor(rank: int, world: int, placement: str) -> None:
+    import portable_softmax as ps
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(99)
+    x = torch.randn(8, 12) * 3
+    placements = {"softmax_dim": [Shard(1)], "other_dim": [Shard(0)], "replicated": [Replicate()]}[placement]
+    weights = torch.randn(8, 12)
+    dt = distribute_tensor(x, mesh, placements).requires_grad_()
+    local_weights = distribute_tensor(weights, mesh, placements).to_local()
+    for log in (False, True):
+        y = (ps.log_softmax if log else ps.softmax)(dt, -1)
+        assert isinstance(y, DTensor) and tuple(y.placements) == tuple(placements) and y.shape == x.shape
+        full = x.double().requires_grad_()
+        reference = (torch.log_softmax if log else torch.softmax)(full, -1)
+        assert relative_error(y.full_tensor(), reference) < 1e-5, f"rank {rank}: {placement}"
+        # Each rank's loss weighs its shard: together (or, replicated, each) they weigh the whole.
+        (dx,) = torch.autograd.grad((y.to_local() * local_weights).sum(), dt)
+        (expected,) = torch.autograd.grad(reference, full, weights.double())
+        assert relative_error(dx.full_tensor(), expected) < 1e-5, f"rank {rank}: {placement} backward"
+
+
+@pytest.mark.parametrize("placement", ["softmax_dim", "other_dim", "replicated"])
+def test_dtensors_keep_their_placements(placement):
+    _run(2, _check_dtensor, placement)
