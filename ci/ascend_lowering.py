@@ -3,7 +3,8 @@
 Run it with the Python of a venv that has triton-ascend (``bash ci/ascend_lowering.sh`` makes one):
 triton-ascend installs as the ``triton`` module, so it cannot share an environment with upstream
 Triton. For every kernel the Ascend launch plans use (``*_tile`` and ``*_loop``: the planner never
-picks ``split`` on Ascend, which cannot promise residency), for softmax and log-softmax, fp32, bf16
+picks ``split`` on Ascend, which cannot promise residency; and the kernels of rows sharded across
+ranks, ``distributed.py``), for softmax and log-softmax, fp32, bf16
 and fp16, and the block shapes the npu tuning table yields, it builds the same ASTSource a launch
 would and runs triton-ascend's own stages (``AscendBackend.add_stages`` for
 ``GPUTarget('npu', 'Ascend910B3', 0)``) in order, stopping before the first stage that needs CANN
@@ -50,6 +51,33 @@ PLANS = {
 }
 
 
+# Rows sharded across ranks (``portable_softmax.distributed``): a long slice streamed in chunks, and
+# short ones in tiles of rows (the loop regime's shapes), every phase.
+SHARDED_PLANS = [(1, 8192), (8, 1024)]
+
+
+def lowering_jobs():
+    """(kernel name, its key in the variant table, a label, the constexprs) of every lowering."""
+    for (direction, regime), shapes in PLANS.items():
+        # Tile grids loop over tiles, or (as many tiles as vector cores or fewer) give each a program.
+        per_tile_forms = (False, True) if regime == "tile" else (None,)
+        for (block_m, block_n), per_tile in itertools.product(shapes, per_tile_forms):
+            for log in (False, True):
+                # Ascend's tuning never rereads, and only twice-read tiles are dense.
+                config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, chunks=1,
+                                               chunks_p2=1, num_stages=1, align=1, ticketed=False, reread=False,
+                                               per_tile=bool(per_tile), dense=False)
+                form = "" if per_tile is None else f" PER_TILE={int(per_tile)}"
+                yield (variants.kernel_name(direction, regime), (direction, regime),
+                       f"M={block_m} N={block_n} LOG={int(log)}{form}", variants.constexprs(config, variants.CallFacts(log)))
+    for phase in variants.SHARDED_PHASES:
+        for block_m, block_n in SHARDED_PLANS:
+            for log in (False,) if phase == "forward_partials" else (False, True):
+                config = types.SimpleNamespace(block_m=block_m, block_n=block_n)
+                yield (variants.sharded_kernel_name(phase), phase, f"M={block_m} N={block_n} LOG={int(log)}",
+                       variants.sharded_constexprs(phase, config, log, False, 2))
+
+
 def load_module(name, path):
     """One file of the package alone: the package's __init__ imports torch, which this venv need
     not have. kernels.py and variants.py (the table of kernel variants) import neither."""
@@ -63,12 +91,21 @@ def load_module(name, path):
 variants = load_module("portable_softmax_variants", VARIANTS_PY)
 
 
-def source_for(fn, direction, regime, dtype, constexprs):
+def kernel_parameters(kernel):
+    """The variant table's tensors (name -> element type, None for the data's) and parameter
+    names of ``kernel``: (direction, regime), or a phase of sharded rows (partials in fp32)."""
+    if isinstance(kernel, str):
+        tensors = {f"{t}_ptr": ("fp32" if t == "stats" else None) for t in variants.SHARDED_TENSORS[kernel]}
+        return tensors, variants.sharded_parameter_names(kernel)
+    direction, regime = kernel
+    return {f"{t}_ptr": None for t in variants.TENSORS[direction]}, variants.parameter_names(direction, regime)
+
+
+def source_for(fn, kernel, dtype, constexprs):
     """The ASTSource a launch builds (Triton 3.2 API), from the variant table's parameter list:
     tensors as pointers to ``dtype``, 16-byte aligned as torch allocates them; the counts and
     strides as i32 (the sizes lowered here); the constexprs as "constexpr"."""
-    tensors = {f"{t}_ptr" for t in variants.TENSORS[direction]}
-    names = variants.parameter_names(direction, regime)
+    tensors, names = kernel_parameters(kernel)
     declared = [p.name for p in fn.params if not p.is_constexpr]
     if list(names) != declared:
         raise RuntimeError(f"{fn.__name__}: kernels.py declares {declared}, the variant table {list(names)}")
@@ -77,7 +114,7 @@ def source_for(fn, direction, regime, dtype, constexprs):
         if param.is_constexpr:
             signature[param.name] = "constexpr"
         elif param.name in tensors:
-            signature[param.name] = "*" + dtype
+            signature[param.name] = "*" + (tensors[param.name] or dtype)
             hints[i] = 16
         else:
             signature[param.name] = "i32"
@@ -87,9 +124,9 @@ def source_for(fn, direction, regime, dtype, constexprs):
     return ASTSource(fn, signature, constants=constants, attrs=AttrsDescriptor.from_hints(hints))
 
 
-def lower(backend, fn, direction, regime, dtype, constexprs, options, out_dir):
+def lower(backend, fn, kernel, dtype, constexprs, options, out_dir):
     """Run the backend's stages up to (not including) the first CANN stage, as triton.compile does."""
-    src = source_for(fn, direction, regime, dtype, constexprs)
+    src = source_for(fn, kernel, dtype, constexprs)
     opts = backend.parse_options(dict(options))
     stages = {}
     backend.add_stages(stages, opts)
@@ -139,36 +176,23 @@ def main(argv=None):
     rows, failures = [], 0
     started = time.perf_counter()
     all_stages = None
-    for (direction, regime), shapes in PLANS.items():
-        name = variants.kernel_name(direction, regime)
+    for name, kernel, label, constexprs in lowering_jobs():
         fn = getattr(kernels, name)
-        # Tile grids loop over tiles, or (as many tiles as vector cores or fewer) give each a program.
-        per_tile_forms = (False, True) if regime == "tile" else (None,)
-        for (block_m, block_n), per_tile in itertools.product(shapes, per_tile_forms):
-            for log in (False, True):
-                for dtype in DTYPES:
-                    # Ascend's tuning never rereads, and only twice-read tiles are dense.
-                    config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, chunks=1,
-                                                   chunks_p2=1, num_stages=1, align=1, ticketed=False, reread=False,
-                                                   per_tile=bool(per_tile), dense=False)
-                    constexprs = variants.constexprs(config, variants.CallFacts(log))
-                    t0 = time.perf_counter()
-                    try:
-                        reached, sizes, linalg, all_stages = lower(backend, fn, direction, regime, dtype, constexprs,
-                                                                   options, out_dir)
-                        ok = "ttadapter" in reached
-                        status = "ok" if ok else f"FAIL: stopped after {reached}"
-                        mix = ""
-                        if ok:  # aiv: vector cores only (no cube/matmul part), as a softmax should be
-                            found = re.search(r'mix_mode\s*=\s*"([^"]+)"', linalg)
-                            mix = found.group(1) if found else "?"
-                    except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
-                        ok, reached, sizes, mix, status = False, [], {}, "", f"FAIL: {e}"
-                    failures += not ok
-                    form = "" if per_tile is None else f" PER_TILE={int(per_tile)}"
-                    rows.append((name, dtype, f"M={block_m} N={block_n} LOG={int(log)}{form}",
-                                 "->".join(reached) or "-", sizes.get("ttadapter", 0), mix,
-                                 round((time.perf_counter() - t0) * 1000), status))
+        for dtype in DTYPES:
+            t0 = time.perf_counter()
+            try:
+                reached, sizes, linalg, all_stages = lower(backend, fn, kernel, dtype, constexprs, options, out_dir)
+                ok = "ttadapter" in reached
+                status = "ok" if ok else f"FAIL: stopped after {reached}"
+                mix = ""
+                if ok:  # aiv: vector cores only (no cube/matmul part), as a softmax should be
+                    found = re.search(r'mix_mode\s*=\s*"([^"]+)"', linalg)
+                    mix = found.group(1) if found else "?"
+            except Exception as e:  # noqa: BLE001 - every failure is reported, then counted
+                ok, reached, sizes, mix, status = False, [], {}, "", f"FAIL: {e}"
+            failures += not ok
+            rows.append((name, dtype, label, "->".join(reached) or "-", sizes.get("ttadapter", 0), mix,
+                         round((time.perf_counter() - t0) * 1000), status))
 
     header = ("kernel", "dtype", "constexprs", "stages", "linalg_bytes", "mode", "ms", "status")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]

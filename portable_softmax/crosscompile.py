@@ -42,9 +42,9 @@ from portable_softmax.amdgcn import amdgcn_resources, kernel_resources
 from portable_softmax import variants
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
-from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align,
+from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
                                       input_bytes_per_column, next_power_of_2)
-from portable_softmax.targets import dense_form, plan_launch, select_config
+from portable_softmax.targets import dense_form, plan_launch, select_config, target_for
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -54,6 +54,11 @@ DEFAULT_SHAPES = ((32768, 256), (32768, 4096), (16384, 16384), (4096, 50257), (4
 # Reductions along a strided dimension, as rows (side by side in memory) x their length: a
 # column softmax of a (32768, 1024) tensor.
 DEFAULT_STRIDED_SHAPES = ((1024, 32768),)
+# Rows sharded across ranks (``distributed.py``): rows x the local slice's length (a vocabulary of
+# 151936 over 2 ranks).
+DEFAULT_SHARDED_SHAPES = ((8192, 75968),)
+# The ranks whose partials the sharded kernels combine, as compiled here.
+SHARDED_RANKS = 2
 DEFAULT_DTYPES = ("bfloat16", "float32")
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -173,7 +178,8 @@ def target_record(target: Target) -> tuple[DeviceRecord, str, Optional[str]]:
 @dataclass(frozen=True)
 class Case:
     """One problem: a contiguous [rows, cols] tensor, softmax over the last dimension; or with
-    ``strided`` a contiguous [cols, rows] one, softmax over the first (rows side by side)."""
+    ``strided`` a contiguous [cols, rows] one, softmax over the first (rows side by side); with
+    ``sharded`` a rank's contiguous slice of rows sharded across ranks (``distributed.py``)."""
 
     rows: int
     cols: int
@@ -181,6 +187,7 @@ class Case:
     backward: bool
     log: bool
     strided: bool = False
+    sharded: bool = False
 
     @property
     def direction(self) -> str:
@@ -215,6 +222,8 @@ class Case:
     def label(self) -> str:
         function = "log_softmax" if self.log else "softmax"
         over = f"{self.cols}x{self.rows} over dim 0" if self.strided else f"{self.rows}x{self.cols}"
+        if self.sharded:
+            over = f"{over} sharded"
         return f"{over} {self.dtype} {self.direction} {function}"
 
 
@@ -227,6 +236,20 @@ def _int_type(value: int) -> str:
     if -2**63 <= value < 2**63:
         return "i64"
     return "u64"
+
+
+def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str, tuple, dict]:
+    """``launch_arguments`` for the ``phase`` kernel of rows sharded across ranks: the partials
+    are float32 (float64 with float64 data), indexed by row."""
+    pointer = POINTER_TYPES[case.dtype]
+    stats = POINTER_TYPES["float64" if case.dtype == "float64" else "float32"]
+    args: list[tuple[str, Any]] = [(stats if t == "stats" else pointer, True) for t in variants.SHARDED_TENSORS[phase]]
+    strides = [case.strides] * len(variants.sharded_row_tensors(phase))
+    for value in variants.sharded_scalar_arguments(phase, config, 1, case.rows, case.cols, strides, SHARDED_RANKS):
+        kind = _int_type(value)
+        args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
+    constexprs = variants.sharded_constexprs(phase, config, case.log, case.dtype == "float64", SHARDED_RANKS)
+    return variants.sharded_kernel_name(phase), tuple(args), constexprs
 
 
 def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True) -> tuple[str, tuple, dict]:
@@ -251,7 +274,12 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
     """``planned_configs``, and where the record rules the split path out (no residency: HIP
     until its wait loops are shown to read memory), the split configurations a record with
-    residency would plan: every split kernel is compiled and checked on every target."""
+    residency would plan: every split kernel is compiled and checked on every target. For
+    sharded rows, the planned configuration of each phase of the direction (the role names it)."""
+    if case.sharded:
+        plan = plan_sharded(target_for(record), case.rows, case.cols, case.plan_dtype, backward=case.backward,
+                            rows_per_group=case.rows, input_bytes=case.input_bytes)
+        return [(phase, plan.config) for phase in variants.SHARDED_PHASES if phase.startswith(case.direction)]
     found = planned_configs(record, case)
     if not record.residency_guaranteed:
         waiting = dataclasses.replace(record, residency_guaranteed=True)
@@ -296,9 +324,14 @@ def _options(target: Target, config: KernelConfig) -> dict[str, Any]:
     return variants.options(config, config.num_warps, compat.COOPERATIVE_LAUNCH)
 
 
-def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, case: Case) -> dict[str, Any]:
-    """Everything a worker needs to compile one variant (plain data: it crosses a process)."""
-    kernel, args, constexprs = launch_arguments(config, case, tuning_for(record).split_wait_atomic)
+def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, case: Case,
+                 role: str = "") -> dict[str, Any]:
+    """Everything a worker needs to compile one variant (plain data: it crosses a process); for
+    sharded rows ``role`` is the phase (``case_configs``)."""
+    if case.sharded:
+        kernel, args, constexprs = sharded_arguments(config, case, role)
+    else:
+        kernel, args, constexprs = launch_arguments(config, case, tuning_for(record).split_wait_atomic)
     return {
         "target": [target.backend, target.arch, target.warp_size],
         "kernel": kernel,
@@ -662,9 +695,11 @@ def compile_all(specs: Sequence[dict[str, Any]], *, jobs: int = 2, timeout: floa
 
 
 def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: Iterable[bool],
-              strided_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
-    forms = [(shape, False) for shape in shapes] + [(shape, True) for shape in strided_shapes]
-    return [Case(rows, cols, dtype, backward, log, strided) for (rows, cols), strided in forms for dtype in dtypes
+              strided_shapes: Iterable[tuple[int, int]] = (),
+              sharded_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
+    forms = ([(shape, {}) for shape in shapes] + [(shape, {"strided": True}) for shape in strided_shapes]
+             + [(shape, {"sharded": True}) for shape in sharded_shapes])
+    return [Case(rows, cols, dtype, backward, log, **form) for (rows, cols), form in forms for dtype in dtypes
             for log in logs for backward in (False, True)]
 
 
@@ -693,7 +728,7 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
             continue
         for case in cases:
             for role, config in case_configs(record, case):
-                spec = variant_spec(target, record, config, case)
+                spec = variant_spec(target, record, config, case, role)
                 key = _spec_key(spec)
                 if key not in index_of:
                     index_of[key] = len(specs)
@@ -792,7 +827,10 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                "direction": case.direction, "log": case.log, "role": role, "variant": variant["id"],
                "regime": config.regime, "block_m": config.block_m, "problems": []}
         compiled_for_case = by_case.get(case, {})
-        if config in compiled_for_case:
+        if case.sharded:
+            # Streamed like the loop regime: no program waits on another, so any grid is safe.
+            row["note"] = "sharded rows: streamed, no program waits on another"
+        elif config in compiled_for_case:
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
                                rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c],
@@ -957,6 +995,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows x length of a reduction along a strided dimension (a softmax over dim 0 "
                              "of a contiguous length x rows tensor); repeat for several (default: "
                              f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_STRIDED_SHAPES)}, unless --shape is given)")
+    parser.add_argument("--sharded-shape", type=_shape, action="append",
+                        help="rows x a rank's slice of rows sharded across ranks; repeat for several (default: "
+                             f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_SHARDED_SHAPES)}, unless --shape is given)")
     parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
                         help=f"repeat for several (default: {' '.join(DEFAULT_DTYPES)})")
     parser.add_argument("--log", action="store_true", help="also compile the log_softmax (LOG=True) variants")
@@ -971,7 +1012,8 @@ def run_command(args: argparse.Namespace) -> int:
     targets = args.target or [parse_target(t) for t in DEFAULT_TARGETS]
     logs = (False, True) if args.log else (False,)
     strided = args.strided_shape or (() if args.shape else DEFAULT_STRIDED_SHAPES)
-    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided)
+    sharded = args.sharded_shape or (() if args.shape else DEFAULT_SHARDED_SHAPES)
+    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided, sharded)
     show = getattr(args, "verbose", False) or sys.stderr.isatty()
     report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
                  progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)

@@ -822,9 +822,11 @@ def softmax_forward_partials(
         # x in its own dtype: ``distributed`` casts first where ``dtype=`` asks for another.
         row_max, _, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols,
                                           x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64)
-        where = stats_ptr + _stat_rows(outer, rows, rows_per_outer) * 2
-        tl.store(where, row_max, mask=row_mask)
-        tl.store(where + 1, total, mask=row_mask)
+        # One [BLOCK_M, 2] block (maximum, sum): a structured store, which triton-ascend's lowering
+        # takes where two stores two elements apart it does not.
+        pair = tl.arange(0, 2)[None, :]
+        where = stats_ptr + _stat_rows(outer, rows, rows_per_outer)[:, None] * 2 + pair
+        tl.store(where, tl.where(pair == 0, row_max[:, None], total[:, None]), mask=row_mask[:, None])
 
 
 @_jit

@@ -26,6 +26,8 @@ LONG_SPLIT_ROW = (4096, 393216)
 # A column softmax of a (32768, 1024) tensor: 1024 rows side by side, split into chunks of
 # tiles that span adjacent rows (BLOCK_M > 1).
 STRIDED_SPLIT = (1024, 32768)
+# A rank's slice of rows sharded across ranks (distributed.py): the four streamed kernels.
+SHARDED = (64, 75968)
 TARGETS = ("cuda:90", "hip:gfx942")
 
 
@@ -42,7 +44,7 @@ def report(missing):
     if not available:
         pytest.skip(f"no target's toolchain here: {missing}")
     cases = crosscompile.cases_for([SMALL_TILE, MANY_TILES, SPLIT_ROW, ODD_SPLIT_ROW, LONG_SPLIT_ROW], ["bfloat16"],
-                                   [False], [STRIDED_SPLIT])
+                                   [False], [STRIDED_SPLIT], [SHARDED])
     result = crosscompile.run([crosscompile.parse_target(t) for t in available], cases, jobs=2, timeout=300)
     return {t["target"]: t for t in result["targets"]}, result
 
@@ -60,6 +62,8 @@ def test_every_variant_compiles(report, target):
     assert not failed, f"{target['target']}: variants that did not compile: {failed}"
     kernels = {v["kernel"] for v in target["variants"]}
     expected = {f"softmax_{d}_{r}" for d in ("forward", "backward") for r in ("tile", "split", "loop")}
+    expected |= {f"softmax_{phase}" for phase in ("forward_partials", "forward_normalize", "backward_partials",
+                                                  "backward_normalize")}
     assert kernels == expected, (f"{target['target']}: the small set should exercise every kernel "
                                  f"(tile, split and its loop fallback, both directions); got {sorted(kernels)}")
     assert report[1]["ok"], crosscompile.format_report(report[1])
