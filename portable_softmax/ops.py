@@ -106,8 +106,11 @@ def _row_view(shape: tuple[int, ...], dim: int, strides: tuple[tuple[int, ...], 
     return RowView(n_outer, rows, n_cols, triples)
 
 
-def _empty_like(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty_like(t, dtype=dtype, memory_format=torch.preserve_format)
+def _output(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An output for ``t`` as torch lays its own out: softmax, log_softmax and their backward
+    return contiguous tensors whatever the input's strides (transposed, channels-last, sliced,
+    expanded: aten's meta functions ask for the contiguous format), so ``.view`` works on them."""
+    return torch.empty(t.shape, dtype=dtype, device=t.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,7 +131,7 @@ def _overrides() -> tuple:
 
 
 class _Call:
-    """One call signature's work: allocate the output as torch lays it out for the input, and
+    """One call signature's work: allocate the output as torch lays it out (``_output``), and
     launch through the record (``launch.LaunchRecord``)."""
 
     __slots__ = ("size", "stride", "dtype", "device", "record", "tensors")
@@ -200,7 +203,7 @@ def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: 
     name = "log_softmax" if log else "softmax"
     if x.device.type == "meta":
         _, out_dtype = _validate_meta(x, dim, dtype, name)
-        return lambda x: _empty_like(x, out_dtype)
+        return lambda x: _output(x, out_dtype)
     dim, out_dtype = _validate(x, dim, dtype, name)
     if autocast and dtype is None:
         out_dtype = _autocast_dtype(x, out_dtype, log)
@@ -209,15 +212,14 @@ def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: 
         return lambda x: _forward(x.to(out_dtype), dim, None, log)
     if x.dim() == 0:
         return lambda x: _forward(x.reshape(1), 0, out_dtype, log).reshape(())
-    template = _empty_like(x, out_dtype)
+    template = _output(x, out_dtype)
     if x.numel() == 0:
-        return lambda x: _empty_like(x, out_dtype)
+        return lambda x: _output(x, out_dtype)
     view = row_view(tuple(x.shape), dim, x, template)
     if view is None:
-        def moved(x: torch.Tensor) -> torch.Tensor:
-            inner = x.movedim(dim, -1).contiguous()
-            return _forward(inner, -1, out_dtype, log).movedim(-1, dim)
-        return moved
+        # Rows that no two strides walk in both x and the contiguous output (channels-last over
+        # H or W, three strided groups): a contiguous copy of x, which any dim walks in place.
+        return lambda x: _forward(x.contiguous(), dim, out_dtype, log)
     record = launch.build_record("forward", (x, template), view, log, out_dtype == torch.float64)
     return _Call(template, record).forward
 
@@ -254,16 +256,12 @@ def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torc
                    log: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     if y.dim() == 0:
         return lambda y, dy: _backward(y.reshape(1), dy.reshape(1), 0, grad_dtype, log).reshape(())
-    template = _empty_like(y, grad_dtype)
+    template = _output(y, grad_dtype)
     if y.numel() == 0:
-        return lambda y, dy: _empty_like(y, grad_dtype)
+        return lambda y, dy: _output(y, grad_dtype)
     view = row_view(tuple(y.shape), dim, y, dy, template)
     if view is None:
-        def moved(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-            y_moved = y.movedim(dim, -1).contiguous()
-            dy_moved = dy.movedim(dim, -1).contiguous()
-            return _backward(y_moved, dy_moved, y_moved.dim() - 1, grad_dtype, log).movedim(-1, dim)
-        return moved
+        return lambda y, dy: _backward(y.contiguous(), dy.contiguous(), dim, grad_dtype, log)
     acc_fp64 = torch.float64 in (y.dtype, dy.dtype, grad_dtype)
     record = launch.build_record("backward", (y, dy, template), view, log, acc_fp64)
     return _Call(template, record).backward

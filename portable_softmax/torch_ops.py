@@ -44,38 +44,24 @@ AVAILABLE = False
 """Whether the custom operators are registered (torch >= 2.4)."""
 
 
-def _fresh(result: torch.Tensor, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``result`` laid out as the fake implementations promise: ``empty_like(like, dtype)``.
-
-    The eager path returns that layout except where it had to make the input contiguous first (rows
-    not walkable with two strides); then its result is a permuted view, copied here. (``_base``
-    cannot tell: below autograd, where operator implementations run, views do not record it.)
-    """
-    out = torch.empty_like(like, dtype=dtype, memory_format=torch.preserve_format)
-    if out.stride() == result.stride():
-        return result
-    out.copy_(result)
-    return out
-
-
 def _forward_impl(x: torch.Tensor, dim: int, dtype: torch.dtype, log: bool, name: str) -> torch.Tensor:
     dim, out_dtype = ops._validate(x, dim, dtype, name)
-    return _fresh(ops._forward(x, dim, out_dtype, log), x, out_dtype)
+    return ops._forward(x, dim, out_dtype, log)
 
 
 def _forward_fake(x: torch.Tensor, dim: int, dtype: torch.dtype, name: str) -> torch.Tensor:
     _, out_dtype = ops._validate(x, dim, dtype, name)
-    return torch.empty_like(x, dtype=out_dtype, memory_format=torch.preserve_format)
+    return ops._output(x, out_dtype)
 
 
 def _backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, grad_dtype: torch.dtype) -> torch.Tensor:
     dim = _check_backward(y, dy, dim, grad_dtype)
-    return _fresh(ops._backward(y, dy, dim, grad_dtype, log), y, grad_dtype)
+    return ops._backward(y, dy, dim, grad_dtype, log)
 
 
 def _backward_fake(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, grad_dtype: torch.dtype) -> torch.Tensor:
     _check_backward(y, dy, dim, grad_dtype)
-    return torch.empty_like(y, dtype=grad_dtype, memory_format=torch.preserve_format)
+    return ops._output(y, grad_dtype)
 
 
 def _check_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype) -> int:
