@@ -195,6 +195,18 @@ def main(args: Any) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cases == "real":
+        from portable_softmax import bench_cases
+
+        if as_device(args.device).type == "cpu":
+            raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use `portable-softmax`)")
+        results = bench_cases.run(set(args.peers), args.device)
+        stem = f"real-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+        bench_cases.plot(results, out / f"{stem}.png")
+        print(bench_cases.table(results))
+        print(f"\nwrote {out / stem}.json and .png")
+        return 0
     if args.eager:
         from portable_softmax import host_time
 

@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--N", type=int, help="columns")
     bench.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
     bench.add_argument("--backward", action="store_true", help="also time the backward kernels")
+    bench.add_argument("--cases", choices=["rows", "real"], default="rows",
+                       help="rows: 2-D rows (default); real: calls as models make them (attention scores, NCHW "
+                            "channels, a column, a transposed input, sliced vocabulary rows, router rows), forward, "
+                            "backward op and backward through autograd")
     bench.add_argument("--peers", nargs="+", default=["torch", "compile", "liger", "flaggems"],
                        help="implementations to time beside ours (those not importable are skipped)")
     bench.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, milliseconds")

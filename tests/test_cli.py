@@ -145,3 +145,34 @@ def test_an_unwritable_report_folder_is_one_line(tmp_path, capsys, monkeypatch):
     occupied = tmp_path / "a-file"
     occupied.write_text("")
     _assert_one_line_error(["validate", "--device", "cpu", "--no-bench", "--out", str(occupied)], capsys)
+
+
+def test_real_use_cases_check_and_report_on_the_interpreter(tmp_path):
+    """``bench --cases real``'s cases on their small stand-ins, timed by the wall clock: every
+    case is checked against torch, peers that take only 2-D rows are marked n/a, and the table and
+    plot are written."""
+    import time
+
+    from portable_softmax import bench_cases
+
+    def wall(fn):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    results = bench_cases.run({"torch"}, "cpu", small=True, timer=wall)
+    rows = results["results"]
+    assert {r["case"] for r in rows} == {c.name for c in bench_cases.CASES}
+    ours = [r for r in rows if r["impl"] == "ours"]
+    assert all(r["fwd_err"] < 2e-2 and r["bwd_err"] < 2e-2 and "autograd_frac" in r for r in ours), ours
+    assert "transposed" in bench_cases.table(results)
+    pytest.importorskip("matplotlib")
+    assert bench_cases.plot(results, tmp_path / "real.png").exists()
+
+
+def test_peers_of_rows_serve_only_rows():
+    from portable_softmax import bench_cases
+
+    serve = bench_cases._rows_peer(lambda x: x, None)
+    assert serve(torch.randn(2, 3, 4), -1) is not None
+    assert serve(torch.randn(4, 3).t(), -1) is None and serve(torch.randn(2, 3, 4), 1) is None

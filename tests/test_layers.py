@@ -15,7 +15,7 @@ LAYERS = [
     ("planning", {"tuning", "planner", "targets"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch"}),
     ("public API and torch integration", {"ops", "torch_ops", "distributed", "__init__"}),
-    ("tools", {"cli", "__main__", "arguments", "bench", "host_time", "validate", "selfcheck", "crosscompile",
+    ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
                "machine_code"}),
 ]
 
