@@ -23,10 +23,11 @@ def _free_port() -> int:
 
 
 def _run(world: int, check, *args) -> None:
-    """``check(rank, world, *args)`` on ``world`` forked processes joined in a gloo group; a
-    failure on any rank is raised here."""
+    """``check(rank, world, *args)`` on ``world`` new processes joined in a gloo group; a failure
+    on any rank is raised here. Spawned, not forked: a fork of a process whose OpenMP threads
+    have run (the rest of the suite) can hang in the child."""
     port = _free_port()
-    mp.start_processes(_rank_main, args=(world, port, check, args), nprocs=world, start_method="fork")
+    mp.start_processes(_rank_main, args=(world, port, check, args), nprocs=world, start_method="spawn")
 
 
 def _rank_main(rank: int, world: int, port: int, check, args) -> None:
