@@ -88,6 +88,14 @@ def implementations(wanted: set[str]) -> dict[str, Implementation]:
                                  lambda y, dy: torch._softmax_backward_data(dy, y, dim % x.dim(), y.dtype)),
     }
     if "compile" in wanted:
+        # Every case compiles its own graphs; dynamo's default limit (8 per code object) would
+        # leave the later cases to eager torch.
+        from torch._dynamo import config as dynamo_config
+
+        dynamo_config.cache_size_limit = 256
+        if hasattr(dynamo_config, "recompile_limit"):
+            dynamo_config.recompile_limit = 256
+
         def compiled(x: torch.Tensor, dim: int):
             forward = torch.compile(lambda t: torch.softmax(t, dim), dynamic=False)
             backward = torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, dim % x.dim(), y.dtype),
