@@ -70,6 +70,16 @@ def lowering_jobs():
                 form = "" if per_tile is None else f" PER_TILE={int(per_tile)}"
                 yield (variants.kernel_name(direction, regime), (direction, regime),
                        f"M={block_m} N={block_n} LOG={int(log)}{form}", variants.constexprs(config, variants.CallFacts(log)))
+    # The fused variants (scale, masks, causal) of the tile kernels: a tensor scale with a bool mask
+    # and causal, a number scale with an additive mask.
+    for direction in ("forward", "backward"):
+        for scale, mask, causal in ((2, 1, True), (1, 2, False)):
+            config = types.SimpleNamespace(regime="tile", block_m=8, block_n=1024, chunks=1, chunks_p2=1,
+                                           num_stages=1, align=1, ticketed=False, reread=False, per_tile=False,
+                                           dense=False)
+            facts = variants.CallFacts(False, scale=scale, mask=mask, causal=causal)
+            yield (variants.kernel_name(direction, "tile"), (direction, "tile"),
+                   f"M=8 N=1024 SCALE={scale} MASK={mask} CAUSAL={int(causal)}", variants.constexprs(config, facts))
     for phase in variants.SHARDED_PHASES:
         for block_m, block_n in SHARDED_PLANS:
             for log in (False,) if phase == "forward_partials" else (False, True):
@@ -98,7 +108,8 @@ def kernel_parameters(kernel):
         tensors = {f"{t}_ptr": ("fp32" if t == "stats" else None) for t in variants.SHARDED_TENSORS[kernel]}
         return tensors, variants.sharded_parameter_names(kernel)
     direction, regime = kernel
-    return {f"{t}_ptr": None for t in variants.TENSORS[direction]}, variants.parameter_names(direction, regime)
+    return ({f"{t}_ptr": None for t in variants.tensor_names(direction, regime)},
+            variants.parameter_names(direction, regime))
 
 
 def source_for(fn, kernel, dtype, constexprs):
@@ -115,6 +126,8 @@ def source_for(fn, kernel, dtype, constexprs):
             signature[param.name] = "constexpr"
         elif param.name in tensors:
             signature[param.name] = "*" + (tensors[param.name] or dtype)
+        elif param.name in variants.FLOAT_SCALARS:
+            signature[param.name] = "fp32"
             hints[i] = 16
         else:
             signature[param.name] = "i32"

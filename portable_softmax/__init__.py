@@ -14,6 +14,7 @@ from portable_softmax.device import device_info
 from portable_softmax.ops import DimensionError, log_softmax, softmax
 from portable_softmax import torch_ops  # noqa: F401,E402  (registers the custom operators for torch.compile)
 from portable_softmax import distributed  # noqa: F401,E402  (sharded dimensions; routes DTensors to it)
+from portable_softmax import fused  # noqa: F401,E402  (scale, mask, causal; ops routes those calls to it)
 from portable_softmax.planner import LaunchPlan
 from portable_softmax.targets import plan_launch
 from portable_softmax.record import DeviceRecord, KernelResources

@@ -261,11 +261,15 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
     """
     tensors = len(variants.TENSORS[case.direction])
     pointer = POINTER_TYPES[case.dtype]
-    args: list[tuple[str, Any]] = [(pointer, True)] * tensors
+    # The fused variants' mask and scale: the input stands in, as in an unfused launch.
+    args: list[tuple[str, Any]] = [(pointer, True)] * len(variants.tensor_names(case.direction, config.regime))
     if config.regime == "split":
         args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
     facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic)
     for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors):
+        if isinstance(value, float):  # Triton specialises no float
+            args.append(("fp32", False))
+            continue
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
     return variants.kernel_name(case.direction, config.regime), tuple(args), variants.constexprs(config, facts)

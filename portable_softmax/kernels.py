@@ -160,16 +160,72 @@ def _normalized(z, e, scale, shift, LOG: tl.constexpr):
 
 
 @_jit
+def _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, a_stride, b_stride, q_stride):
+    """For the fused variants (``variants.FUSED_SCALARS``): each row's offset in a tensor that
+    broadcasts over the input's leading dimensions, seen as (A, n_heads, n_queries) with the
+    given strides, and the row's query index (its index along the input's dimension -2)."""
+    r = outer * rows_per_outer + rows.to(tl.int64)
+    q = r % n_queries
+    rest = r // n_queries
+    return (rest // n_heads) * a_stride + (rest % n_heads) * b_stride + q * q_stride, q
+
+
+@_jit
+def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr, scale_value, n_heads,
+                 n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                 scale_b_stride, scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """The scale ([BLOCK_M, 1]: 1, ``scale_value``, or the row's value of the scale tensor) and
+    the bias ([BLOCK_M, BLOCK_N]: -inf where the bool mask is False or ``CAUSAL`` masks j > i,
+    the additive mask's value, else 0) of the fused variants (``SCALE``: 0 none, 1 a number,
+    2 a tensor; ``MASK``: 0 none, 1 bool, 2 additive): the input is ``x * scale + bias``, and no
+    gradient flows where the bias is -inf. Masks and scales are read in their own dtypes through
+    their broadcast strides."""
+    scale = tl.full([BLOCK_M, 1], 1.0, tl.float32)
+    if SCALE == 1:
+        scale = scale * scale_value
+    if SCALE == 2:
+        where, _ = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, scale_a_stride, scale_b_stride,
+                               scale_q_stride)
+        scale = tl.load(scale_ptr + where, mask=row_mask, other=1.0).to(tl.float32)[:, None]
+    bias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if MASK != 0 or CAUSAL:
+        where, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                               mask_q_stride)
+        if MASK == 1:
+            kept = tl.load(mask_ptr + where[:, None] + cols * mask_k_stride, mask=valid, other=1) != 0
+            bias = tl.where(kept, bias, -float("inf"))
+        if MASK == 2:
+            bias = tl.load(mask_ptr + where[:, None] + cols * mask_k_stride, mask=valid, other=0.0).to(tl.float32)
+        if CAUSAL:
+            bias = tl.where(cols > q[:, None], -float("inf"), bias)
+    return scale, bias
+
+
+@_jit
+def _fused_input(x, scale, bias, FUSED: tl.constexpr):
+    """``x * scale + bias``, -inf where the bias is (also for x = +inf, as ``masked_fill``)."""
+    if FUSED:
+        x = tl.where(bias == -float("inf"), -float("inf"), x * scale.to(x.dtype) + bias.to(x.dtype))
+    return x
+
+
+@_jit
 def softmax_forward_tile(
-    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_ptr, y_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+    scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
+    PER_TILE: tl.constexpr, DENSE: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
-    # rather than held across the row's sum (see softmax_backward_tile).
+    # rather than held across the row's sum (see softmax_backward_tile). SCALE, MASK, CAUSAL: the
+    # fused variants (_fused_terms); a row the bool mask leaves empty gives 0 (log: -inf).
     cols = tl.arange(0, BLOCK_N)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
+    # Parenthesised: Triton 3.2 takes no chain of three boolean operators.
+    fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
     start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
     for item in tl.range(start, stop, step):
         tile = offset + item
@@ -177,8 +233,13 @@ def softmax_forward_tile(
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, DENSE)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
         mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
+        scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr,
+                                   scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
+                                   mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N,
+                                   SCALE, MASK, CAUSAL)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
+        x = _fused_input(x, scale, bias, fused)
         row_max = tl.max(x, 1)
         z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
@@ -186,10 +247,13 @@ def softmax_forward_tile(
         if REREAD:
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
                       "evict_first")
+            x = _fused_input(x, scale, bias, fused)
             z = x - row_max[:, None]
             e = tl.exp2(z * LOG2E)
-        _store(y_ptr, y_base, cols, y_col_stride, mask,
-               _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG))
+        out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
+        if MASK == 1:
+            out = tl.where((row_max == -float("inf"))[:, None], -float("inf") if LOG else 0.0, out)
+        _store(y_ptr, y_base, cols, y_col_stride, mask, out)
 
 
 @_jit
@@ -279,11 +343,13 @@ def _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row
 
 @_jit
 def softmax_backward_tile(
-    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
+    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+    scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
-    PER_TILE: tl.constexpr, DENSE: tl.constexpr,
+    PER_TILE: tl.constexpr, DENSE: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
     # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
@@ -303,10 +369,18 @@ def softmax_backward_tile(
         dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
         row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
         if REREAD:
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "evict_first")
-        else:
-            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum[:, None], LOG))
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "evict_first")
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
+                       "evict_first")
+        dx = _grad(y, dy, row_sum[:, None], LOG)
+        if (SCALE != 0 or MASK != 0) or CAUSAL:
+            # The gradient with respect to x: the scale's factor, none where masked (a constant).
+            scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr,
+                                       scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                                       mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                                       BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+            dx = tl.where(bias == -float("inf"), 0.0, dx * scale.to(dx.dtype))
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 
 @_jit

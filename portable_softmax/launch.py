@@ -183,6 +183,10 @@ class LaunchRecord:
         self._counters = plan.tiles if plan.block_m == 1 else 1 + 2 * plan.tiles
         # Ticketed grids of one-row items leave their slots full: they are emptied before each launch.
         self._refill = plan.ticketed and plan.block_m == 1
+        # Regimes that fuse take two more tensors: a call that brings none gets its input there.
+        self._arity = len(variants.TENSORS["backward" if kernel.fn.__name__.startswith("softmax_backward")
+                                           else "forward"])
+        self._pad = plan.regime in variants.FUSED_REGIMES
         self._direct: Optional[Callable[[int, tuple], None]] = None
         self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
         self._current = None if backend.interpreted else compat.current_device_getter(device)
@@ -194,6 +198,8 @@ class LaunchRecord:
         return self._launch(tensors)
 
     def _launch(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
+        if self._pad and len(tensors) == self._arity:
+            tensors = (*tensors, tensors[0], tensors[0])
         stream = self._stream()
         if self._slots:
             pool = _counted_scratch if self.plan.block_m > 1 else _ticket_scratch if self.plan.ticketed else _scratch
@@ -221,9 +227,23 @@ class LaunchRecord:
         return self.plan
 
 
+@dataclass(frozen=True)
+class Fusion:
+    """A fused call's variant (``variants.CallFacts``' scale, mask, causal) and the values of
+    ``variants.FUSED_SCALARS``."""
+
+    scale: int
+    mask: int
+    causal: bool
+    scalars: tuple
+
+
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
-                 allow_split: bool = True) -> LaunchRecord:
-    """Plan and prepare the launch of ``tensors`` (inputs, then output) over ``view``."""
+                 allow_split: bool = True, fusion: Optional[Fusion] = None) -> Optional[LaunchRecord]:
+    """Plan and prepare the launch of ``tensors`` (inputs, then output; with ``fusion`` then the
+    mask and scale tensors, the input standing in for an absent one) over ``view``. None where a
+    fused call's plan is not a regime that fuses (``variants.FUSED_REGIMES``): the caller then
+    composes it."""
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
@@ -239,16 +259,26 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     # vocabulary, written contiguous): windows follow the inputs.
     shifted = align == 1 and window_align(*window, shifted_output=True) > 1
     align = window_align(*window, shifted_output=shifted)
-    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted)
+    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
+                               *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
+    fused_scalars = fusion.scalars if fusion else variants.NO_FUSION
+    arity = len(variants.TENSORS[direction])
+
+    def kernel_tensors(regime: str) -> tuple[torch.Tensor, ...]:
+        # Regimes that fuse take the mask and scale tensors too; the input stands in where absent.
+        if regime in variants.FUSED_REGIMES and len(tensors) == arity:
+            return (*tensors, tensors[0], tensors[0])
+        return tensors[:arity] if regime not in variants.FUSED_REGIMES else tensors
     cooperative = record.cooperative_launch
     # Rows of 2**31 elements or more stream through the loop regime, whose column offsets come
     # from a 64-bit loop counter (Triton passes such a length as i64); the split kernels count
     # a chunk's columns in 32 bits, and no tile holds such a row.
-    allow_split = allow_split and view.n_cols < 2**31
+    allow_split = allow_split and view.n_cols < 2**31 and fusion is None
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, variants.kernel_name(direction, config.regime))
-        args = variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides)
+        args = variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
+                                         fused_scalars)
         constexprs = variants.constexprs(config, facts)
         options = variants.options(config, config.num_warps, cooperative)
         caps = split_fit(target, config, input_bytes)
@@ -279,7 +309,9 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     def compiled(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
         # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
         placeholder = (torch.int64, torch.int32) if kernel.fn.__name__.endswith("_split") else ()
-        return _compiled_resources(kernel, backend, device, (*tensors, *placeholder, *args), constexprs, options)
+        regime = kernel.fn.__name__.rsplit("_", 1)[1]
+        return _compiled_resources(kernel, backend, device, (*kernel_tensors(regime), *placeholder, *args),
+                                   constexprs, options)
 
     def resources(config: KernelConfig) -> KernelResources:
         return compiled(*arguments(config))
@@ -288,6 +320,8 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
                        allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow,
                        strided=view.strided)
+    if fusion is not None and plan.regime not in variants.FUSED_REGIMES:
+        return None
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None

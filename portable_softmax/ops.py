@@ -16,7 +16,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.autograd.forward_ad as forward_ad
@@ -376,6 +376,17 @@ def use_custom_op(call: Callable[[torch.Tensor, int, torch.dtype, bool], torch.T
     _custom_op_call = call
 
 
+# The call that takes the fused variants (``fused`` registers it): scale, mask, causal.
+_fused_call: Optional[Callable[..., torch.Tensor]] = None
+
+
+def use_fused(call: Callable[..., torch.Tensor]) -> None:
+    """Route calls with ``scale``, ``mask`` or ``causal`` to ``call(x, dim, dtype, log, scale, mask,
+    causal)``."""
+    global _fused_call
+    _fused_call = call
+
+
 # DTensor's class and the call that takes DTensors (``distributed`` registers them): a DTensor
 # sharded on the softmax dimension keeps its shards.
 _dtensor: Optional[tuple[type, Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]]] = None
@@ -402,7 +413,8 @@ def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, n
     return _forward(x, dim, dtype, log)
 
 
-def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None, scale: Any = None,
+            mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
     """Softmax of ``x`` along ``dim``, as ``torch.softmax`` computes it.
 
     Args:
@@ -410,6 +422,13 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = No
             backend serves (CPU tensors run through Triton's interpreter), or a meta tensor.
         dim: the dimension to normalise over; negative counts from the end.
         dtype: if given, ``x`` is cast to it first and the result has this dtype (as in torch).
+        scale: a number, or a floating tensor that broadcasts to ``x`` with size 1 along ``dim``
+            (a per-row temperature is ``1 / T``): ``x`` is multiplied by it first.
+        mask: a tensor that broadcasts to ``x``: bool keeps the elements where it is True (as
+            ``scaled_dot_product_attention``); floating is added after the scaling (-inf allowed).
+            Masked positions take no gradient; a row a bool mask leaves empty gives 0.
+        causal: mask element (i, j) of the last two dimensions where j > i (``is_causal``,
+            top-left aligned); only with ``dim=-1``.
 
     Returns:
         A tensor of ``x``'s shape; differentiable with respect to ``x`` (autograd, forward-mode
@@ -420,14 +439,20 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = No
         IndexError: ``dim`` is out of range (a :class:`DimensionError`, also a ValueError).
         RuntimeError: no backend serves ``x``'s device.
     """
+    if scale is not None or mask is not None or causal:
+        return _fused_call(x, dim, dtype, False, scale, mask, causal)
     return _apply(x, dim, dtype, False, "softmax")
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """Log-softmax of ``x`` along ``dim``, as ``torch.log_softmax`` computes it.
+def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None, scale: Any = None,
+                mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
+    """Log-softmax of ``x`` along ``dim``, as ``torch.log_softmax`` computes it; a row a bool
+    mask leaves empty gives -inf.
 
     Args, Returns and Raises as :func:`softmax`.
     """
+    if scale is not None or mask is not None or causal:
+        return _fused_call(x, dim, dtype, True, scale, mask, causal)
     return _apply(x, dim, dtype, True, "log_softmax")
 
 

@@ -21,6 +21,17 @@ REGIMES = ("tile", "split", "loop")
 
 # The tensors of each direction, in argument order: the inputs, then the output.
 TENSORS = {"forward": ("x", "y"), "backward": ("y", "dy", "dx")}
+# The fused variants (scale, masks, causal: ``kernels._fused_terms``), in the regimes that take
+# them: their tensors after the others (the mask in its own dtype, the scale tensor; the input
+# stands in where absent), and their scalars after the strides: a number scale, the input's
+# leading dimensions as (A, n_heads, n_queries), the mask's (A, heads, queries, keys) strides and
+# the scale's (A, heads, queries) strides (0 where they broadcast).
+FUSED_REGIMES = ("tile",)
+FUSED_TENSORS = ("mask", "scale")
+FUSED_SCALARS = ("scale_value", "n_heads", "n_queries", "mask_a_stride", "mask_b_stride", "mask_q_stride",
+                 "mask_k_stride", "scale_a_stride", "scale_b_stride", "scale_q_stride")
+FLOAT_SCALARS = ("scale_value",)
+NO_FUSION = (1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 # The split path's exchange slots (int64, empty = -1) and arrival counters (int32).
 SCRATCH = (("slot", "i64"), ("done", "i32"))
 # First count: work items (tiles, or for split kernels tiles x chunks); then tiles per group,
@@ -59,6 +70,11 @@ class CallFacts:
     # sliced from a padded vocabulary, written contiguous): windows follow the inputs
     # (``planner.window_align``) and the output is written unaligned at their columns.
     shifted: bool = False
+    # The fused variants: SCALE (0 none, 1 a number, 2 a tensor), MASK (0 none, 1 bool, 2
+    # additive), CAUSAL.
+    scale: int = 0
+    mask: int = 0
+    causal: bool = False
 
 
 def kernel_name(direction: str, regime: str) -> str:
@@ -78,6 +94,8 @@ def constexprs(config: Config, facts: CallFacts) -> dict[str, Any]:
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":
             values.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
+    if config.regime in FUSED_REGIMES:
+        values.update(SCALE=facts.scale, MASK=facts.mask, CAUSAL=facts.causal)
     return values
 
 
@@ -88,21 +106,30 @@ def tiles(config: Config, n_outer: int, rows_per_outer: int) -> tuple[int, int]:
 
 
 def scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_cols: int,
-                     strides: Sequence[tuple[int, int, int]]) -> tuple[int, ...]:
-    """The integer arguments after the tensors and scratch, in order (``COUNTS``, then strides)."""
+                     strides: Sequence[tuple[int, int, int]], fusion: Sequence[Any] = NO_FUSION) -> tuple[Any, ...]:
+    """The scalar arguments after the tensors and scratch, in order (``COUNTS``, strides, and in
+    the regimes that fuse, ``fusion``: the values of ``FUSED_SCALARS``)."""
     per_outer, total = tiles(config, n_outer, rows_per_outer)
     items = total * config.chunks if config.regime == "split" else total
-    return (items, per_outer, rows_per_outer, n_cols, *(s for triple in strides for s in triple))
+    fused = tuple(fusion) if config.regime in FUSED_REGIMES else ()
+    return (items, per_outer, rows_per_outer, n_cols, *(s for triple in strides for s in triple), *fused)
 
 
 def parameter_names(direction: str, regime: str) -> tuple[str, ...]:
     """The names of a kernel's non-constexpr parameters, in order, as ``kernels.py`` spells them."""
-    names = [f"{t}_ptr" for t in TENSORS[direction]]
+    names = [f"{t}_ptr" for t in tensor_names(direction, regime)]
     if regime == "split":
         names += [f"{name}_ptr" for name, _ in SCRATCH]
     names += ["n_items" if regime == "split" else "n_tiles", *COUNTS[1:]]
     names += [f"{t}_{axis}_stride" for t in TENSORS[direction] for axis in ("outer", "row", "col")]
+    if regime in FUSED_REGIMES:
+        names += FUSED_SCALARS
     return tuple(names)
+
+
+def tensor_names(direction: str, regime: str) -> tuple[str, ...]:
+    """A kernel's tensor arguments (the split scratch aside), in order."""
+    return TENSORS[direction] + (FUSED_TENSORS if regime in FUSED_REGIMES else ())
 
 
 def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]:

@@ -3,11 +3,13 @@ interpreter). Errors are relative errors of the whole tensor against torch in fl
 against torch's own error on the same input."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, ops, tuning
+from portable_softmax import launch, ops, tuning, variants
 from portable_softmax.selfcheck import ERROR_FLOOR, relative_error, tolerance
 
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
@@ -553,13 +555,13 @@ def test_cpu_launch_leaves_gpu_compilation_working():
     from portable_softmax import compat, kernels
 
     ps.softmax(torch.randn(4, 33), -1)
-    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_tiles": "i32", "tiles_per_outer": "i32",
-                 "rows_per_outer": "i32", "n_cols": "i32", "x_outer_stride": "i32", "x_row_stride": "i32",
-                 "x_col_stride": "constexpr", "y_outer_stride": "i32", "y_row_stride": "i32",
-                 "y_col_stride": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "LOG": "constexpr",
-                 "ACC_FP64": "constexpr", "REREAD": "constexpr", "PER_TILE": "constexpr", "DENSE": "constexpr"}
-    constexprs = {"x_col_stride": 1, "y_col_stride": 1, "BLOCK_M": 1, "BLOCK_N": 64, "LOG": False, "ACC_FP64": False,
-                  "REREAD": False, "PER_TILE": True, "DENSE": False}
+    # The signature from the variant table: pointers to fp32, column strides of 1, fused scalars off.
+    signature = {name: "i32" for name in variants.parameter_names("forward", "tile")}
+    signature.update({f"{t}_ptr": "*fp32" for t in variants.tensor_names("forward", "tile")},
+                     x_col_stride="constexpr", y_col_stride="constexpr", scale_value="fp32")
+    config = types.SimpleNamespace(regime="tile", block_m=1, block_n=64, reread=False, per_tile=True, dense=False)
+    constexprs = {"x_col_stride": 1, "y_col_stride": 1, **variants.constexprs(config, variants.CallFacts(log=False))}
+    signature.update({name: "constexpr" for name in constexprs})
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
                               target=GPUTarget("cuda", 90, 32))
     assert "cubin" in compiled.asm

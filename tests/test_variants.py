@@ -26,7 +26,7 @@ def test_the_table_matches_the_kernel_source(direction, regime):
     assert sorted(given) == sorted(constexprs)
     strides = [(0, 7, 1)] * len(variants.TENSORS[direction])
     scalars = variants.scalar_arguments(_config(regime), 1, 10, 1000, strides)
-    tensors = len(variants.TENSORS[direction]) + (len(variants.SCRATCH) if regime == "split" else 0)
+    tensors = len(variants.tensor_names(direction, regime)) + (len(variants.SCRATCH) if regime == "split" else 0)
     assert len(scalars) + tensors == len(declared)
 
 

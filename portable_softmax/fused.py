@@ -1,0 +1,219 @@
+"""The fused variants of ``softmax`` and ``log_softmax``: ``scale=`` (a temperature), ``mask=``
+(bool: keep where True; floating: added after the scaling) and ``causal=`` (SDPA's ``is_causal``,
+top-left aligned), as ``softmax(x * scale + mask)`` with the masked positions constants.
+
+Rows a tile holds run the tile kernels' fused variants (``kernels._fused_terms``: the mask read in
+its own dtype through its broadcast strides, the scale per row): one read of x and of the mask,
+one write. Other rows (longer than a tile, or a softmax over another dimension) are composed from
+torch operations and the plain kernels, with the same results. A row the bool mask leaves empty
+gives 0 (log_softmax: -inf), as ``torch._masked_softmax``; a row an additive mask makes all -inf
+gives NaN, as the composite does.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any, Optional, Union
+
+import torch
+
+from portable_softmax import launch, ops
+from portable_softmax.launch import Fusion
+
+Scale = Union[float, torch.Tensor, None]
+
+
+def _check(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor], causal: bool, name: str) -> None:
+    where = f"portable_softmax.{name}"
+    if causal and (x.dim() < 2 or dim != x.dim() - 1):
+        raise ValueError(f"{where}: causal=True needs the last dimension of a tensor of 2 or more dimensions "
+                         f"(dim {dim} of {x.dim()})")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"{where}: mask must be a tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(f"{where}: mask must be bool (keep where True) or floating (added), got {mask.dtype}")
+        if not _broadcasts(mask.shape, x.shape):
+            raise ValueError(f"{where}: mask of shape {tuple(mask.shape)} does not broadcast to {tuple(x.shape)}")
+    if isinstance(scale, torch.Tensor):
+        if not scale.is_floating_point():
+            raise TypeError(f"{where}: a scale tensor must be floating, got {scale.dtype}")
+        if not _broadcasts(scale.shape, x.shape):
+            raise ValueError(f"{where}: scale of shape {tuple(scale.shape)} does not broadcast to {tuple(x.shape)}")
+        offset = x.dim() - scale.dim()
+        if dim >= offset and scale.shape[dim - offset] != 1:
+            raise ValueError(f"{where}: a scale tensor must have size 1 along dim {dim} (one value per row), got "
+                             f"shape {tuple(scale.shape)}")
+    elif scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)):
+        raise TypeError(f"{where}: scale must be a number or a floating tensor, got {type(scale).__name__}")
+
+
+def _broadcasts(shape: torch.Size, target: torch.Size) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
+def _leading(t: torch.Tensor, rank: int) -> Optional[tuple[int, int, int, int]]:
+    """``t`` (expanded to a tensor of ``rank`` dims) seen as (A, heads, queries, keys): its strides
+    (0 where it broadcasts), or None where its leading dims do not merge into one stride A."""
+    sizes, strides = list(t.shape), list(t.stride())
+    keys = strides[-1] if rank >= 1 else 0
+    queries = strides[-2] if rank >= 2 else 0
+    heads = strides[-3] if rank >= 3 else 0
+    lead = [(size, stride) for size, stride in zip(sizes[:-3], strides[:-3]) if size != 1]
+    a_stride = lead[-1][1] if lead else 0
+    for (outer_size, outer_stride), (inner_size, inner_stride) in zip(lead, lead[1:]):
+        if outer_stride != inner_stride * inner_size:
+            return None
+    return a_stride, heads, queries, keys
+
+
+def _bias(x: torch.Tensor, mask: Optional[torch.Tensor], causal: bool) -> Optional[torch.Tensor]:
+    """The composite's additive bias (float32, -inf where masked), or None without a mask."""
+    bias = None
+    if mask is not None:
+        bias = (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.float()).to(x.device)
+    if causal:
+        rows, cols = x.shape[-2], x.shape[-1]
+        upper = torch.ones(rows, cols, dtype=torch.bool, device=x.device).triu(1)
+        causal_bias = torch.zeros(rows, cols, device=x.device).masked_fill(upper, -math.inf)
+        bias = causal_bias if bias is None else bias + causal_bias
+    return bias
+
+
+def _composite(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool, scale: Scale,
+               mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+    """The definition in torch operations and the plain kernels (differentiable through both)."""
+    z = x.to(out_dtype) if not x.is_floating_point() else x
+    if scale is not None:
+        z = z * scale
+    bias = _bias(x, mask, causal)
+    if bias is not None:
+        masked = torch.isneginf(bias).expand(z.shape)
+        z = torch.where(masked, -math.inf, z + bias.to(z.dtype))
+    y = (ops.log_softmax if log else ops.softmax)(z, dim, dtype=out_dtype)
+    if mask is not None and mask.dtype == torch.bool:
+        empty = masked.all(dim, keepdim=True)
+        y = torch.where(empty, -math.inf if log else 0.0, y)
+    return y
+
+
+def _fusion(x: torch.Tensor, scale: Scale, mask: Optional[torch.Tensor], causal: bool
+            ) -> Optional[tuple[Fusion, torch.Tensor, torch.Tensor]]:
+    """The fused variant of a call on contiguous ``x`` over its last dim: the variant, the mask and
+    scale tensors (x where absent); None where a mask or scale cannot be walked with their strides."""
+    rank = x.dim()
+    heads = x.shape[-3] if rank >= 3 else 1
+    queries = x.shape[-2] if rank >= 2 else 1
+    mask_t, mask_strides, mask_kind = x, (0, 0, 0, 0), 0
+    if mask is not None:
+        mask_t = mask.to(x.device).expand(x.shape)
+        mask_strides = _leading(mask_t, rank)
+        if mask_strides is None:
+            return None
+        mask_kind = 1 if mask.dtype == torch.bool else 2
+    scale_t, scale_strides, scale_kind, value = x, (0, 0, 0), 0, 1.0
+    if isinstance(scale, torch.Tensor):
+        scale_t = scale.to(x.device).expand(x.shape)
+        found = _leading(scale_t, rank)
+        if found is None:
+            return None
+        scale_strides, scale_kind = found[:3], 2
+    elif scale is not None:
+        scale_kind, value = 1, float(scale)
+    return Fusion(scale_kind, mask_kind, causal, (value, heads, queries, *mask_strides, *scale_strides)), mask_t, scale_t
+
+
+def _fused_forward(x: torch.Tensor, out_dtype: torch.dtype, log: bool, scale: Scale, mask: Optional[torch.Tensor],
+                   causal: bool) -> Optional[torch.Tensor]:
+    """The fused kernel on contiguous ``x`` over its last dim, or None where its rows take no tile."""
+    found = _fusion(x, scale, mask, causal)
+    if found is None or x.numel() == 0:
+        return None
+    fusion, mask_t, scale_t = found
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    view = ops.row_view(tuple(x.shape), x.dim() - 1, x, y)
+    record = launch.build_record("forward", (x, y, mask_t, scale_t), view, log, out_dtype == torch.float64,
+                                 fusion=fusion)
+    if record is None:
+        return None
+    record((x, y, mask_t, scale_t))
+    return y
+
+
+def _fused_backward(y: torch.Tensor, dy: torch.Tensor, grad_dtype: torch.dtype, log: bool, scale: Scale,
+                    mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+    """dx for x from the saved output: the fused backward kernel where the rows take a tile, else
+    the plain one with the scale and the masked zeros applied in torch."""
+    dy = dy.contiguous()
+    found = _fusion(y, scale, mask, causal)
+    if found is not None and y.numel():
+        fusion, mask_t, scale_t = found
+        dx = torch.empty(y.shape, dtype=grad_dtype, device=y.device)
+        view = ops.row_view(tuple(y.shape), y.dim() - 1, y, dy, dx)
+        record = launch.build_record("backward", (y, dy, dx, mask_t, scale_t), view, log,
+                                     torch.float64 in (y.dtype, dy.dtype, grad_dtype), fusion=fusion)
+        if record is not None:
+            record((y, dy, dx, mask_t, scale_t))
+            return dx
+    dz = ops._backward(y, dy, y.dim() - 1, grad_dtype, log)
+    if scale is not None:
+        dz = dz * scale
+    bias = _bias(y, mask, causal)
+    if bias is not None:
+        dz = torch.where(torch.isneginf(bias).expand(dz.shape), 0.0, dz)
+    return dz.to(grad_dtype)
+
+
+class _FusedSoftmax(torch.autograd.Function):
+    """The fused kernels for autograd: the gradient reaches x, and a scale tensor that requires
+    it (a learnable temperature): d scale = sum over the row of x * dz, dz the gradient with
+    respect to the scaled input, summed to the scale's shape."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale_tensor: Optional[torch.Tensor], y: torch.Tensor, scale: Scale,
+                mask: Optional[torch.Tensor], causal: bool, log: bool) -> torch.Tensor:
+        ctx.save_for_backward(y, x if scale_tensor is not None and scale_tensor.requires_grad else None)
+        ctx.scale, ctx.mask, ctx.causal, ctx.log, ctx.grad_dtype = scale, mask, causal, log, x.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor):
+        y, x = ctx.saved_tensors
+        learnable = x is not None
+        # With a learnable scale, dz (no scale factor) first: dx = dz * scale, d scale from dz.
+        dz = _fused_backward(y, dy, ctx.grad_dtype, ctx.log, None if learnable else ctx.scale, ctx.mask, ctx.causal)
+        if not learnable:
+            return dz, None, None, None, None, None, None
+        scale = ctx.scale
+        dscale = (dz.float() * x.float()).sum(-1, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
+        return (dz * scale).to(ctx.grad_dtype), dscale, None, None, None, None, None
+
+
+def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, scale: Scale,
+          mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+    """``softmax`` / ``log_softmax`` with ``scale``, ``mask`` or ``causal`` (``ops`` routes here)."""
+    name = "log_softmax" if log else "softmax"
+    meta = isinstance(x, torch.Tensor) and x.device.type == "meta"
+    dim, out_dtype = (ops._validate_meta if meta else ops._validate)(x, dim, dtype, name)
+    _check(x, dim, scale, mask, causal, name)
+    if meta:
+        return ops._output(x, out_dtype)
+    grad = torch.is_grad_enabled() and (x.requires_grad or (isinstance(scale, torch.Tensor) and scale.requires_grad))
+    last = dim == x.dim() - 1 and x.is_floating_point() and x.dim() >= 1
+    if not last or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return _composite(x, dim, out_dtype, log, scale, mask, causal)
+    contiguous = x.contiguous()
+    with torch.no_grad():
+        y = _fused_forward(contiguous, out_dtype, log, scale, mask, causal)
+    if y is None:
+        return _composite(x, dim, out_dtype, log, scale, mask, causal)
+    if not grad:
+        return y
+    scale_tensor = scale if isinstance(scale, torch.Tensor) else None
+    return _FusedSoftmax.apply(x, scale_tensor, y, scale, mask, causal, log)
+
+
+ops.use_fused(fused)

@@ -1,0 +1,133 @@
+"""The fused variants (``scale=``, ``mask=``, ``causal=``) against torch's composite of the same
+definition in float64, forward and backward: rows in tiles (the fused kernels) and rows that are
+composed (longer than a tile on the interpreter, or a softmax over another dimension)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import portable_softmax as ps
+from portable_softmax.selfcheck import relative_error, tolerance
+
+
+def _reference(x, scale=None, mask=None, causal=False, log=False, dim=-1):
+    """The definition in float64: x * scale, masked (bool: kept where True; floating: added),
+    causal j > i masked; a row the bool mask leaves empty gives 0 (log: -inf)."""
+    z = x.double()
+    if scale is not None:
+        z = z * (scale.double() if isinstance(scale, torch.Tensor) else scale)
+    empty = None
+    if mask is not None and mask.dtype == torch.bool:
+        kept = mask.expand(z.shape)
+        if causal:
+            kept = kept & torch.ones(z.shape[-2], z.shape[-1], dtype=torch.bool, device=z.device).tril()
+        empty = ~kept.any(dim, keepdim=True)
+        z = z.masked_fill(~kept, -math.inf)
+    else:
+        if mask is not None:
+            z = z + mask.double()
+        if causal:
+            z = z.masked_fill(torch.ones(z.shape[-2], z.shape[-1], dtype=torch.bool, device=z.device).triu(1),
+                              -math.inf)
+    y = (torch.log_softmax if log else torch.softmax)(z, dim)
+    if empty is not None:
+        y = torch.where(empty, -math.inf if log else 0.0, y)
+    return y
+
+
+def _compare(ours, expected, dtype, device):
+    assert torch.equal(torch.isnan(ours), torch.isnan(expected)) and torch.equal(torch.isinf(ours), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    floor = tolerance(dtype, 0.0, device)
+    assert relative_error(ours[finite], expected[finite]) <= floor
+
+
+SHAPES = [(2, 3, 5, 7), (2, 2, 4, 70000)]  # a tile; a row longer than the interpreter's tiles (composed)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["tile", "composed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("variant", ["scale", "bool_mask", "additive_mask", "causal", "all"])
+def test_fused_variants_match_the_composite(device, shape, dtype, log, variant):
+    if shape[-1] > 1000 and (variant == "all" or dtype == torch.bfloat16):
+        pytest.skip("the composed path is the same code for every variant: one check each keeps CI short")
+    x = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
+    kwargs = {}
+    if variant in ("scale", "all"):
+        kwargs["scale"] = 0.37
+    if variant in ("bool_mask", "all"):
+        kwargs["mask"] = torch.rand(shape[0], 1, 1, shape[-1], device=device) > 0.3
+    if variant == "additive_mask":
+        kwargs["mask"] = torch.randn(1, 1, shape[-2], shape[-1], device=device)
+    if variant in ("causal", "all"):
+        kwargs["causal"] = True
+    function = ps.log_softmax if log else ps.softmax
+    y = function(x, -1, **kwargs)
+    expected = _reference(x.detach(), log=log, **kwargs)
+    assert y.dtype == dtype and y.shape == x.shape
+    _compare(y, expected, dtype, device)
+    dy = torch.randn(shape, device=device).to(dtype)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    reference_x = x.detach().double().requires_grad_()
+    reference = _reference(reference_x, log=log, **kwargs)
+    (expected_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
+    # Masked positions take no gradient (the composite's masked_fill gives them none either).
+    kept = torch.isfinite(reference)
+    assert not dx[~kept].any() and not expected_dx[~kept].any()
+    assert relative_error(dx[kept], expected_dx[kept]) <= tolerance(dtype, 0.0, device) * 2
+
+
+def test_a_per_row_temperature_and_its_gradient(device):
+    """A learnable per-row scale (CLIP's logit_scale, a temperature per row): the gradient reaches
+    it as the composite's does."""
+    x = torch.randn(6, 33, device=device).requires_grad_()
+    temperature = (torch.rand(6, 1, device=device) + 0.5).requires_grad_()
+    y = ps.softmax(x, -1, scale=1 / temperature)
+    reference_x = x.detach().double().requires_grad_()
+    reference_t = temperature.detach().double().requires_grad_()
+    reference = torch.softmax(reference_x / reference_t, -1)
+    assert relative_error(y, reference) < 1e-5
+    dy = torch.randn(6, 33, device=device)
+    dx, dt = torch.autograd.grad(y, (x, temperature), dy)
+    expected_dx, expected_dt = torch.autograd.grad(reference, (reference_x, reference_t), dy.double())
+    assert relative_error(dx, expected_dx) < 1e-5 and relative_error(dt, expected_dt) < 1e-5
+
+
+def test_empty_and_all_negative_infinity_rows(device):
+    x = torch.randn(3, 8, device=device)
+    mask = torch.ones(3, 8, dtype=torch.bool, device=device)
+    mask[1] = False
+    assert torch.equal(ps.softmax(x, -1, mask=mask)[1], torch.zeros(8, device=device))
+    assert torch.isneginf(ps.log_softmax(x, -1, mask=mask)[1]).all()
+    additive = torch.zeros(3, 8, device=device)
+    additive[2] = -math.inf
+    y = ps.softmax(x, -1, mask=additive)
+    assert torch.isnan(y[2]).all() and torch.isnan(torch.softmax(x + additive, -1)[2]).all()
+
+
+def test_other_dimensions_and_causal_rectangles(device):
+    x = torch.randn(4, 6, 5, device=device)
+    mask = torch.rand(4, 1, 5, device=device) > 0.2
+    _compare(ps.softmax(x, 1, scale=2.0, mask=mask), _reference(x, 2.0, mask, dim=1), torch.float32, device)
+    wide = torch.randn(2, 3, 9, device=device)  # more keys than queries: top-left aligned
+    _compare(ps.softmax(wide, -1, causal=True), _reference(wide, causal=True), torch.float32, device)
+
+
+def test_meta_tensors_and_errors():
+    x = torch.empty(2, 3, 4, device="meta")
+    assert ps.softmax(x, -1, causal=True).shape == x.shape
+    with pytest.raises(ValueError):
+        ps.softmax(torch.randn(4), -1, causal=True)
+    with pytest.raises(ValueError):
+        ps.softmax(torch.randn(3, 4), 0, causal=True)
+    with pytest.raises(ValueError):
+        ps.softmax(torch.randn(3, 4), -1, mask=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(TypeError):
+        ps.softmax(torch.randn(3, 4), -1, mask=torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(ValueError):
+        ps.softmax(torch.randn(3, 4), -1, scale=torch.ones(3, 4))
+    with pytest.raises(TypeError):
+        ps.softmax(torch.randn(3, 4), -1, scale="hot")
