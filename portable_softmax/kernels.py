@@ -237,15 +237,17 @@ def softmax_forward_tile(
                                    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
                                    mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N,
                                    SCALE, MASK, CAUSAL)
-        # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max.
-        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
+        # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max. Masked elements are
+        # not read (a causal row reads half of what it holds).
+        reads = mask & (bias != -float("inf")) if (MASK == 1 or CAUSAL) else mask
+        x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
         x = _fused_input(x, scale, bias, fused)
         row_max = tl.max(x, 1)
         z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
         total = tl.sum(e, 1)
         if REREAD:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
+            x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
                       "evict_first")
             x = _fused_input(x, scale, bias, fused)
             z = x - row_max[:, None]
