@@ -455,8 +455,9 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     view = ops.row_view(tuple(x.shape), x.dim() - 1, x, out)
     plan = launch.run_forward(x, out, view, log)
     if view.strided:
-        # x's rows lie side by side (transposed, two groups): tiles of adjacent rows, read once.
-        assert plan.regime == "tile" and plan.block_m > 1 and not plan.reread
+        # x's rows lie side by side (transposed, two groups): tiles of adjacent rows, read once
+        # (held whole on the interpreter, split on GPUs: 32 float32 rows of 1024 is past a tile).
+        assert plan.block_m > 1 and not plan.reread
     else:
         assert plan.regime == "tile" and plan.reread and plan.dense == dense
     expected = fn(x.double(), -1)
