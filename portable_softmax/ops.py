@@ -109,7 +109,10 @@ def _row_view(shape: tuple[int, ...], dim: int, strides: tuple[tuple[int, ...], 
 def _output(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An output for ``t`` as torch lays its own out: softmax, log_softmax and their backward
     return contiguous tensors whatever the input's strides (transposed, channels-last, sliced,
-    expanded: aten's meta functions ask for the contiguous format), so ``.view`` works on them."""
+    expanded, permuted), so ``.view`` works on them. One rule for every device: the four ops are
+    structured kernels whose shared meta functions (``TORCH_META_FUNC(_softmax)`` and its
+    siblings in aten/src/ATen/native/SoftMax.cpp) allocate the output with
+    ``LEGACY_CONTIGUOUS_MEMORY_FORMAT`` before the CPU or CUDA implementation runs."""
     return torch.empty(t.shape, dtype=dtype, device=t.device)
 
 
@@ -254,6 +257,8 @@ def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool)
 
 def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype,
                    log: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if y.device.type == "meta":
+        return lambda y, dy: _output(y, grad_dtype)
     if y.dim() == 0:
         return lambda y, dy: _backward(y.reshape(1), dy.reshape(1), 0, grad_dtype, log).reshape(())
     template = _output(y, grad_dtype)
@@ -283,7 +288,8 @@ def _reference_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype:
         dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)
     else:
         dx = y * (dy - (dy * y).sum(dim, keepdim=True))
-    return dx.to(grad_dtype)
+    # Contiguous as torch's (``_output``): the elementwise result takes a strided dy's layout.
+    return dx.to(grad_dtype).contiguous()
 
 
 class _Softmax(torch.autograd.Function):
