@@ -185,6 +185,31 @@ def plot(results: dict[str, Any], path: Path) -> Optional[Path]:
     return path
 
 
+def _write(results: dict[str, Any], out: Path, stem: str, plotter: Callable[[dict[str, Any], Path], Any],
+           text: str) -> None:
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    plotted = plotter(results, out / f"{stem}.png")
+    print(text)
+    print(f"\nwrote {out / stem}.json" + (" and .png" if plotted else " (no plot: matplotlib is not installed)"))
+
+
+def _stem(kind: str, results: dict[str, Any]) -> str:
+    return f"{kind}-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
+
+
+def _real_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
+    """``--cases real``: the calls models make (``bench_cases``); ``--small`` runs their stand-in
+    shapes timed by the host's clock, which a CPU can run through Triton's interpreter."""
+    from portable_softmax import bench_cases
+
+    if as_device(args.device).type == "cpu" and not args.small:
+        raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use `portable-softmax`, "
+                           "or --cases real --small)")
+    timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
+    results = bench_cases.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes)
+    _write(results, out, _stem("real", results), bench_cases.plot, bench_cases.table(results))
+
+
 def main(args: Any) -> int:
     shapes = [(args.M, args.N)] if args.M and args.N else SHAPES
     dtypes = [getattr(torch, d) for d in args.dtype]
@@ -196,32 +221,22 @@ def main(args: Any) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.cases == "real":
-        from portable_softmax import bench_cases
-
-        if as_device(args.device).type == "cpu":
-            raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use `portable-softmax`)")
-        results = bench_cases.run(set(args.peers), args.device)
-        stem = f"real-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
-        (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-        bench_cases.plot(results, out / f"{stem}.png")
-        print(bench_cases.table(results))
-        print(f"\nwrote {out / stem}.json and .png")
+        _real_cases(args, dtypes, out)
         return 0
     if args.eager:
         from portable_softmax import host_time
 
         results = host_time.run([(args.M, args.N)] if args.M and args.N else host_time.SHAPES, dtypes,
                                 set(args.peers), args.calls, args.device)
-        stem = f"eager-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
+        stem = _stem("eager", results)
         (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
         print(host_time.table(results))
         print(f"\nwrote {out / stem}.json")
         return 0
     results = run(shapes, dtypes, set(args.peers), args.backward, args.warmup, args.rep, args.device,
                   progress=not args.no_progress)
-    stem = f"bench-{results['date'][:10]}-{results['device_name'].replace(' ', '_')}"
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / f"{stem}.png")
-    print(table(results))
-    print(f"\nwrote {out / stem}.json and .png")
+    _write(results, out, _stem("bench", results), plot, table(results))
+    if args.cases == "all":
+        print()
+        _real_cases(args, dtypes, out)
     return 0

@@ -4,16 +4,21 @@ Attention scores, channel softmax of NCHW tensors, a column softmax, a transpose
 sliced from a padded vocabulary, router rows: each as its model lays it out. For each, the fraction
 of copy bandwidth (bytes the op must move: forward 2x the tensor, backward 3x; copy: ``clone`` of a
 contiguous tensor of as many elements, timed before and after, the faster kept) of ours, torch
-eager and torch.compile on the same input, and of the peers that take it (Liger, FlagGems: 2-D
-rows contiguous along the last dimension; a contiguous input is viewed so, never copied). The
-backward is timed as the op alone (``torch._softmax_backward_data`` and ours) and through autograd
-(``torch.autograd.grad`` of a kept forward graph), which is what training runs.
+eager and torch.compile on the same input, and of the peers that take it (Liger, FlagGems, QuACK:
+2-D rows contiguous along the last dimension; a contiguous input is viewed so, never copied; any
+other is marked n/a). The backward is timed as the op alone (``torch._softmax_backward_data`` and
+ours) and through autograd (``torch.autograd.grad`` of a kept forward graph), which is what
+training runs. Every result is checked against torch in float64 first; one outside the tolerance
+``selfcheck`` uses is reported as wrong and not timed.
+
+``small`` runs each case's stand-in shape (tests on the CPU, through Triton's interpreter).
 """
 from __future__ import annotations
 
 import datetime
 import logging
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +28,7 @@ import torch
 
 import portable_softmax
 from portable_softmax import ops
-from portable_softmax.selfcheck import relative_error
+from portable_softmax.selfcheck import relative_error, tolerance
 
 logger = logging.getLogger(__name__)
 
@@ -117,34 +122,87 @@ def implementations(wanted: set[str]) -> dict[str, Implementation]:
                                            lambda y, dy: gems_backward(dy, y, -1, y.dtype))
         except ImportError as error:
             logger.warning("flaggems unavailable: %s", error)
+    if "quack" in wanted:
+        try:
+            from quack.softmax import softmax_bwd as quack_backward, softmax_fwd as quack
+
+            found["quack"] = _rows_peer(quack, lambda y, dy: quack_backward(dy, y))
+        except (ImportError, OSError, RuntimeError) as error:  # CuTe DSL loads CUDA libraries on import
+            logger.warning("quack unavailable: %s", error)
     return {name: serve for name, serve in found.items() if name in wanted | {"ours"}}
 
 
 def _autograd(forward: Callable[[torch.Tensor, int], torch.Tensor], x: torch.Tensor, dim: int,
-              dy: torch.Tensor) -> Callable[[], Any]:
+              dy: torch.Tensor) -> Callable[[], torch.Tensor]:
     """The backward through autograd: ``torch.autograd.grad`` of a kept forward graph."""
     leaf = x.detach().requires_grad_()
     y = forward(leaf, dim)
-    return lambda: torch.autograd.grad(y, leaf, dy, retain_graph=True)
+    return lambda: torch.autograd.grad(y, leaf, dy, retain_graph=True)[0]
+
+
+def wall_clock(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Milliseconds per call by the host's clock, the best of ``repeats`` after one call: the
+    timer of ``small`` runs on the CPU, where ``do_bench`` has no device events."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return min(times)
+
+
+def device_timer(warmup_ms: int = 25, rep_ms: int = 100) -> Callable[[Callable[[], Any]], float]:
+    """``triton.testing.do_bench``'s median in milliseconds (device events, the cache flushed
+    between calls)."""
+    from triton.testing import do_bench
+
+    return lambda fn: do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def cases(dtypes: Optional[list[torch.dtype]] = None) -> list[RealCase]:
+    """The cases of ``dtypes`` (all by default)."""
+    return [case for case in CASES if dtypes is None or case.dtype in dtypes]
+
+
+class _Checked:
+    """Times what is right: ``measure(row, key, result, reference, torch_error, fn)`` records the
+    relative error of ``result`` as ``{key}_err``; within the tolerance it times ``fn`` into
+    ``{key}_ms``, else it marks the row wrong and times nothing more for it."""
+
+    def __init__(self, timer: Callable[[Callable[[], Any]], float], dtype: torch.dtype, device: torch.device):
+        self.timer, self.dtype, self.device = timer, dtype, device
+
+    def measure(self, row: dict[str, Any], key: str, result: torch.Tensor, reference: torch.Tensor,
+                torch_error: float, fn: Callable[[], Any]) -> bool:
+        error = row[f"{key}_err"] = relative_error(result, reference)
+        if not error <= tolerance(self.dtype, torch_error, self.device.type):
+            row["wrong"] = f"{key}: relative error {error:.2e} (torch's {torch_error:.2e})"
+            return False
+        row[f"{key}_ms"] = self.timer(fn)
+        return True
 
 
 def run(peers: set[str], device: Optional[str] = None, small: bool = False,
-        timer: Optional[Callable[[Callable[[], Any]], float]] = None) -> dict[str, Any]:
-    """Check and time every implementation on every case; the JSON-ready results. ``timer(fn)``
-    gives milliseconds per call (``triton.testing.do_bench``'s median by default); ``small`` runs
-    the cases' small stand-ins (the CPU tests)."""
+        timer: Optional[Callable[[Callable[[], Any]], float]] = None,
+        dtypes: Optional[list[torch.dtype]] = None) -> dict[str, Any]:
+    """Check, then time, every implementation on every case; the JSON-ready results. ``timer(fn)``
+    gives milliseconds per call (``device_timer()`` by default); ``small`` runs the cases' small
+    stand-ins (the CPU tests); ``dtypes`` picks the cases of those dtypes."""
     from portable_softmax.device import as_device, device_record
 
     device = as_device(device)
-    if timer is None:
-        from triton.testing import do_bench
-
-        def timer(fn: Callable[[], Any]) -> float:
-            return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    timer = timer or device_timer()
     record = device_record(device)
     served = implementations(peers)
+    if device.type != "cpu":
+        # An idle GPU starts at a low clock: copy for a while before the first case is timed.
+        warm = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+        timer(lambda: warm.clone())
+        del warm
     rows = []
-    for case in CASES:
+    for case in cases(dtypes):
+        logger.info("case %s %s", case.name, case.dtype)
         x = case.make(device, small)
         dim = case.dim
         moved = x.numel() * x.element_size()
@@ -154,28 +212,34 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
         dy = torch.randn(x.shape, device=device).to(x.dtype)
         y_torch = torch.softmax(x, dim)
         reference_dx = torch._softmax_backward_data(dy.double(), reference, dim % x.dim(), torch.float64)
+        # torch's own errors: what each result's tolerance is measured against.
+        torch_errors = {"fwd": relative_error(y_torch, reference),
+                        "bwd": relative_error(torch._softmax_backward_data(dy, y_torch, dim % x.dim(), x.dtype),
+                                              reference_dx),
+                        "autograd": relative_error(_autograd(torch.softmax, x, dim, dy)(), reference_dx)}
+        checked = _Checked(timer, case.dtype, device)
         case_rows = []
         for name, serve in served.items():
             row: dict[str, Any] = {"case": case.name, "impl": name, "dtype": str(case.dtype)[6:],
                                    "shape": list(x.shape), "stride": list(x.stride()), "dim": dim}
+            case_rows.append(row)
             pair = serve(x, dim)
             if pair is None:
                 row["note"] = "n/a: takes 2-D rows contiguous along the last dimension"
-                case_rows.append(row)
                 continue
             forward, backward = pair
             try:
-                row["fwd_err"] = relative_error(forward().reshape(x.shape), reference)
-                row["fwd_ms"] = timer(forward)
-                if backward is not None:
-                    row["bwd_err"] = relative_error(backward(y_torch, dy).reshape(x.shape), reference_dx)
-                    row["bwd_ms"] = timer(lambda: backward(y_torch, dy))
+                if not checked.measure(row, "fwd", forward().reshape(x.shape), reference, torch_errors["fwd"], forward):
+                    continue
+                if backward is not None and not checked.measure(
+                        row, "bwd", backward(y_torch, dy).reshape(x.shape), reference_dx, torch_errors["bwd"],
+                        lambda: backward(y_torch, dy)):
+                    continue
                 if name in ("ours", "torch"):
-                    function = portable_softmax.softmax if name == "ours" else torch.softmax
-                    row["autograd_ms"] = timer(_autograd(function, x, dim, dy))
+                    grad = _autograd(portable_softmax.softmax if name == "ours" else torch.softmax, x, dim, dy)
+                    checked.measure(row, "autograd", grad(), reference_dx, torch_errors["autograd"], grad)
             except Exception as error:  # a peer failing on a case is a result
                 row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
-            case_rows.append(row)
         copy_ms.append(timer(lambda: dense.clone()))
         copy_gbs = 2 * moved / min(copy_ms) / 1e6
         for row in case_rows:
@@ -189,36 +253,47 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
             torch.cuda.empty_cache()
     import triton
 
-    return {"device_name": record.name, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "results": rows}
+    return {"device": record.to_dict(), "device_name": record.name, "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "small": small,
+            "results": rows}
+
+
+def _cell(row: Optional[dict[str, Any]]) -> str:
+    if row is None or "note" in row:
+        return "n/a"
+    if "error" in row:
+        return "fail"
+    if "wrong" in row:
+        return "WRONG"
+    return " / ".join(f"{row[k]:.2f}" if k in row else "-" for k in ("fwd_frac", "bwd_frac", "autograd_frac"))
 
 
 def table(results: dict[str, Any]) -> str:
     """Fraction of copy per case: forward / backward op / backward through autograd."""
     rows = results["results"]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    lines = [f"{results['device_name']} | torch {results['torch']} | triton {results['triton']} | {results['date']}",
-             "fraction of copy: forward / backward op / backward through autograd (- not timed, n/a not served)",
+    lines = [f"{results['device_name']} | torch {results['torch']} | triton {results['triton']} | {results['date']}"
+             + (" | small stand-in shapes by the host's clock: a check, not a measurement" if results.get("small") else ""),
+             "fraction of copy: forward / backward op / backward through autograd (- not timed, n/a not served, "
+             "WRONG outside the tolerance, fail raised)",
              "| case | dtype | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
     for case, dtype in dict.fromkeys((r["case"], r["dtype"]) for r in rows):
-        cells = []
-        for impl in impls:
-            r = next((r for r in rows if (r["case"], r["dtype"], r["impl"]) == (case, dtype, impl)), None)
-            if r is None or "note" in r:
-                cells.append("n/a")
-            elif "error" in r:
-                cells.append("fail")
-            else:
-                cells.append(" / ".join(f"{r[k]:.2f}" if k in r else "-" for k in ("fwd_frac", "bwd_frac",
-                                                                                    "autograd_frac")))
+        cells = [_cell(next((r for r in rows if (r["case"], r["dtype"], r["impl"]) == (case, dtype, impl)), None))
+                 for impl in impls]
         lines.append(f"| {case} | {dtype} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    problems = [f"  {r['impl']} on {r['case']} {r['dtype']}: {r.get('wrong') or r['error']}"
+                for r in rows if "wrong" in r or "error" in r]
+    return "\n".join(lines + (["", "wrong or failed:"] + problems if problems else []))
+
+
+PANELS = (("fwd_frac", "forward"), ("bwd_frac", "backward op"), ("autograd_frac", "backward through autograd"))
 
 
 def plot(results: dict[str, Any], path: Path) -> Optional[Path]:
-    """Fraction of copy, one panel per dtype and direction, a bar group per case, one colour per
-    implementation (needs matplotlib)."""
+    """Fraction of copy: a column of panels per dtype (forward, backward op, backward through
+    autograd), a bar group per case, one colour per implementation; "n/a" where an
+    implementation does not take the case (needs matplotlib)."""
     try:
         import matplotlib
 
@@ -227,26 +302,31 @@ def plot(results: dict[str, Any], path: Path) -> Optional[Path]:
     except ImportError:
         logger.warning("matplotlib is not installed: no plot")
         return None
-    rows = [r for r in results["results"] if "fwd_frac" in r]
+    rows = results["results"]
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     colours = {impl: f"C{i}" for i, impl in enumerate(impls)}
-    figure, axes = plt.subplots(2, len(dtypes), figsize=(7 * len(dtypes), 9), squeeze=False)
+    width = 0.8 / max(len(impls), 1)
+    figure, axes = plt.subplots(len(PANELS), len(dtypes), figsize=(7 * len(dtypes), 4.5 * len(PANELS)),
+                                squeeze=False)
     for column, dtype in enumerate(dtypes):
         cases = list(dict.fromkeys(r["case"] for r in rows if r["dtype"] == dtype))
-        for line, (key, title) in enumerate((("fwd_frac", "forward"), ("bwd_frac", "backward op"))):
+        for line, (key, title) in enumerate(PANELS):
             axis = axes[line][column]
-            width = 0.8 / max(len(impls), 1)
             for i, impl in enumerate(impls):
-                values = [next((r.get(key, 0.0) for r in rows if (r["case"], r["dtype"], r["impl"]) ==
-                                (case, dtype, impl)), 0.0) for case in cases]
-                axis.bar([c + i * width for c in range(len(cases))], values, width, color=colours[impl], label=impl)
+                for c, case in enumerate(cases):
+                    row = next((r for r in rows if (r["case"], r["dtype"], r["impl"]) == (case, dtype, impl)), None)
+                    if row is not None and key in row:
+                        axis.bar(c + i * width, row[key], width, color=colours[impl])
+                    elif row is not None and "note" in row:
+                        axis.text(c + i * width, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
             axis.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
             axis.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
             axis.set_xticklabels(cases, rotation=25, ha="right", fontsize=7)
             axis.set_ylabel("fraction of copy")
             axis.set_title(f"{dtype}, {title}")
-            axis.legend(fontsize=7)
+            axis.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[i]) for i in impls], labels=impls,
+                        fontsize=7)
     figure.suptitle(f"softmax as models call it, on {results['device_name']}")
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -2,6 +2,7 @@
 mistake answered by one line, ``portable-softmax: error: ...`` (exit 2), never a traceback."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -135,6 +136,7 @@ def test_targets_triton_compiles_for_are_taken(text, capsys, monkeypatch):
     ["plan"],
     ["frobnicate"],
     ["bench", "--device", "cpu", "--M", "4", "--N", "8"],
+    ["bench", "--device", "cpu", "--cases", "real"],
 ])
 def test_other_mistakes_are_one_line(argv, capsys):
     _assert_one_line_error(argv, capsys)
@@ -147,27 +149,51 @@ def test_an_unwritable_report_folder_is_one_line(tmp_path, capsys, monkeypatch):
     _assert_one_line_error(["validate", "--device", "cpu", "--no-bench", "--out", str(occupied)], capsys)
 
 
-def test_real_use_cases_check_and_report_on_the_interpreter(tmp_path):
-    """``bench --cases real``'s cases on their small stand-ins, timed by the wall clock: every
-    case is checked against torch, peers that take only 2-D rows are marked n/a, and the table and
-    plot are written."""
-    import time
-
+def test_real_use_cases_through_the_command_line_on_the_interpreter(tmp_path, capsys):
+    """``bench --cases real --small`` on the CPU: every case's stand-in is checked against torch
+    (ours right forward, backward op and through autograd), timed by the host's clock, and the
+    table, JSON and plot are written."""
     from portable_softmax import bench_cases
 
-    def wall(fn):
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-
-    results = bench_cases.run({"torch"}, "cpu", small=True, timer=wall)
-    rows = results["results"]
-    assert {r["case"] for r in rows} == {c.name for c in bench_cases.CASES}
+    code, out, err = _run(["bench", "--device", "cpu", "--cases", "real", "--small", "--peers", "torch",
+                           "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    (written,) = tmp_path.glob("real-*.json")
+    rows = json.loads(written.read_text())["results"]
+    assert {(r["case"], r["dtype"]) for r in rows} == {(c.name, str(c.dtype)[6:]) for c in bench_cases.CASES}
+    assert {r["impl"] for r in rows} == {"ours", "torch"}
     ours = [r for r in rows if r["impl"] == "ours"]
-    assert all(r["fwd_err"] < 2e-2 and r["bwd_err"] < 2e-2 and "autograd_frac" in r for r in ours), ours
-    assert "transposed" in bench_cases.table(results)
-    pytest.importorskip("matplotlib")
-    assert bench_cases.plot(results, tmp_path / "real.png").exists()
+    assert all(r["fwd_err"] < 2e-2 and r["bwd_err"] < 2e-2 and r["autograd_err"] < 2e-2 and "autograd_frac" in r
+               and "wrong" not in r and "error" not in r for r in ours), ours
+    table = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(table) == len(bench_cases.CASES) and "| transposed (4096, 8192).t() | bfloat16 |" in out
+    assert not [line for line in table if "WRONG" in line or "fail" in line] and "wrong or failed" not in out
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert written.with_suffix(".png").exists()
+
+
+def test_real_use_cases_of_the_dtypes_asked(tmp_path, capsys, monkeypatch):
+    """``--dtype`` picks the real cases of those dtypes."""
+    from portable_softmax import bench_cases
+
+    monkeypatch.setattr(bench_cases, "CASES", [c for c in bench_cases.CASES if "router" in c.name])
+    code, _, err = _run(["bench", "--device", "cpu", "--cases", "real", "--small", "--dtype", "float32",
+                         "--peers", "torch", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    rows = json.loads(next(tmp_path.glob("real-*.json")).read_text())["results"]
+    assert {r["dtype"] for r in rows} == {"float32"}
+
+
+def test_a_wrong_result_is_reported_not_timed(monkeypatch):
+    """A result outside the tolerance is marked wrong in the table and never timed."""
+    from portable_softmax import bench_cases
+
+    monkeypatch.setattr(bench_cases, "CASES", bench_cases.CASES[-1:])
+    monkeypatch.setattr(bench_cases.portable_softmax, "softmax", lambda x, dim: torch.softmax(x, dim) * 1.1)
+    results = bench_cases.run({"torch"}, "cpu", small=True, timer=lambda fn: 1.0)
+    (ours,) = [r for r in results["results"] if r["impl"] == "ours"]
+    assert "wrong" in ours and "fwd_ms" not in ours and "fwd_frac" not in ours
+    assert "WRONG" in bench_cases.table(results) and "ours on router rows" in bench_cases.table(results)
 
 
 def test_peers_of_rows_serve_only_rows():
