@@ -137,6 +137,8 @@ def test_targets_triton_compiles_for_are_taken(text, capsys, monkeypatch):
     ["frobnicate"],
     ["bench", "--device", "cpu", "--M", "4", "--N", "8"],
     ["bench", "--device", "cpu", "--cases", "real"],
+    ["bench", "--device", "cpu", "--cases", "all", "--small"],  # the rows need a GPU
+    ["bench", "--cases", "some"],
 ])
 def test_other_mistakes_are_one_line(argv, capsys):
     _assert_one_line_error(argv, capsys)
