@@ -70,16 +70,20 @@ def lowering_jobs():
                 form = "" if per_tile is None else f" PER_TILE={int(per_tile)}"
                 yield (variants.kernel_name(direction, regime), (direction, regime),
                        f"M={block_m} N={block_n} LOG={int(log)}{form}", variants.constexprs(config, variants.CallFacts(log)))
-    # The fused variants (scale, masks, causal) of the tile kernels: a tensor scale with a bool mask
-    # and causal, a number scale with an additive mask.
-    for direction in ("forward", "backward"):
+    # The fused variants (scale, masks, causal) of the kernels Ascend runs (tiles; the loop for
+    # longer rows): a tensor scale with a bool mask and causal, a number scale with an additive mask.
+    for (direction, regime), (block_m, block_n) in itertools.product(
+            (("forward", "tile"), ("backward", "tile"), ("forward", "loop"), ("backward", "loop")), ((8, 1024),)):
+        if regime == "loop":
+            block_m, block_n = PLANS[(direction, regime)][0]
         for scale, mask, causal in ((2, 1, True), (1, 2, False)):
-            config = types.SimpleNamespace(regime="tile", block_m=8, block_n=1024, chunks=1, chunks_p2=1,
+            config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, chunks=1, chunks_p2=1,
                                            num_stages=1, align=1, ticketed=False, reread=False, per_tile=False,
                                            dense=False)
             facts = variants.CallFacts(False, scale=scale, mask=mask, causal=causal)
-            yield (variants.kernel_name(direction, "tile"), (direction, "tile"),
-                   f"M=8 N=1024 SCALE={scale} MASK={mask} CAUSAL={int(causal)}", variants.constexprs(config, facts))
+            yield (variants.kernel_name(direction, regime), (direction, regime),
+                   f"M={block_m} N={block_n} SCALE={scale} MASK={mask} CAUSAL={int(causal)}",
+                   variants.constexprs(config, facts))
     for phase in variants.SHARDED_PHASES:
         for block_m, block_n in SHARDED_PLANS:
             for log in (False,) if phase == "forward_partials" else (False, True):

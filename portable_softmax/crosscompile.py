@@ -57,6 +57,11 @@ DEFAULT_STRIDED_SHAPES = ((1024, 32768),)
 # Rows sharded across ranks (``distributed.py``): rows x the local slice's length (a vocabulary of
 # 151936 over 2 ranks).
 DEFAULT_SHARDED_SHAPES = ((8192, 75968),)
+# The fused variants (``fused.py``: scale, mask, causal), as rows x keys: attention rows in tiles
+# and a vocabulary of logits (split, or the loop where residency is not promised). Each compiles
+# the heaviest form, ``FUSED_FORM``: a per-row scale tensor, a bool mask and causal.
+DEFAULT_FUSED_SHAPES = ((16384, 2048), (256, 151936))
+FUSED_FORM = {"scale": 2, "mask": 1, "causal": True}
 # The ranks whose partials the sharded kernels combine, as compiled here.
 SHARDED_RANKS = 2
 DEFAULT_DTYPES = ("bfloat16", "float32")
@@ -188,6 +193,7 @@ class Case:
     log: bool
     strided: bool = False
     sharded: bool = False
+    fused: bool = False
 
     @property
     def direction(self) -> str:
@@ -224,6 +230,8 @@ class Case:
         over = f"{self.cols}x{self.rows} over dim 0" if self.strided else f"{self.rows}x{self.cols}"
         if self.sharded:
             over = f"{over} sharded"
+        if self.fused:
+            over = f"{over} fused"
         return f"{over} {self.dtype} {self.direction} {function}"
 
 
@@ -261,18 +269,30 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
     """
     tensors = len(variants.TENSORS[case.direction])
     pointer = POINTER_TYPES[case.dtype]
-    # The fused variants' mask and scale: the input stands in, as in an unfused launch.
-    args: list[tuple[str, Any]] = [(pointer, True)] * len(variants.tensor_names(case.direction, config.regime))
+    # The fused variants' mask and scale: the input stands in where the call is not fused.
+    types = {"mask": "*i1"} if case.fused else {}
+    args: list[tuple[str, Any]] = [(types.get(name, pointer), True)
+                                   for name in variants.tensor_names(case.direction, config.regime)]
     if config.regime == "split":
         args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
-    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic)
-    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors):
+    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic, **(FUSED_FORM if case.fused else {}))
+    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors,
+                                           _fused_scalars(case)):
         if isinstance(value, float):  # Triton specialises no float
             args.append(("fp32", False))
             continue
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
     return variants.kernel_name(case.direction, config.regime), tuple(args), variants.constexprs(config, facts)
+
+
+def _fused_scalars(case: Case) -> tuple[Any, ...]:
+    """``variants.FUSED_SCALARS`` of a fused case, seen as (A, 16 heads, queries, keys): a scale
+    of one value per row, a padding mask of one row of keys per A (``FUSED_FORM``)."""
+    if not case.fused:
+        return variants.NO_FUSION
+    heads, queries = 16, case.cols
+    return (1.0, heads, queries, case.cols, 0, 0, 1, heads * queries, queries, 1)
 
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
@@ -700,9 +720,11 @@ def compile_all(specs: Sequence[dict[str, Any]], *, jobs: int = 2, timeout: floa
 
 def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: Iterable[bool],
               strided_shapes: Iterable[tuple[int, int]] = (),
-              sharded_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
+              sharded_shapes: Iterable[tuple[int, int]] = (),
+              fused_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
     forms = ([(shape, {}) for shape in shapes] + [(shape, {"strided": True}) for shape in strided_shapes]
-             + [(shape, {"sharded": True}) for shape in sharded_shapes])
+             + [(shape, {"sharded": True}) for shape in sharded_shapes]
+             + [(shape, {"fused": True}) for shape in fused_shapes])
     return [Case(rows, cols, dtype, backward, log, **form) for (rows, cols), form in forms for dtype in dtypes
             for log in logs for backward in (False, True)]
 
@@ -1002,6 +1024,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sharded-shape", type=_shape, action="append",
                         help="rows x a rank's slice of rows sharded across ranks; repeat for several (default: "
                              f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_SHARDED_SHAPES)}, unless --shape is given)")
+    parser.add_argument("--fused-shape", type=_shape, action="append",
+                        help="rows x keys of the fused variants (a scale tensor, a bool mask, causal); repeat for "
+                             f"several (default: {' '.join(f'{r}x{c}' for r, c in DEFAULT_FUSED_SHAPES)}, unless "
+                             "--shape is given)")
     parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
                         help=f"repeat for several (default: {' '.join(DEFAULT_DTYPES)})")
     parser.add_argument("--log", action="store_true", help="also compile the log_softmax (LOG=True) variants")
@@ -1017,7 +1043,8 @@ def run_command(args: argparse.Namespace) -> int:
     logs = (False, True) if args.log else (False,)
     strided = args.strided_shape or (() if args.shape else DEFAULT_STRIDED_SHAPES)
     sharded = args.sharded_shape or (() if args.shape else DEFAULT_SHARDED_SHAPES)
-    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided, sharded)
+    fused = args.fused_shape or (() if args.shape else DEFAULT_FUSED_SHAPES)
+    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided, sharded, fused)
     show = getattr(args, "verbose", False) or sys.stderr.isatty()
     report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
                  progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)

@@ -211,6 +211,49 @@ def _fused_input(x, scale, bias, FUSED: tl.constexpr):
 
 
 @_jit
+def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
+                outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
+                mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """The fused input ``x * scale + bias`` at block columns ``cols`` ([1, BLOCK_N]) of the rows
+    at ``x_base``, which are the rows' columns ``at`` (``_fused_terms``; they differ in a split
+    window), -inf where masked or not ``valid``; what a bool mask or ``CAUSAL`` masks is not
+    read. Plain calls (no fusion) load x alone."""
+    scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, at, valid, mask_ptr, scale_ptr, scale_value,
+                               n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                               scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+    reads = valid & (bias != -float("inf")) if (MASK == 1 or CAUSAL) else valid
+    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
+    return _fused_input(x, scale, bias, (SCALE != 0 or MASK != 0) or CAUSAL)
+
+
+@_jit
+def _fused_grad(dx, outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr, scale_value, n_heads,
+                n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
+                MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """The gradient with respect to x from ``dx`` with respect to the fused input: the scale's
+    factor, and none where masked (a constant)."""
+    if (SCALE != 0 or MASK != 0) or CAUSAL:
+        scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr,
+                                   scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
+                                   mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N,
+                                   SCALE, MASK, CAUSAL)
+        dx = tl.where(bias == -float("inf"), 0.0, dx * scale.to(dx.dtype))
+    return dx
+
+
+@_jit
+def _emptied(out, row_max, LOG: tl.constexpr, MASK: tl.constexpr):
+    """A row the bool mask (``MASK`` 1) leaves empty (``row_max``, shaped to broadcast over
+    ``out``, is -inf) gives 0 (log: -inf), as ``torch._masked_softmax``; elsewhere ``out``."""
+    if MASK == 1:
+        out = tl.where(row_max == -float("inf"), -float("inf") if LOG else 0.0, out)
+    return out
+
+
+@_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
@@ -253,17 +296,18 @@ def softmax_forward_tile(
             z = x - row_max[:, None]
             e = tl.exp2(z * LOG2E)
         out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
-        if MASK == 1:
-            out = tl.where((row_max == -float("inf"))[:, None], -float("inf") if LOG else 0.0, out)
-        _store(y_ptr, y_base, cols, y_col_stride, mask, out)
+        _store(y_ptr, y_base, cols, y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
 
 
 @_jit
-def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols, CAST_TY: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr):
-    """One streamed pass over rows (chunks of ``BLOCK_N`` columns): each row's maximum, the
-    reference its exponentials are taken against (the maximum, or 0 for a row of -inf only), and
-    their sum."""
+def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride, chunk_cols,
+                  mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
+                  mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, CAST_TY: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, SCALE: tl.constexpr,
+                  MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """One streamed pass over rows (chunks of ``BLOCK_N`` columns) of the fused input
+    (``_fused_load``): each row's maximum, the reference its exponentials are taken against (the
+    maximum, or 0 for a row of -inf only), and their sum."""
     if ACC_FP64:
         row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
         total = tl.zeros([BLOCK_M], tl.float64)
@@ -275,7 +319,10 @@ def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols, CAS
     for start in tl.range(0, n_cols, BLOCK_N):
         cols = start + chunk_cols
         mask = row_mask[:, None] & (cols < n_cols)[None, :]
-        x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), CAST_TY, ACC_FP64, "")
+        x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, CAST_TY, ACC_FP64, outer, rows, row_mask,
+                        rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
+                        mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                        BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
         new_max = tl.maximum(row_max, tl.max(x, 1))
         new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
         # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
@@ -288,27 +335,36 @@ def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols, CAS
 
 @_jit
 def softmax_forward_loop(
-    x_ptr, y_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_ptr, y_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+    scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-        _, ref, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols,
-                                      y_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64)
+        row_max, ref, total = _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride,
+                                            chunk_cols, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
+                                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                                            scale_a_stride, scale_b_stride, scale_q_stride, y_ptr.dtype.element_ty,
+                                            BLOCK_M, BLOCK_N, ACC_FP64, SCALE, MASK, CAUSAL)
         scale = 1.0 / total
         shift = -tl.log(total)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _load(x_ptr, x_base, cols[None, :], x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty,
-                      ACC_FP64, "")
+            x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, y_ptr.dtype.element_ty,
+                            ACC_FP64,
+                            outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
+                            n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
             z = x - ref[:, None]
-            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask,
-                   _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
+            out = _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG)
+            _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,14 +430,10 @@ def softmax_backward_tile(
             y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "evict_first")
             dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
                        "evict_first")
-        dx = _grad(y, dy, row_sum[:, None], LOG)
-        if (SCALE != 0 or MASK != 0) or CAUSAL:
-            # The gradient with respect to x: the scale's factor, none where masked (a constant).
-            scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr,
-                                       scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                                       mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                                       BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-            dx = tl.where(bias == -float("inf"), 0.0, dx * scale.to(dx.dtype))
+        dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
+                         mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
+                         BLOCK_N, SCALE, MASK, CAUSAL)
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 
@@ -404,10 +456,13 @@ def _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, n_cols, y_col_stride, d
 
 @_jit
 def softmax_backward_loop(
-    y_ptr, dy_ptr, dx_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
+    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+    scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+    SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -420,8 +475,13 @@ def softmax_backward_loop(
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = (start + chunk_cols)[None, :]
             mask = row_mask[:, None] & (cols < n_cols)
-            _grad_block(y_ptr, dy_ptr, dx_ptr, y_base, dy_base, dx_base, cols, mask, row_sum,
-                        y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "")
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "")
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
+            dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
+                             mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                             mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
+                             BLOCK_N, SCALE, MASK, CAUSAL)
+            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 
 # --------------------------------------------------------------------------------------------
@@ -774,14 +834,20 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
 
 @_jit
 def softmax_forward_split(
-    x_ptr, y_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
+    x_ptr, y_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
+    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+    scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
-    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
+    # SCALE, MASK, CAUSAL: the fused variants (_fused_terms), at the row's own columns (a
+    # window's less its lead); unpipelined, what a bool mask or CAUSAL masks is not read.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
+    fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
     for item in tl.range(first, stop, step, num_stages=STAGES):
@@ -796,12 +862,28 @@ def softmax_forward_split(
             cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
             x = tl.where(mask, x, -float("inf"))
+            if fused:
+                scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols - lead[:, None], mask, mask_ptr,
+                                           scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                                           mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                                           scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                x = _fused_input(x, scale, bias, True)
         else:
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False, "")
+            x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, y_ptr.dtype.element_ty,
+                            False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
+                            n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
+            if fused:
+                scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, (edge - tl.sum(lead, 0))[None, :],
+                                           edge_mask[None, :], mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
+                                           mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                                           scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, 2 * ALIGN,
+                                           SCALE, MASK, CAUSAL)
+                x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, True), 0)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -819,22 +901,32 @@ def softmax_forward_split(
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
-        _store(y_ptr, y_base, cols, y_col_stride, mask, _normalized(z, e, scale[:, None], shift[:, None], LOG))
+        out = _normalized(z, e, scale[:, None], shift[:, None], LOG)
+        # A tile's maxima are [BLOCK_M]; a row's, a scalar.
+        if BLOCK_M > 1:
+            out = _emptied(out, row_max[:, None], LOG, MASK)
+        else:
+            out = _emptied(out, row_max, LOG, MASK)
+        _store(y_ptr, y_base, cols, y_col_stride, mask, out)
         if ALIGN > 1:
             _edge_store(y_ptr, y_base, edge, edge_mask,
-                        _normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG))
+                        _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max, LOG,
+                                 MASK))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
 @_jit
 def softmax_backward_split(
-    y_ptr, dy_ptr, dx_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
+    y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
     y_outer_stride, y_row_stride, y_col_stride, dy_outer_stride, dy_row_stride, dy_col_stride,
     dx_outer_stride, dx_row_stride, dx_col_stride,
+    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+    scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
-    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
@@ -861,9 +953,18 @@ def softmax_backward_split(
                                CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
         if BLOCK_M > 1:
             row_sum = row_sum[:, None]
-        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, _grad(y, dy, row_sum, LOG))
+        dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
+                         mask, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
+                         BLOCK_N, SCALE, MASK, CAUSAL)
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
         if ALIGN > 1:
-            _edge_store(dx_ptr, dx_base, edge, edge_mask, _grad(y_edge, dy_edge, row_sum, LOG))
+            dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG)[None, :], outer, rows, row_mask,
+                                  rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,
+                                  scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                                  mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                                  BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
+            _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
@@ -896,8 +997,10 @@ def softmax_forward_partials(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         # x in its own dtype: ``distributed`` casts first where ``dtype=`` asks for another.
-        row_max, _, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, chunk_cols,
-                                          x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64)
+        # No fusion: x stands in for the mask and scale tensors, never read.
+        row_max, _, total = _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride,
+                                          chunk_cols, x_ptr, x_ptr, 1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0,
+                                          x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64, 0, 0, False)
         # One [BLOCK_M, 2] block (maximum, sum): a structured store, which triton-ascend's lowering
         # takes where two stores two elements apart it does not.
         pair = tl.arange(0, 2)[None, :]

@@ -251,9 +251,12 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     module = _kernel_module(backend)
     dtype_name = "float64" if acc_fp64 else "float32"
     backward = direction == "backward"
-    input_bytes = sum(t.element_size() for t in tensors[:-1])
-    window = (view.n_outer, view.rows_per_outer, view.n_cols, view.strides, [t.element_size() for t in tensors],
-              all(t.data_ptr() % 16 == 0 for t in tensors))
+    arity = len(variants.TENSORS[direction])
+    # The data's inputs (a fused call's mask and scale follow the output).
+    input_bytes = sum(t.element_size() for t in tensors[:arity - 1])
+    data = tensors[:arity]
+    window = (view.n_outer, view.rows_per_outer, view.n_cols, view.strides, [t.element_size() for t in data],
+              all(t.data_ptr() % 16 == 0 for t in data))
     align = window_align(*window)
     # Inputs that share windows but an output that does not (rows sliced from a padded
     # vocabulary, written contiguous): windows follow the inputs.
@@ -262,7 +265,6 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
                                *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
     fused_scalars = fusion.scalars if fusion else variants.NO_FUSION
-    arity = len(variants.TENSORS[direction])
 
     def kernel_tensors(regime: str) -> tuple[torch.Tensor, ...]:
         # Regimes that fuse take the mask and scale tensors too; the input stands in where absent.
@@ -273,7 +275,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     # Rows of 2**31 elements or more stream through the loop regime, whose column offsets come
     # from a 64-bit loop counter (Triton passes such a length as i64); the split kernels count
     # a chunk's columns in 32 bits, and no tile holds such a row.
-    allow_split = allow_split and view.n_cols < 2**31 and fusion is None
+    allow_split = allow_split and view.n_cols < 2**31
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, variants.kernel_name(direction, config.regime))
@@ -329,7 +331,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         # The same call without the split path, for a graph capture that cannot grow the scratch;
         # built from the tensors of the call that needs it: a record holds no tensor.
         def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
-            return build_record(direction, now, view, log, acc_fp64, allow_split=False)
+            return build_record(direction, now, view, log, acc_fp64, allow_split=False, fusion=fusion)
     return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, fallback)
 
 

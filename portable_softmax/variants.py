@@ -22,11 +22,11 @@ REGIMES = ("tile", "split", "loop")
 # The tensors of each direction, in argument order: the inputs, then the output.
 TENSORS = {"forward": ("x", "y"), "backward": ("y", "dy", "dx")}
 # The fused variants (scale, masks, causal: ``kernels._fused_terms``), in the regimes that take
-# them: their tensors after the others (the mask in its own dtype, the scale tensor; the input
+# them (every one): their tensors after the others (the mask in its own dtype, the scale tensor; the input
 # stands in where absent), and their scalars after the strides: a number scale, the input's
 # leading dimensions as (A, n_heads, n_queries), the mask's (A, heads, queries, keys) strides and
 # the scale's (A, heads, queries) strides (0 where they broadcast).
-FUSED_REGIMES = ("tile",)
+FUSED_REGIMES = REGIMES
 FUSED_TENSORS = ("mask", "scale")
 FUSED_SCALARS = ("scale_value", "n_heads", "n_queries", "mask_a_stride", "mask_b_stride", "mask_q_stride",
                  "mask_k_stride", "scale_a_stride", "scale_b_stride", "scale_q_stride")

@@ -28,6 +28,9 @@ LONG_SPLIT_ROW = (4096, 393216)
 STRIDED_SPLIT = (1024, 32768)
 # A rank's slice of rows sharded across ranks (distributed.py): the four streamed kernels.
 SHARDED = (64, 75968)
+# The fused variants (a scale tensor, a bool mask, causal): rows in tiles, and odd rows split in
+# windows (and their loop fallback).
+FUSED = [(64, 2048), ODD_SPLIT_ROW]
 TARGETS = ("cuda:90", "hip:gfx942")
 
 
@@ -44,7 +47,7 @@ def report(missing):
     if not available:
         pytest.skip(f"no target's toolchain here: {missing}")
     cases = crosscompile.cases_for([SMALL_TILE, MANY_TILES, SPLIT_ROW, ODD_SPLIT_ROW, LONG_SPLIT_ROW], ["bfloat16"],
-                                   [False], [STRIDED_SPLIT], [SHARDED])
+                                   [False], [STRIDED_SPLIT], [SHARDED], FUSED)
     result = crosscompile.run([crosscompile.parse_target(t) for t in available], cases, jobs=2, timeout=300)
     return {t["target"]: t for t in result["targets"]}, result
 
@@ -67,6 +70,14 @@ def test_every_variant_compiles(report, target):
     assert kernels == expected, (f"{target['target']}: the small set should exercise every kernel "
                                  f"(tile, split and its loop fallback, both directions); got {sorted(kernels)}")
     assert report[1]["ok"], crosscompile.format_report(report[1])
+
+
+def test_fused_variants_compile_in_every_regime(target):
+    fused = {(v["kernel"], v["constexprs"].get("ALIGN", 1) > 1) for v in target["variants"]
+             if v["constexprs"].get("SCALE") == 2 and v["constexprs"]["MASK"] == 1 and v["constexprs"]["CAUSAL"]}
+    kernels = {kernel for kernel, _ in fused}
+    assert kernels == {f"softmax_{d}_{r}" for d in ("forward", "backward") for r in ("tile", "split", "loop")}
+    assert ("softmax_forward_split", True) in fused and ("softmax_backward_split", True) in fused, "windowed"
 
 
 def test_odd_rows_compile_windowed_split_kernels(target):

@@ -1,6 +1,7 @@
 """The fused variants (``scale=``, ``mask=``, ``causal=``) against torch's composite of the same
-definition in float64, forward and backward: rows in tiles (the fused kernels) and rows that are
-composed (longer than a tile on the interpreter, or a softmax over another dimension)."""
+definition in float64, forward and backward: rows in tiles and rows longer than a tile (the fused
+kernels of every regime), and calls that are composed (a softmax over another dimension, a mask
+whose leading strides do not merge)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 import portable_softmax as ps
+from portable_softmax import launch, tuning
 from portable_softmax.selfcheck import relative_error, tolerance
+from regimes import force_regime, regime_of
 
 
 def _reference(x, scale=None, mask=None, causal=False, log=False, dim=-1):
@@ -44,16 +47,15 @@ def _compare(ours, expected, dtype, device):
     assert relative_error(ours[finite], expected[finite]) <= floor
 
 
-SHAPES = [(2, 3, 5, 7), (2, 2, 4, 70000)]  # a tile; a row longer than the interpreter's tiles (composed)
+# A tile; a row longer than a tile (the loop kernels on the interpreter, split or loop on GPUs).
+SHAPES = [(2, 3, 5, 7), (1, 2, 2, 70000)]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["tile", "composed"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["tile", "long"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("variant", ["scale", "bool_mask", "additive_mask", "causal", "all"])
 def test_fused_variants_match_the_composite(device, shape, dtype, log, variant):
-    if shape[-1] > 1000 and (variant == "all" or dtype == torch.bfloat16):
-        pytest.skip("the composed path is the same code for every variant: one check each keeps CI short")
     x = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
     kwargs = {}
     if variant in ("scale", "all"):
@@ -78,6 +80,55 @@ def test_fused_variants_match_the_composite(device, shape, dtype, log, variant):
     kept = torch.isfinite(reference)
     assert not dx[~kept].any() and not expected_dx[~kept].any()
     assert relative_error(dx[kept], expected_dx[kept]) <= tolerance(dtype, 0.0, device) * 2
+
+
+@pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop", "windows"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("variant", ["scale_tensor_bool_mask_causal", "number_additive_mask"])
+def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, variant):
+    """Each regime's fused kernels (forced on rows of 1001: chunks of 128 where split, rows off
+    16-byte boundaries in bf16 where windowed) against the float64 composite, forward and
+    backward, with a row the bool mask leaves empty."""
+    force_regime(monkeypatch, "split" if regime == "windows" else regime, device)
+    dtype = torch.float32
+    if regime == "windows":
+        key = (ps.device_info(device)["backend"], "*")
+        monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
+                                                               split_windows=frozenset({"forward", "backward"})))
+        dtype = torch.bfloat16
+    plans = []
+    build = launch.build_record
+
+    def spy(*args, **kwargs):
+        record = build(*args, **kwargs)
+        plans.append(None if record is None else record.plan)
+        return record
+    monkeypatch.setattr(launch, "build_record", spy)
+    shape = (2, 2, 5, 1001)
+    x = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
+    if variant == "scale_tensor_bool_mask_causal":
+        mask = torch.rand(2, 1, 5, 1001, device=device) > 0.3
+        mask[1, 0, 3] = False
+        kwargs = dict(scale=torch.rand(2, 2, 5, 1, device=device) + 0.5, mask=mask, causal=True)
+    else:
+        kwargs = dict(scale=0.37, mask=torch.randn(1, 1, 5, 1001, device=device))
+    function = ps.log_softmax if log else ps.softmax
+    y = function(x, -1, **kwargs)
+    expected = _reference(x.detach(), log=log, **kwargs)
+    _compare(y, expected, dtype, device)
+    dy = torch.randn(shape, device=device).to(dtype)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    reference_x = x.detach().double().requires_grad_()
+    reference = _reference(reference_x, log=log, **kwargs)
+    (expected_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
+    kept = torch.isfinite(reference)
+    assert not dx[~kept].any()
+    assert relative_error(dx[kept], expected_dx[kept]) <= tolerance(dtype, 0.0, device) * 2
+    # Both directions ran the forced regime's fused kernels (none composed).
+    assert len(plans) == 2 and all(plan is not None for plan in plans)
+    assert {regime_of(plan) for plan in plans} == {"split" if regime == "windows" else regime}
+    if regime == "windows":
+        assert all(plan.align == 8 for plan in plans)
 
 
 def test_a_per_row_temperature_and_its_gradient(device):

@@ -11,6 +11,7 @@ import torch
 import portable_softmax as ps
 from portable_softmax import launch, ops, tuning, variants
 from portable_softmax.selfcheck import ERROR_FLOOR, relative_error, tolerance
+from regimes import force_regime, regime_of
 
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
 FUNCTION_IDS = ["softmax", "log_softmax"]
@@ -209,42 +210,17 @@ def test_unserved_device_is_a_runtime_error(monkeypatch):
         backend.register_backend(interpreter)
 
 
-def _force(monkeypatch, regime: str, device: str) -> None:
-    """Shrink the current backend's tuning so small problems take ``regime``."""
-    record = ps.device_info(device)
-    if regime in ("split", "ticketed", "pipelined") and not record["residency_guaranteed"]:
-        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
-    key = (record["backend"], "*")
-    base = tuning.TUNING[key]
-    split = dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_tickets=frozenset(),
-                 split_pipelined=frozenset())
-    small = {"tile": dict(tile_elements=256),
-             "split": split,
-             "ticketed": {**split, "split_tickets": frozenset({"forward", "backward"}), "split_ticket_bytes": 0,
-                          "split_ticket_waves": 0},
-             # One resident program per unit: each then takes several items, the pipeline's steady
-             # state. Pipelined however few its items, and rows off 16-byte boundaries (which the
-             # plan reads through windows, unpipelined) read element by element.
-             "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1,
-                           "split_pipeline_items": 0, "split_windows": frozenset()},
-             "loop": dict(row_elements=64, loop_chunk=128)}[regime]
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
-    if regime == "loop":
-        real_plan = launch.plan_launch
-        monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
-
-
 @pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("cols", [1, 129, 1000])
 def test_every_regime_writes_every_element(device, monkeypatch, regime, log, cols):
     """Launch each path directly into a NaN-poisoned output and check every element."""
-    _force(monkeypatch, regime, device)
+    force_regime(monkeypatch, regime, device)
     x = torch.randn(37, cols, device=device) * 3
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
     if cols > 64:  # narrower rows fit a tile whatever is forced
-        assert _regime(plan) == regime
+        assert regime_of(plan) == regime
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert not y.isnan().any()
     assert relative_error(y, reference) < 1e-5
@@ -258,25 +234,20 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     assert relative_error(dx, grad) < 1e-5
 
 
-def _regime(plan: launch.LaunchPlan) -> str:
-    if plan.ticketed:
-        return "ticketed"
-    return "pipelined" if plan.regime == "split" and plan.num_stages > 1 else plan.regime
-
 
 @pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop"])
 def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
     into the compiled kernel): each replay must compute its own input into a poisoned output, and
     the split path's exchange slots (and the ticket counter) must come back ready for the next."""
-    _force(monkeypatch, regime, device)
+    force_regime(monkeypatch, regime, device)
     first = None
     for _ in range(3):
         x = torch.randn(37, 1000, device=device) * 3
         y = torch.full_like(x, float("nan"))
         view = ops.row_view(tuple(x.shape), 1, x, y)
         plan = launch.run_forward(x, y, view, False)
-        assert _regime(plan) == regime and (first is None or plan is first)
+        assert regime_of(plan) == regime and (first is None or plan is first)
         first = plan
         assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
@@ -310,7 +281,7 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, co
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
         assert plan.regime == "split" and plan.chunks == cols // 2048
-        assert _regime(plan) == ("split" if grid == "persistent" else grid)
+        assert regime_of(plan) == ("split" if grid == "persistent" else grid)
         assert plan.programs == plan.items if grid == "ticketed" else plan.items > 4 * plan.programs
         _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
@@ -325,13 +296,13 @@ def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
     """Rows whose values all lie below -88, where exp underflows: the streaming loop once
     rescaled its empty running sum by exp(0 - maximum) = inf and gave NaN (0 * inf). Also a row
     that starts with a span of -inf."""
-    _force(monkeypatch, regime, device)
+    force_regime(monkeypatch, regime, device)
     x = torch.randn(37, 1000, device=device) * 3 - 1000
     x[3] = -100.0
     x[4, :500], x[4, 500:] = -float("inf"), x[4, 500:] - 4000
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
-    assert _regime(plan) == regime
+    assert regime_of(plan) == regime
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert torch.equal(y.isinf(), reference.isinf()) and not y.isnan().any()
     finite = reference.isfinite()
@@ -364,7 +335,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     windows in both directions: each element is written from its own row into poisoned outputs,
     the elements that share a group with a neighbour's included, at every chunk boundary (chunks
     of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row."""
-    _force(monkeypatch, "split", device)
+    force_regime(monkeypatch, "split", device)
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
@@ -398,7 +369,7 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     chunk of -inf takes as its local reference (that once gave exp(-1000) = 0 sums and NaN rows).
     Rows of -inf only stay NaN, as in torch."""
     ours, theirs = fns
-    _force(monkeypatch, regime, device)
+    force_regime(monkeypatch, regime, device)
     if regime == "pipelined":
         monkeypatch.setenv(launch.PROGRAMS_ENV, "16")  # rows of 8 chunks: 3 items per program
     x = torch.randn(6, 1000, device=device, dtype=dtype) - 1000
@@ -409,7 +380,7 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     x[3, -1] = 10.0
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), ours is ps.log_softmax)
-    assert _regime(plan) == regime and plan.chunks > 2
+    assert regime_of(plan) == regime and plan.chunks > 2
     expected = theirs(x, -1)
     assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
     finite = expected.isfinite()
@@ -522,7 +493,7 @@ def test_split_windows_over_views_and_casts(device, monkeypatch, case):
     """Windows where the tensors differ: x a view whose rows are 8 elements wider than y's
     (equally far past an aligned element, so one window fits both), a bf16 input written as
     float32 (``dtype=``), and a 3-D view whose groups and rows both stride."""
-    _force(monkeypatch, "split", device)
+    force_regime(monkeypatch, "split", device)
     if case == "wider_rows":
         x = (torch.randn(24, 1009, device=device, dtype=torch.bfloat16) * 3)[:, :1001]
     elif case == "dtype_float32":
