@@ -11,12 +11,19 @@ ours) and through autograd (``torch.autograd.grad`` of a kept forward graph), wh
 training runs. Every result is checked against torch in float64 first; one outside the tolerance
 ``selfcheck`` uses is reported as wrong and not timed.
 
+The fused calls (``scale=``, ``mask=``, ``causal=``: a padding mask with a scale, causal
+attention, a per-row temperature over a vocabulary) are timed against torch's composite of the
+same definition (eager and under torch.compile); their forward moves x (a causal call only the
+kept part, about half), y and the mask's own bytes; their backward op is ours and the composite's
+(torch's backward op, the scale, the masked zeros).
+
 ``small`` runs each case's stand-in shape (tests on the CPU, through Triton's interpreter).
 """
 from __future__ import annotations
 
 import datetime
 import logging
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -27,7 +34,7 @@ from typing import Any, Optional
 import torch
 
 import portable_softmax
-from portable_softmax import ops
+from portable_softmax import fused, ops
 from portable_softmax.selfcheck import relative_error, tolerance
 
 logger = logging.getLogger(__name__)
@@ -44,10 +51,18 @@ class RealCase:
     dtype: torch.dtype
     view: str = "as made"
     small: tuple[int, ...] = ()
+    # A fused call: the name of its arguments in ``FUSIONS``.
+    fusion: str = ""
+    # Check the first entry of dim 0 only (a float64 reference of the whole would not fit).
+    check_first: bool = False
 
     def make(self, device: torch.device, small: bool) -> torch.Tensor:
         base = (torch.randn(self.small if small else self.shape, device=device) * 3).to(self.dtype)
         return VIEWS[self.view](base)
+
+    def fused_arguments(self, x: torch.Tensor) -> dict[str, Any]:
+        """The keyword arguments of a fused call on ``x`` (none for plain calls)."""
+        return FUSIONS[self.fusion](x) if self.fusion else {}
 
 
 VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -55,6 +70,15 @@ VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "transposed": lambda t: t.t(),
     # A vocabulary padded to a multiple of 64, sliced back to its 50257 tokens (47 of 80 small).
     "sliced": lambda t: t[:, : t.shape[1] - 47],
+}
+
+# The fused calls' arguments for an input x: a (B, 1, 1, keys) padding mask that keeps 90% and a
+# scale of 1/sqrt(128); causal; a temperature per row in [0.5, 1.5).
+FUSIONS: dict[str, Callable[[torch.Tensor], dict[str, Any]]] = {
+    "padding mask, scale": lambda x: {"mask": torch.rand(x.shape[0], 1, 1, x.shape[-1], device=x.device) > 0.1,
+                                      "scale": 128 ** -0.5},
+    "causal": lambda x: {"causal": True},
+    "temperature": lambda x: {"scale": 1 / (torch.rand(*x.shape[:-1], 1, device=x.device) + 0.5)},
 }
 
 CASES = [
@@ -67,17 +91,57 @@ CASES = [
     RealCase("sliced (4096, 50304)[:, :50257]", (4096, 50304), -1, torch.bfloat16, "sliced", small=(6, 80)),
     RealCase("router rows (65536, 64)", (65536, 64), -1, torch.float32, small=(64, 64)),
     RealCase("router rows (65536, 64)", (65536, 64), -1, torch.bfloat16, small=(64, 64)),
+    RealCase("attention (4, 32, 2048, 2048), padding mask, scale", (4, 32, 2048, 2048), -1, torch.bfloat16,
+             small=(2, 2, 16, 16), fusion="padding mask, scale"),
+    RealCase("causal attention (4, 32, 4096, 4096)", (4, 32, 4096, 4096), -1, torch.bfloat16, small=(2, 2, 16, 16),
+             fusion="causal", check_first=True),
+    RealCase("temperature per row (256, 151936)", (256, 151936), -1, torch.float32, small=(4, 700),
+             fusion="temperature"),
 ]
 
-# (forward, backward op) of each implementation on (x, dim); None where it does not serve.
-Implementation = Callable[[torch.Tensor, int], Optional[tuple[Callable, Optional[Callable]]]]
+
+def composite(x: torch.Tensor, dim: int, scale: Any = None, mask: Optional[torch.Tensor] = None,
+              causal: bool = False, empty_rows: bool = False) -> torch.Tensor:
+    """The fused call's definition in torch operations: ``softmax(x * scale + mask)``, the masked
+    positions -inf (a bool mask keeps where True), in x's dtype (a float32 scale tensor promotes a
+    narrower x; the result is cast back). With ``empty_rows`` a row the bool mask leaves empty
+    gives 0, as ours (the timed composite leaves it NaN: the cases have none)."""
+    z = x * scale if scale is not None else x
+    if mask is not None:
+        z = z.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else z + mask.to(z.dtype)
+    if causal:
+        z = z.masked_fill(torch.ones(z.shape[-2], z.shape[-1], dtype=torch.bool, device=z.device).triu(1), -math.inf)
+    y = torch.softmax(z, dim).to(x.dtype)
+    if empty_rows and mask is not None and mask.dtype == torch.bool:
+        y = torch.where(torch.isneginf(z).all(dim, keepdim=True), 0.0, y)
+    return y
+
+
+def composite_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, scale: Any = None,
+                       mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
+    """The composite's backward op: torch's, times the scale, 0 where masked."""
+    dx = torch._softmax_backward_data(dy, y, dim, y.dtype)
+    if scale is not None:
+        dx = (dx * scale).to(y.dtype)
+    masked = None
+    if mask is not None and mask.dtype == torch.bool:
+        masked = ~mask
+    if causal:
+        upper = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool, device=y.device).triu(1)
+        masked = upper if masked is None else masked | upper
+    return dx if masked is None else dx.masked_fill(masked, 0.0)
+
+# (forward, backward op) of each implementation on (x, dim, the fused call's keyword arguments);
+# None where it does not serve.
+Implementation = Callable[[torch.Tensor, int, dict], Optional[tuple[Callable, Optional[Callable]]]]
 
 
 def _rows_peer(forward: Callable, backward: Optional[Callable]) -> Implementation:
     """A peer that takes 2-D rows contiguous along the last dimension: ``x`` viewed so where it
-    is contiguous and the softmax is over its last dimension, else not served."""
-    def serve(x: torch.Tensor, dim: int):
-        if not x.is_contiguous() or dim % x.dim() != x.dim() - 1:
+    is contiguous and the softmax is over its last dimension, else (and for fused calls, which
+    no peer takes) not served."""
+    def serve(x: torch.Tensor, dim: int, fusion: dict):
+        if fusion or not x.is_contiguous() or dim % x.dim() != x.dim() - 1:
             return None
         n = x.shape[-1]
         return (lambda: forward(x.view(-1, n)),
@@ -86,12 +150,8 @@ def _rows_peer(forward: Callable, backward: Optional[Callable]) -> Implementatio
 
 
 def implementations(wanted: set[str]) -> dict[str, Implementation]:
-    found: dict[str, Implementation] = {
-        "ours": lambda x, dim: (lambda: portable_softmax.softmax(x, dim),
-                                lambda y, dy: ops._backward(y, dy, dim % x.dim(), y.dtype, False)),
-        "torch": lambda x, dim: (lambda: torch.softmax(x, dim),
-                                 lambda y, dy: torch._softmax_backward_data(dy, y, dim % x.dim(), y.dtype)),
-    }
+    found: dict[str, Implementation] = {"ours": _ours, "torch": lambda x, dim, fusion: (
+        lambda: composite(x, dim, **fusion), lambda y, dy: composite_backward(y, dy, dim % x.dim(), **fusion))}
     if "compile" in wanted:
         # Every case compiles its own graphs; dynamo's default limit (8 per code object) would
         # leave the later cases to eager torch.
@@ -101,10 +161,9 @@ def implementations(wanted: set[str]) -> dict[str, Implementation]:
         if hasattr(dynamo_config, "recompile_limit"):
             dynamo_config.recompile_limit = 256
 
-        def compiled(x: torch.Tensor, dim: int):
-            forward = torch.compile(lambda t: torch.softmax(t, dim), dynamic=False)
-            backward = torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, dim % x.dim(), y.dtype),
-                                     dynamic=False)
+        def compiled(x: torch.Tensor, dim: int, fusion: dict):
+            forward = torch.compile(lambda t: composite(t, dim, **fusion), dynamic=False)
+            backward = torch.compile(lambda y, dy: composite_backward(y, dy, dim % x.dim(), **fusion), dynamic=False)
             return (lambda: forward(x)), backward
         found["compile"] = compiled
     if "liger" in wanted:
@@ -130,6 +189,21 @@ def implementations(wanted: set[str]) -> dict[str, Implementation]:
         except (ImportError, OSError, RuntimeError) as error:  # CuTe DSL loads CUDA libraries on import
             logger.warning("quack unavailable: %s", error)
     return {name: serve for name, serve in found.items() if name in wanted | {"ours"}}
+
+
+def _ours(x: torch.Tensor, dim: int, fusion: dict) -> tuple[Callable, Callable]:
+    if fusion:
+        return (lambda: portable_softmax.softmax(x, dim, **fusion),
+                lambda y, dy: fused._fused_backward(y, dy, y.dtype, False, fusion.get("scale"), fusion.get("mask"),
+                                                    fusion.get("causal", False)))
+    return (lambda: portable_softmax.softmax(x, dim),
+            lambda y, dy: ops._backward(y, dy, dim % x.dim(), y.dtype, False))
+
+
+def _first(fusion: dict[str, Any], x: torch.Tensor) -> dict[str, Any]:
+    """The fused arguments for ``x[:1]``: tensors that follow x's dim 0 cut to their first entry."""
+    return {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() == x.dim() and v.shape[0] == x.shape[0] else v
+            for k, v in fusion.items()}
 
 
 def _autograd(forward: Callable[[torch.Tensor, int], torch.Tensor], x: torch.Tensor, dim: int,
@@ -205,50 +279,65 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
         logger.info("case %s %s", case.name, case.dtype)
         x = case.make(device, small)
         dim = case.dim
+        fusion = case.fused_arguments(x)
         moved = x.numel() * x.element_size()
         dense = torch.empty(x.shape, dtype=x.dtype, device=device).normal_()
         copy_ms = [timer(lambda: dense.clone())]
-        reference = torch.softmax(x.double(), dim)
         dy = torch.randn(x.shape, device=device).to(x.dtype)
-        y_torch = torch.softmax(x, dim)
-        reference_dx = torch._softmax_backward_data(dy.double(), reference, dim % x.dim(), torch.float64)
+        # The float64 reference of x, or of its first entry (``check_first``; ``part`` cuts a
+        # result to what it covers).
+        part = (lambda t: t[:1]) if case.check_first else (lambda t: t)
+        sample, sample_fusion = (x[:1], _first(fusion, x)) if case.check_first else (x, fusion)
+        wide = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                for k, v in sample_fusion.items()}
+        reference = composite(sample.double(), dim, **wide)
+        reference_dx = composite_backward(reference, part(dy).double(), dim % x.dim(), **wide)
+        y_torch = composite(x, dim, **fusion)
         # torch's own errors: what each result's tolerance is measured against.
-        torch_errors = {"fwd": relative_error(y_torch, reference),
-                        "bwd": relative_error(torch._softmax_backward_data(dy, y_torch, dim % x.dim(), x.dtype),
+        torch_errors = {"fwd": relative_error(part(y_torch), reference),
+                        "bwd": relative_error(part(composite_backward(y_torch, dy, dim % x.dim(), **fusion)),
                                               reference_dx),
-                        "autograd": relative_error(_autograd(torch.softmax, x, dim, dy)(), reference_dx)}
+                        "autograd": relative_error(part(_autograd(lambda t, d: composite(t, d, **fusion), x, dim,
+                                                                  dy)()), reference_dx)}
         checked = _Checked(timer, case.dtype, device)
         case_rows = []
         for name, serve in served.items():
             row: dict[str, Any] = {"case": case.name, "impl": name, "dtype": str(case.dtype)[6:],
                                    "shape": list(x.shape), "stride": list(x.stride()), "dim": dim}
             case_rows.append(row)
-            pair = serve(x, dim)
+            pair = serve(x, dim, fusion)
             if pair is None:
-                row["note"] = "n/a: takes 2-D rows contiguous along the last dimension"
+                row["note"] = "n/a: takes 2-D rows contiguous along the last dimension, unfused"
                 continue
             forward, backward = pair
             try:
-                if not checked.measure(row, "fwd", forward().reshape(x.shape), reference, torch_errors["fwd"], forward):
+                if not checked.measure(row, "fwd", part(forward().reshape(x.shape)), reference, torch_errors["fwd"],
+                                       forward):
                     continue
                 if backward is not None and not checked.measure(
-                        row, "bwd", backward(y_torch, dy).reshape(x.shape), reference_dx, torch_errors["bwd"],
+                        row, "bwd", part(backward(y_torch, dy).reshape(x.shape)), reference_dx, torch_errors["bwd"],
                         lambda: backward(y_torch, dy)):
                     continue
                 if name in ("ours", "torch"):
-                    grad = _autograd(portable_softmax.softmax if name == "ours" else torch.softmax, x, dim, dy)
-                    checked.measure(row, "autograd", grad(), reference_dx, torch_errors["autograd"], grad)
+                    function = portable_softmax.softmax if name == "ours" else composite
+                    grad = _autograd(lambda t, d: function(t, d, **fusion), x, dim, dy)
+                    checked.measure(row, "autograd", part(grad()), reference_dx, torch_errors["autograd"], grad)
             except Exception as error:  # a peer failing on a case is a result
                 row["error"] = f"{type(error).__name__}: {str(error)[:200]}"
         copy_ms.append(timer(lambda: dense.clone()))
         copy_gbs = 2 * moved / min(copy_ms) / 1e6
+        # What the forward must move: x (a causal call reads the kept part, about half), y, the
+        # mask's own bytes once.
+        mask = fusion.get("mask")
+        forward_bytes = (1.5 if fusion.get("causal") else 2) * moved + (
+            mask.numel() * mask.element_size() if mask is not None else 0)
         for row in case_rows:
-            row.update(copy_GBs=copy_gbs, copy_ms_before_after=copy_ms)
-            for key, factor in (("fwd", 2), ("bwd", 3), ("autograd", 3)):
+            row.update(copy_GBs=copy_gbs, copy_ms_before_after=copy_ms, fusion=case.fusion)
+            for key, moves in (("fwd", forward_bytes), ("bwd", 3 * moved), ("autograd", 3 * moved)):
                 if f"{key}_ms" in row:
-                    row[f"{key}_frac"] = factor * moved / row[f"{key}_ms"] / 1e6 / copy_gbs
+                    row[f"{key}_frac"] = moves / row[f"{key}_ms"] / 1e6 / copy_gbs
         rows.extend(case_rows)
-        del x, dense, dy, reference, reference_dx, y_torch
+        del x, dense, dy, reference, reference_dx, y_torch, fusion, sample, sample_fusion, wide
         if device.type == "cuda":
             torch.cuda.empty_cache()
     import triton

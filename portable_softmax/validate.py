@@ -1,6 +1,7 @@
 """``portable-softmax validate``: the report a vendor attaches when bringing up a chip or a Triton
 backend. On whatever device is present it records the device, the launch plan per shape, the
-conformance cases (pass/fail with error figures against torch in float64) and, on a GPU, a short
+conformance cases (pass/fail with error figures against torch in float64), the fused variants
+(scale, masks, causal; against torch's composite in float64) and, on a GPU, a short
 benchmark against the copy limit. Writes ``report.json``, ``report.md`` and, with a benchmark,
 ``bandwidth.png`` into the output folder.
 """
@@ -14,13 +15,23 @@ from typing import Any, Optional
 import torch
 
 import portable_softmax
-from portable_softmax import bench, selfcheck
+from portable_softmax import bench, bench_cases, selfcheck
 from portable_softmax.device import as_device, device_record
 from portable_softmax.planner import contiguous_align
 from portable_softmax.targets import plan_launch
 
 CONFORMANCE = [((1823, 781), torch.float32), ((1823, 781), torch.bfloat16), ((64, 4096), torch.float16),
                ((7, 50257), torch.bfloat16), ((3, 131072), torch.float32), ((5, 1), torch.float32), ((1, 1), torch.float16)]
+# The fused variants: (shape, dtype, arguments on a device): a per-row scale tensor with a bool mask
+# and causal, a number scale with an additive mask; rows in tiles and rows longer than a tile.
+FUSED = [
+    ((2, 4, 33, 781), torch.float32, lambda d: {"scale": torch.rand(2, 4, 33, 1, device=d) + 0.5,
+                                                "mask": torch.rand(2, 1, 33, 781, device=d) > 0.3, "causal": True}),
+    ((2, 4, 33, 781), torch.bfloat16, lambda d: {"scale": 0.125, "mask": torch.randn(1, 1, 33, 781, device=d)}),
+    ((2, 3, 5, 131072), torch.float32, lambda d: {"scale": torch.rand(2, 3, 5, 1, device=d) + 0.5,
+                                                  "mask": torch.rand(2, 1, 1, 131072, device=d) > 0.3, "causal": True}),
+    ((2, 3, 50257), torch.bfloat16, lambda d: {"scale": 1 / (torch.rand(2, 3, 1, device=d) + 0.5)}),
+]
 BENCH_SHAPES = [(32768, 1024), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256)]
 
 
@@ -44,6 +55,37 @@ def _dims(device: torch.device) -> list[dict[str, Any]]:
     return results
 
 
+def _fused(device: torch.device) -> list[dict[str, Any]]:
+    """Each fused case forward and backward against the composite in float64, within the bound
+    set by the composite's own error in that dtype (``selfcheck.tolerance``)."""
+    results = []
+    for shape, dtype, arguments in FUSED:
+        x = (torch.randn(shape, device=device) * 3).to(dtype)
+        fusion = arguments(device)
+        wide = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                for k, v in fusion.items()}
+        reference = bench_cases.composite(x.double(), -1, **wide, empty_rows=True)
+        dy = torch.randn(shape, device=device).to(dtype)
+        reference_dx = bench_cases.composite_backward(reference, dy.double(), x.dim() - 1, **wide)
+        leaf = x.detach().requires_grad_()
+        y = portable_softmax.softmax(leaf, -1, **fusion)
+        (dx,) = torch.autograd.grad(y, leaf, dy)
+        theirs = bench_cases.composite(x, -1, **fusion, empty_rows=True)
+        kept = reference.isfinite()
+        name = f"{'x'.join(map(str, shape))} {str(dtype)[6:]} {', '.join(sorted(fusion))}"
+        for direction, ours, expected, torch_result in (
+                ("forward", y, reference, theirs),
+                ("backward", dx, reference_dx, bench_cases.composite_backward(theirs, dy, x.dim() - 1, **fusion))):
+            error = selfcheck.relative_error(ours[kept], expected[kept])
+            torch_error = selfcheck.relative_error(torch_result[kept], expected[kept])
+            passed = error <= selfcheck.tolerance(dtype, torch_error, device.type)
+            if direction == "forward":
+                passed = passed and torch.equal(ours.isfinite(), kept)
+            results.append({"case": f"fused {name} {direction}", "error": error, "torch_error": torch_error,
+                            "passed": bool(passed)})
+    return results
+
+
 def run(device: Optional[str], out: Path, benchmark: bool = True) -> bool:
     """Write the report; True if every conformance case passed."""
     device = as_device(device)
@@ -52,7 +94,7 @@ def run(device: Optional[str], out: Path, benchmark: bool = True) -> bool:
 
     cases = [dataclasses.asdict(r) for shape, dtype in CONFORMANCE for log in (False, True)
              for r in selfcheck.check_case(shape, dtype, device, log)]
-    extra = [_special_values(device), *_dims(device)]
+    extra = [_special_values(device), *_dims(device), *_fused(device)]
     plans = {f"{m}x{n} {'bwd' if backward else 'fwd'}":
              plan_launch(record, m, n, "float32", backward=backward, align=contiguous_align(m, n, 4)).to_dict()
              for m, n in bench.SHAPES for backward in (False, True)}
@@ -83,8 +125,9 @@ def _markdown(report: dict[str, Any]) -> str:
     for c in report["conformance"]:
         lines.append(f"| {'x'.join(map(str, c['shape']))} | {c['dtype']} | {c['function']} | {c['direction']} | "
                      f"{c['error']:.2e} | {c['torch_error']:.2e} | {'yes' if c['passed'] else 'NO'} |")
-    lines += ["", "| check | ok |", "|---|---|", *[f"| {c['case']} | {'yes' if c['passed'] else 'NO'} |"
-                                                 for c in report["checks"]], "", "## Launch plans", "",
+    lines += ["", "| check | ours | torch | ok |", "|---|---|---|---|",
+              *[f"| {c['case']} | {_figure(c.get('error'))} | {_figure(c.get('torch_error'))} | "
+                f"{'yes' if c['passed'] else 'NO'} |" for c in report["checks"]], "", "## Launch plans", "",
               "| problem | regime | programs | block | warps | reason |", "|---|---|---|---|---|---|"]
     for name, p in report["plans"].items():
         lines.append(f"| {name} | {p['regime']} | {p['programs']} | {p['block_m']}x{p['block_n']}"
@@ -93,3 +136,7 @@ def _markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Bandwidth (fraction of x.clone())", "", "```", bench.table(report["benchmark"]), "```",
                   "", "![bandwidth](bandwidth.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _figure(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.2e}"

@@ -22,3 +22,20 @@ def test_validate_reports_a_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(selfcheck, "ERROR_FACTOR", -1.0)
     assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 1
     assert "NO" in (tmp_path / "report.md").read_text()
+
+
+def test_validate_checks_the_fused_variants(tmp_path, monkeypatch):
+    """A fused kernel that ignores its mask fails the report; the real ones pass it."""
+    from portable_softmax import fused
+
+    monkeypatch.setattr(validate, "CONFORMANCE", [((4, 1), torch.float32)])
+    monkeypatch.setattr(validate, "FUSED", validate.FUSED[:2])
+    assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 0
+    checks = json.loads((tmp_path / "report.json").read_text())["checks"]
+    assert sum(c["case"].startswith("fused") for c in checks) == 4
+    real = fused._fused_forward
+    monkeypatch.setattr(fused, "_fused_forward",
+                        lambda x, out_dtype, log, scale, mask, causal: real(x, out_dtype, log, scale, None, causal))
+    assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 1
+    failed = [c["case"] for c in json.loads((tmp_path / "report.json").read_text())["checks"] if not c["passed"]]
+    assert failed and all(case.startswith("fused") and "mask" in case for case in failed)
