@@ -198,7 +198,8 @@ def _stem(kind: str, results: dict[str, Any]) -> str:
 
 
 def _real_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
-    """``--cases real``: the calls models make (``bench_cases``); ``--small`` runs their stand-in
+    """``--cases real`` (or ``fused``, those calls alone): the calls models make (``bench_cases``);
+    ``--small`` runs their stand-in
     shapes timed by the host's clock, which a CPU can run through Triton's interpreter."""
     from portable_softmax import bench_cases
 
@@ -206,8 +207,10 @@ def _real_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
         raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use `portable-softmax`, "
                            "or --cases real --small)")
     timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
-    results = bench_cases.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes)
-    _write(results, out, _stem("real", results), bench_cases.plot, bench_cases.table(results))
+    results = bench_cases.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes,
+                              fused_only=args.cases == "fused")
+    _write(results, out, _stem(args.cases if args.cases == "fused" else "real", results), bench_cases.plot,
+           bench_cases.table(results))
 
 
 def main(args: Any) -> int:
@@ -220,7 +223,7 @@ def main(args: Any) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.cases == "real":
+    if args.cases in ("real", "fused"):
         _real_cases(args, dtypes, out)
         return 0
     if args.eager:

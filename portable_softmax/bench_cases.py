@@ -234,9 +234,9 @@ def device_timer(warmup_ms: int = 25, rep_ms: int = 100) -> Callable[[Callable[[
     return lambda fn: do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def cases(dtypes: Optional[list[torch.dtype]] = None) -> list[RealCase]:
-    """The cases of ``dtypes`` (all by default)."""
-    return [case for case in CASES if dtypes is None or case.dtype in dtypes]
+def cases(dtypes: Optional[list[torch.dtype]] = None, fused_only: bool = False) -> list[RealCase]:
+    """The cases of ``dtypes`` (all by default), or of those the fused calls alone."""
+    return [case for case in CASES if (dtypes is None or case.dtype in dtypes) and (case.fusion or not fused_only)]
 
 
 class _Checked:
@@ -259,10 +259,11 @@ class _Checked:
 
 def run(peers: set[str], device: Optional[str] = None, small: bool = False,
         timer: Optional[Callable[[Callable[[], Any]], float]] = None,
-        dtypes: Optional[list[torch.dtype]] = None) -> dict[str, Any]:
+        dtypes: Optional[list[torch.dtype]] = None, fused_only: bool = False) -> dict[str, Any]:
     """Check, then time, every implementation on every case; the JSON-ready results. ``timer(fn)``
     gives milliseconds per call (``device_timer()`` by default); ``small`` runs the cases' small
-    stand-ins (the CPU tests); ``dtypes`` picks the cases of those dtypes."""
+    stand-ins (the CPU tests); ``dtypes`` picks the cases of those dtypes, ``fused_only`` the
+    fused calls."""
     from portable_softmax.device import as_device, device_record
 
     device = as_device(device)
@@ -275,7 +276,7 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
         timer(lambda: warm.clone())
         del warm
     rows = []
-    for case in cases(dtypes):
+    for case in cases(dtypes, fused_only):
         logger.info("case %s %s", case.name, case.dtype)
         x = case.make(device, small)
         dim = case.dim
