@@ -8,6 +8,11 @@ one write. Other rows (longer than a tile, or a softmax over another dimension) 
 torch operations and the plain kernels, with the same results. A row the bool mask leaves empty
 gives 0 (log_softmax: -inf), as ``torch._masked_softmax``; a row an additive mask makes all -inf
 gives NaN, as the composite does.
+
+Under ``torch.compile`` a call over the last dimension is one custom operator,
+``portable_softmax::fused_softmax`` (its backward ``fused_softmax_backward``), with fake and
+autograd registrations as ``torch_ops``' (torch 2.4+); other calls are the composite, which
+dynamo traces (its plain softmax is ``torch_ops``' operator).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import torch
 
 from portable_softmax import launch, ops
 from portable_softmax.launch import Fusion
+from portable_softmax.torch_ops import HAS_CUSTOM_OP, NAMESPACE
 
 Scale = Union[float, torch.Tensor, None]
 
@@ -192,6 +198,67 @@ class _FusedSoftmax(torch.autograd.Function):
         return (dz * scale).to(ctx.grad_dtype), dscale, None, None, None, None, None
 
 
+def _as_scale(tensor: Optional[torch.Tensor], value: Optional[float]) -> Scale:
+    return tensor if tensor is not None else value
+
+
+def _op_forward(x: torch.Tensor, dtype: torch.dtype, log: bool, scale: Optional[torch.Tensor],
+                scale_value: Optional[float], mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+    with torch.no_grad():
+        x = x.contiguous()
+        found = _fused_forward(x, dtype, log, _as_scale(scale, scale_value), mask, causal)
+        if found is None:
+            found = _composite(x, x.dim() - 1, dtype, log, _as_scale(scale, scale_value), mask, causal)
+    return found
+
+
+def _op_backward(y: torch.Tensor, dy: torch.Tensor, grad_dtype: torch.dtype, log: bool,
+                 scale: Optional[torch.Tensor], scale_value: Optional[float], mask: Optional[torch.Tensor],
+                 causal: bool) -> torch.Tensor:
+    return _fused_backward(y.contiguous(), dy, grad_dtype, log, _as_scale(scale, scale_value), mask,
+                           causal).contiguous()
+
+
+def _op_fake(x: torch.Tensor, dtype: torch.dtype, *rest: Any) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+def _op_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, _, log, scale, scale_value, mask, causal = inputs
+    learnable = scale is not None and scale.requires_grad
+    ctx.save_for_backward(output, x if learnable else None, scale, mask)
+    ctx.scale_value, ctx.causal, ctx.log, ctx.grad_dtype, ctx.learnable = scale_value, causal, log, x.dtype, learnable
+
+
+def _op_gradient(ctx: Any, dy: torch.Tensor):
+    """As ``_FusedSoftmax.backward``, through the backward operator."""
+    y, x, scale, mask = ctx.saved_tensors
+    if not ctx.learnable:
+        dx = _fused_backward_op(y, dy, ctx.grad_dtype, ctx.log, scale, ctx.scale_value, mask, ctx.causal)
+        return dx, None, None, None, None, None, None
+    dz = _fused_backward_op(y, dy, ctx.grad_dtype, ctx.log, None, None, mask, ctx.causal)
+    dscale = (dz.float() * x.float()).sum(-1, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
+    return (dz * scale).to(ctx.grad_dtype), None, None, dscale, None, None, None
+
+
+_fused_op = _fused_backward_op = None
+if HAS_CUSTOM_OP:
+    _definition = torch.library.custom_op(
+        f"{NAMESPACE}::fused_softmax", _op_forward, mutates_args=(),
+        schema="(Tensor x, ScalarType dtype, bool log, Tensor? scale, float? scale_value, Tensor? mask, "
+               "bool causal) -> Tensor")
+    _backward_definition = torch.library.custom_op(
+        f"{NAMESPACE}::fused_softmax_backward", _op_backward, mutates_args=(),
+        schema="(Tensor y, Tensor dy, ScalarType grad_dtype, bool log, Tensor? scale, float? scale_value, "
+               "Tensor? mask, bool causal) -> Tensor")
+    torch.library.register_fake(_definition, _op_fake)
+    torch.library.register_fake(_backward_definition, lambda y, dy, grad_dtype, *rest: _op_fake(y, grad_dtype))
+    torch.library.register_autograd(_definition, _op_gradient, setup_context=_op_setup)
+    _namespace = getattr(torch.ops, NAMESPACE)
+    _fused_op = _namespace.fused_softmax.default
+    _fused_backward_op = _namespace.fused_softmax_backward.default
+
+
 def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, scale: Scale,
           mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
     """``softmax`` / ``log_softmax`` with ``scale``, ``mask`` or ``causal`` (``ops`` routes here)."""
@@ -203,6 +270,10 @@ def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, sc
         return ops._output(x, out_dtype)
     grad = torch.is_grad_enabled() and (x.requires_grad or (isinstance(scale, torch.Tensor) and scale.requires_grad))
     last = dim == x.dim() - 1 and x.is_floating_point() and x.dim() >= 1
+    if last and _fused_op is not None and ops._compiling():
+        tensor = scale if isinstance(scale, torch.Tensor) else None
+        value = None if scale is None or tensor is not None else float(scale)
+        return _fused_op(x, out_dtype, log, tensor, value, mask, causal)
     if not last or torch._C._functorch.is_functorch_wrapped_tensor(x):
         return _composite(x, dim, out_dtype, log, scale, mask, causal)
     contiguous = x.contiguous()

@@ -236,3 +236,50 @@ def test_inductor(device):
     out.sum().backward()
     reference.sum().backward()
     torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+
+
+def _fused_call(x, mask, temperature):
+    """A fused call over the last dim (a learnable temperature, a bool mask, causal), and one
+    over another dim (composed from torch operations and the plain operator)."""
+    return (ps.softmax(x, -1, scale=1 / temperature, mask=mask, causal=True) * 2
+            + ps.log_softmax(x, 1, scale=0.5, mask=mask).exp())
+
+
+def test_fused_calls_compile_into_one_graph(device):
+    x = torch.randn(2, 3, 5, 40, device=device)
+    mask = torch.rand(2, 1, 1, 40, device=device) > 0.3
+    temperature = torch.rand(2, 3, 5, 1, device=device) + 0.5
+    explanation = torch._dynamo.explain(_fused_call)(x, mask, temperature)
+    assert explanation.graph_break_count == 0, [str(reason) for reason in explanation.break_reasons]
+    code = explanation.graphs[0].code
+    assert "torch.ops.portable_softmax.fused_softmax.default" in code
+    assert "torch.ops.portable_softmax.log_softmax.default" in code
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_fused_calls_match_eager_with_gradients(device, backend):
+    """The compiled fused call against the eager one, forward and the gradients of x and of the
+    learnable temperature (through the backward operator)."""
+    x = torch.randn(2, 3, 5, 40, device=device, requires_grad=True)
+    mask = torch.rand(2, 1, 1, 40, device=device) > 0.3
+    temperature = (torch.rand(2, 3, 5, 1, device=device) + 0.5).requires_grad_()
+    compiled = torch.compile(_fused_call, backend=backend, fullgraph=True)
+    y, expected = compiled(x, mask, temperature), _fused_call(x, mask, temperature)
+    assert torch.allclose(y, expected, atol=1e-6, rtol=1e-5)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, temperature), dy)
+    expected_grads = torch.autograd.grad(expected, (x, temperature), dy)
+    for ours, theirs in zip(grads, expected_grads):
+        assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_opcheck(device):
+    x = torch.randn(2, 3, 5, 8, device=device, requires_grad=True)
+    mask = torch.rand(2, 1, 1, 8, device=device) > 0.3
+    scale = (torch.rand(2, 3, 5, 1, device=device) + 0.5).requires_grad_()
+    op = torch.ops.portable_softmax.fused_softmax.default
+    torch.library.opcheck(op, (x, torch.float32, False, scale, None, mask, True))
+    torch.library.opcheck(op, (x, torch.float32, True, None, 0.5, None, False))
+    y = torch.softmax(x.detach(), -1)
+    torch.library.opcheck(torch.ops.portable_softmax.fused_softmax_backward.default,
+                          (y, torch.randn_like(y), torch.float32, False, None, 0.5, mask, True))
