@@ -12,10 +12,7 @@ import json
 import re
 import sys
 
-import triton
-from triton.backends.compiler import GPUTarget
-
-from portable_softmax import compat, crosscompile, kernels
+from portable_softmax import crosscompile
 
 TARGETS = ("cuda:90", "hip:gfx942")
 # Tiles (short, many, wide), split rows (aligned, odd, pipelined), a column (tiles of rows split).
@@ -24,26 +21,6 @@ CASES = crosscompile.cases_for(
     ["bfloat16", "float32"], [False, True], [(1024, 32768)])
 FUSED_CONSTEXPRS = ("SCALE", "MASK", "CAUSAL")
 SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
-
-
-def _compiled(spec: dict) -> object:
-    """``triton.compile`` of a variant spec, as ``crosscompile.compile_variant`` builds it."""
-    fn = getattr(kernels, spec["kernel"])
-    args = iter(spec["args"])
-    signature, constexprs, divisible = {}, {}, []
-    for param in fn.params:
-        if param.is_constexpr:
-            signature[param.name] = "constexpr"
-            constexprs[param.name] = spec["constexprs"][param.name]
-            continue
-        kind, flag = next(args)
-        signature[param.name] = kind
-        if kind == "constexpr":
-            constexprs[param.name] = flag
-        elif flag:
-            divisible.append(param.name)
-    return triton.compile(compat.ast_source(fn, signature, constexprs, divisible),
-                          target=GPUTarget(*spec["target"]), options=dict(spec["options"]))
 
 
 def _opcodes(target: str, compiled: object) -> list[str]:
@@ -64,7 +41,7 @@ def dump(path: str) -> None:
                 plain = {k: v for k, v in spec["constexprs"].items() if k not in FUSED_CONSTEXPRS}
                 key = f"{name} {spec['kernel']} {sorted(plain.items())} {spec['options']}"
                 if key not in out:
-                    ops = _opcodes(name, _compiled(spec))
+                    ops = _opcodes(name, crosscompile.compiled_variant(spec)[0])
                     out[key] = {"n": len(ops), "ops": ops}
                     print(key[:150], len(ops), flush=True)
     with open(path, "w") as handle:

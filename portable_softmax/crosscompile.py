@@ -497,14 +497,14 @@ def called_shared_memory(llir: str, kernel: Optional[str] = None) -> list[str]:
     return found
 
 
-def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
-    """Compile one variant for its target and read its resource use. Runs in a worker process."""
+def compiled_variant(spec: dict[str, Any]) -> tuple[Any, dict[str, str], list[str], list[str]]:
+    """``triton.compile`` of one variant for its target: the compiled kernel, its signature, and
+    the arguments specialised as divisible by 16 and as equal to 1."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     from portable_softmax import compat, kernels
 
-    started = time.perf_counter()
     backend, arch, warp_size = spec["target"]
     fn = getattr(kernels, spec["kernel"])
     args = iter(spec["args"])
@@ -526,6 +526,14 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
             divisible.append(param.name)
     source = compat.ast_source(fn, signature, constexprs, divisible)
     compiled = triton.compile(source, target=GPUTarget(backend, arch, warp_size), options=dict(spec["options"]))
+    return compiled, signature, divisible, equal_to_1
+
+
+def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile one variant for its target and read its resource use. Runs in a worker process."""
+    started = time.perf_counter()
+    backend = spec["target"][0]
+    compiled, signature, divisible, equal_to_1 = compiled_variant(spec)
     compile_s = time.perf_counter() - started
     name = compiled.metadata.name
     result: dict[str, Any] = {"compile_s": round(compile_s, 2), "shared": int(compiled.metadata.shared),

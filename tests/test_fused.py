@@ -47,6 +47,23 @@ def _compare(ours, expected, dtype, device):
     assert relative_error(ours[finite], expected[finite]) <= floor
 
 
+def _check_both_directions(x, kwargs, log, dtype, device):
+    """Ours against the float64 definition, forward and the gradient of x through autograd."""
+    function = ps.log_softmax if log else ps.softmax
+    y = function(x, -1, **kwargs)
+    assert y.dtype == dtype and y.shape == x.shape
+    _compare(y, _reference(x.detach(), log=log, **kwargs), dtype, device)
+    dy = torch.randn(x.shape, device=device).to(dtype)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    reference_x = x.detach().double().requires_grad_()
+    reference = _reference(reference_x, log=log, **kwargs)
+    (expected_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
+    # Masked positions take no gradient (the composite's masked_fill gives them none either).
+    kept = torch.isfinite(reference)
+    assert not dx[~kept].any() and not expected_dx[~kept].any()
+    assert relative_error(dx[kept], expected_dx[kept]) <= tolerance(dtype, 0.0, device) * 2
+
+
 # A tile; a row longer than a tile (the loop kernels on the interpreter, split or loop on GPUs).
 SHAPES = [(2, 3, 5, 7), (1, 2, 2, 70000)]
 
@@ -66,20 +83,7 @@ def test_fused_variants_match_the_composite(device, shape, dtype, log, variant):
         kwargs["mask"] = torch.randn(1, 1, shape[-2], shape[-1], device=device)
     if variant in ("causal", "all"):
         kwargs["causal"] = True
-    function = ps.log_softmax if log else ps.softmax
-    y = function(x, -1, **kwargs)
-    expected = _reference(x.detach(), log=log, **kwargs)
-    assert y.dtype == dtype and y.shape == x.shape
-    _compare(y, expected, dtype, device)
-    dy = torch.randn(shape, device=device).to(dtype)
-    (dx,) = torch.autograd.grad(y, x, dy)
-    reference_x = x.detach().double().requires_grad_()
-    reference = _reference(reference_x, log=log, **kwargs)
-    (expected_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
-    # Masked positions take no gradient (the composite's masked_fill gives them none either).
-    kept = torch.isfinite(reference)
-    assert not dx[~kept].any() and not expected_dx[~kept].any()
-    assert relative_error(dx[kept], expected_dx[kept]) <= tolerance(dtype, 0.0, device) * 2
+    _check_both_directions(x, kwargs, log, dtype, device)
 
 
 @pytest.mark.parametrize("regime", ["tile", "split", "ticketed", "pipelined", "loop", "windows"])
@@ -112,18 +116,7 @@ def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, varian
         kwargs = dict(scale=torch.rand(2, 2, 5, 1, device=device) + 0.5, mask=mask, causal=True)
     else:
         kwargs = dict(scale=0.37, mask=torch.randn(1, 1, 5, 1001, device=device))
-    function = ps.log_softmax if log else ps.softmax
-    y = function(x, -1, **kwargs)
-    expected = _reference(x.detach(), log=log, **kwargs)
-    _compare(y, expected, dtype, device)
-    dy = torch.randn(shape, device=device).to(dtype)
-    (dx,) = torch.autograd.grad(y, x, dy)
-    reference_x = x.detach().double().requires_grad_()
-    reference = _reference(reference_x, log=log, **kwargs)
-    (expected_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
-    kept = torch.isfinite(reference)
-    assert not dx[~kept].any()
-    assert relative_error(dx[kept], expected_dx[kept]) <= tolerance(dtype, 0.0, device) * 2
+    _check_both_directions(x, kwargs, log, dtype, device)
     # Both directions ran the forced regime's fused kernels (none composed).
     assert len(plans) == 2 and all(plan is not None for plan in plans)
     assert {regime_of(plan) for plan in plans} == {"split" if regime == "windows" else regime}
