@@ -187,7 +187,9 @@ def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, s
     if SCALE == 2:
         where, _ = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, scale_a_stride, scale_b_stride,
                                scale_q_stride)
-        scale = tl.load(scale_ptr + where, mask=row_mask, other=1.0).to(tl.float32)[:, None]
+        # Unmasked, at the first value for rows past the end: Triton 3.2's software pipeliner
+        # gave a masked load of one value per row a layout its select refused (split kernels).
+        scale = tl.load(scale_ptr + tl.where(row_mask, where, 0)).to(tl.float32)[:, None]
     bias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if MASK != 0 or CAUSAL:
         where, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, mask_a_stride, mask_b_stride,

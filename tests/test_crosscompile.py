@@ -28,9 +28,9 @@ LONG_SPLIT_ROW = (4096, 393216)
 STRIDED_SPLIT = (1024, 32768)
 # A rank's slice of rows sharded across ranks (distributed.py): the four streamed kernels.
 SHARDED = (64, 75968)
-# The fused variants (a scale tensor, a bool mask, causal): rows in tiles, and odd rows split in
-# windows (and their loop fallback).
-FUSED = [(64, 2048), ODD_SPLIT_ROW]
+# The fused variants (a scale tensor, a bool mask, causal): rows in tiles, split rows (pipelined on
+# cuda) and odd rows split in windows (and their loop fallback).
+FUSED = [(64, 2048), SPLIT_ROW, ODD_SPLIT_ROW]
 TARGETS = ("cuda:90", "hip:gfx942")
 
 
@@ -78,6 +78,10 @@ def test_fused_variants_compile_in_every_regime(target):
     kernels = {kernel for kernel, _ in fused}
     assert kernels == {f"softmax_{d}_{r}" for d in ("forward", "backward") for r in ("tile", "split", "loop")}
     assert ("softmax_forward_split", True) in fused and ("softmax_backward_split", True) in fused, "windowed"
+    if target["target"].startswith("cuda"):
+        pipelined = {v["kernel"] for v in target["variants"] if v["constexprs"].get("SCALE") == 2
+                     and v["constexprs"].get("STAGES", 1) > 1}
+        assert pipelined == {"softmax_forward_split", "softmax_backward_split"}
 
 
 def test_odd_rows_compile_windowed_split_kernels(target):
