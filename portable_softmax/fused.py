@@ -133,18 +133,14 @@ def _fusion(x: torch.Tensor, scale: Scale, mask: Optional[torch.Tensor], causal:
 
 def _fused_forward(x: torch.Tensor, out_dtype: torch.dtype, log: bool, scale: Scale, mask: Optional[torch.Tensor],
                    causal: bool) -> Optional[torch.Tensor]:
-    """The fused kernel on contiguous ``x`` over its last dim, or None where its rows take no tile."""
+    """The fused kernel on contiguous ``x`` over its last dim, or None where the mask or scale
+    cannot be walked with their strides (or x is empty)."""
     found = _fusion(x, scale, mask, causal)
     if found is None or x.numel() == 0:
         return None
     fusion, mask_t, scale_t = found
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    view = ops.row_view(tuple(x.shape), x.dim() - 1, x, y)
-    record = launch.build_record("forward", (x, y, mask_t, scale_t), view, log, out_dtype == torch.float64,
-                                 fusion=fusion)
-    if record is None:
-        return None
-    record((x, y, mask_t, scale_t))
+    launch.run_forward(x, y, ops.row_view(tuple(x.shape), x.dim() - 1, x, y), log, fusion, (mask_t, scale_t))
     return y
 
 
@@ -157,12 +153,9 @@ def _fused_backward(y: torch.Tensor, dy: torch.Tensor, grad_dtype: torch.dtype, 
     if found is not None and y.numel():
         fusion, mask_t, scale_t = found
         dx = torch.empty(y.shape, dtype=grad_dtype, device=y.device)
-        view = ops.row_view(tuple(y.shape), y.dim() - 1, y, dy, dx)
-        record = launch.build_record("backward", (y, dy, dx, mask_t, scale_t), view, log,
-                                     torch.float64 in (y.dtype, dy.dtype, grad_dtype), fusion=fusion)
-        if record is not None:
-            record((y, dy, dx, mask_t, scale_t))
-            return dx
+        launch.run_backward(y, dy, dx, ops.row_view(tuple(y.shape), y.dim() - 1, y, dy, dx), log, fusion,
+                            (mask_t, scale_t))
+        return dx
     dz = ops._backward(y, dy, y.dim() - 1, grad_dtype, log)
     if scale is not None:
         dz = dz * scale

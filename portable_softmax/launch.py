@@ -239,11 +239,9 @@ class Fusion:
 
 
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
-                 allow_split: bool = True, fusion: Optional[Fusion] = None) -> Optional[LaunchRecord]:
+                 allow_split: bool = True, fusion: Optional[Fusion] = None) -> LaunchRecord:
     """Plan and prepare the launch of ``tensors`` (inputs, then output; with ``fusion`` then the
-    mask and scale tensors, the input standing in for an absent one) over ``view``. None where a
-    fused call's plan is not a regime that fuses (``variants.FUSED_REGIMES``): the caller then
-    composes it."""
+    mask and scale tensors, the input standing in for an absent one) over ``view``."""
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
@@ -322,8 +320,6 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
                        allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow,
                        strided=view.strided)
-    if fusion is not None and plan.regime not in variants.FUSED_REGIMES:
-        return None
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None
@@ -342,15 +338,18 @@ _RECORDS_LIMIT = 4096
 TUNING.on_change(_records.clear)
 
 
-def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool) -> LaunchPlan:
+def _launch(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
+            fusion: Optional[Fusion] = None) -> LaunchPlan:
     device = tensors[0].device
+    # A fused call's variant and scalars (a number scale, the mask's strides) are part of its
+    # signature: a record holds them as arguments.
     key = (direction, log, acc_fp64, view, device, os.environ.get(PROGRAMS_ENV),
-           tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors))
+           tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors), fusion)
     found = _records.get(key)
     if found is None:
         if len(_records) >= _RECORDS_LIMIT:
             _records.clear()
-        found = _records[key] = build_record(direction, tensors, view, log, acc_fp64)
+        found = _records[key] = build_record(direction, tensors, view, log, acc_fp64, fusion=fusion)
     return found(tensors)
 
 
@@ -394,14 +393,19 @@ def _run(kernel: Any, backend: Backend, plan: LaunchPlan, args: tuple, constexpr
     return plan.programs
 
 
-def run_forward(x: torch.Tensor, y: torch.Tensor, view: RowView, log: bool) -> LaunchPlan:
-    """y = softmax(x) (or log_softmax) over the rows of ``view``; strides in view order x, y."""
-    return _launch("forward", (x, y), view, log, y.dtype == torch.float64)
+def run_forward(x: torch.Tensor, y: torch.Tensor, view: RowView, log: bool, fusion: Optional[Fusion] = None,
+                fused: tuple[torch.Tensor, ...] = ()) -> LaunchPlan:
+    """y = softmax(x) (or log_softmax) over the rows of ``view``; strides in view order x, y. A
+    fused call gives its variant (``fusion``) and its mask and scale tensors (``fused``)."""
+    return _launch("forward", (x, y, *fused), view, log, y.dtype == torch.float64, fusion)
 
 
-def run_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, view: RowView, log: bool) -> LaunchPlan:
-    """dx from the saved output y and the gradient dy; strides in view order y, dy, dx."""
-    return _launch("backward", (y, dy, dx), view, log, torch.float64 in (y.dtype, dy.dtype, dx.dtype))
+def run_backward(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, view: RowView, log: bool,
+                 fusion: Optional[Fusion] = None, fused: tuple[torch.Tensor, ...] = ()) -> LaunchPlan:
+    """dx from the saved output y and the gradient dy; strides in view order y, dy, dx; a fused
+    call's variant and tensors as ``run_forward``'s."""
+    return _launch("backward", (y, dy, dx, *fused), view, log, torch.float64 in (y.dtype, dy.dtype, dx.dtype),
+                   fusion)
 
 
 # Launches of the sharded-row kernels (``variants.SHARDED_PHASES``) by signature: the plan, the

@@ -47,6 +47,29 @@ def test_a_repeated_call_plans_compiles_and_queries_nothing(device, monkeypatch,
     assert relative_error(dx, expected) < 1e-5
 
 
+def test_a_repeated_fused_call_plans_and_compiles_nothing(device, monkeypatch):
+    """Fused calls (a number scale and a bool mask; a learnable temperature and causal) keep
+    their records as plain calls do: a repeat plans nothing; another scale value is its own."""
+    x = torch.randn(2, 3, 5, 333, device=device, requires_grad=True)
+    mask = torch.rand(2, 1, 1, 333, device=device) > 0.2
+    temperature = (torch.rand(2, 3, 5, 1, device=device) + 0.5).requires_grad_()
+    dy = torch.randn(2, 3, 5, 333, device=device)
+    calls = [dict(scale=0.125, mask=mask), dict(scale=1 / temperature, causal=True)]
+    counts: dict = {}
+    for module, name in ((launch, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record")):
+        _count(monkeypatch, module, name, counts)
+    for kwargs in calls:
+        torch.autograd.grad(ps.softmax(x, -1, **kwargs), x, dy)
+    assert counts.get("build_record") == 4  # each call's forward and backward
+    counts.clear()
+    for _ in range(3):
+        for kwargs in calls:
+            (dx,) = torch.autograd.grad(ps.softmax(x, -1, **kwargs), x, dy)
+    assert counts == {}, f"repeated fused calls planned or compiled: {counts}"
+    ps.softmax(x.detach(), -1, scale=0.25, mask=mask)
+    assert counts.get("build_record") == 1
+
+
 def test_alignment_and_strides_pick_their_own_binary(device):
     """1024-wide bf16 rows, then 781-wide ones (rows no longer 16-byte aligned), then a view that
     starts one element in: each gets the binary specialised for it (a record keyed on less once
