@@ -34,9 +34,13 @@ CASES = [
     ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
-# (rows per tile by element bytes, elements a split program holds)
-# (rows per tile by element bytes, elements a split program holds)
-SWEEP = [({2: 16, 4: 16}, 16384), ({2: 32, 4: 32}, 16384), ({2: 16, 4: 32}, 32768)]
+# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. Deferred split
+# tiles (NOTES v18) at the default and other chunk sizes, and the default's tiles held.
+BOTH = frozenset({"forward", "backward"})
+SWEEP = [("held", {"strided_deferred": frozenset()}),
+         ("deferred", {"strided_deferred": BOTH}),
+         ("deferred e8K", {"strided_deferred": BOTH, "strided_split_elements": 8192}),
+         ("deferred e32K", {"strided_deferred": BOTH, "strided_split_elements": 32768})]
 # Cases the sweep's settings change (reductions along a strided dimension that split).
 SWEPT = ("column", "transposed", "(64,1024", "(8,1000")
 REPEATS = 5
@@ -99,16 +103,14 @@ def main() -> int:
             entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(backward) / bandwidth
         settings = [None] + ([] if args.quick or not any(k in name for k in SWEPT) else SWEEP)
         for setting in settings:
-            label = "ours" if setting is None else \
-                f"ours rows{setting[0][2]}/{setting[0][4]} e{setting[1]}"
+            label = "ours" if setting is None else f"ours {setting[0]}"
             if setting is not None:
-                tuning.TUNING[("cuda", "*")] = dataclasses.replace(
-                    CUDA_TUNING, strided_rows=setting[0], strided_split_elements=setting[1])
+                tuning.TUNING[("cuda", "*")] = dataclasses.replace(CUDA_TUNING, **setting[1])
             try:
                 # Several launches each: a race in an exchange shows in some of them.
                 forward_error = max(rel(ours_forward(x, dim), reference) for _ in range(REPEATS))
                 backward_error = max(rel(ours_backward(y_torch, dy, dim), reference_dx) for _ in range(REPEATS))
-                plan_f = launch._records and [r.plan for r in launch._records.values()][-2:]
+                plan_f = [r.plan for r in launch._records.values()][-2:]
                 ok = forward_error < (1e-5 if dtype == torch.float32 else 2e-2) and \
                     backward_error < (1e-5 if dtype == torch.float32 else 2e-2)
                 failures += not ok
@@ -116,7 +118,8 @@ def main() -> int:
                 entry[f"{label}_fwd"] = 2 * bytes_moved / do_bench(lambda: ours_forward(x, dim)) / bandwidth
                 entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(lambda: ours_backward(y_torch, dy, dim)) / bandwidth
                 entry[f"{label}_plans"] = [f"{p.regime} {p.block_m}x{p.block_n} c{p.chunks} w{p.num_warps} "
-                                           f"p{p.programs}{' T' if p.ticketed else ''}" for p in plan_f]
+                                           f"p{p.programs}{' T' if p.ticketed else ''}{' D' if p.deferred else ''}"
+                                           for p in plan_f]
             except Exception as error:  # a setting that fails to compile or launch is reported, not fatal
                 entry[f"{label}_error"] = repr(error)[:300]
                 failures += 1
@@ -130,9 +133,9 @@ def main() -> int:
     print("\n| case | copy TB/s | torch fwd/bwd | compile fwd/bwd | ours fwd/bwd | best sweep fwd | best sweep bwd |")
     print("|---|---|---|---|---|---|---|")
     for entry in rows:
-        sweep_f = max(((v, k) for k, v in entry.items() if k.startswith("ours rows") and k.endswith("_fwd")),
+        sweep_f = max(((v, k) for k, v in entry.items() if k.startswith("ours ") and k.endswith("_fwd")),
                       default=(0, "-"))
-        sweep_b = max(((v, k) for k, v in entry.items() if k.startswith("ours rows") and k.endswith("_bwd")),
+        sweep_b = max(((v, k) for k, v in entry.items() if k.startswith("ours ") and k.endswith("_bwd")),
                       default=(0, "-"))
         print(f"| {entry['case']} | {entry['copy_tbs']:.2f} | {entry['torch_fwd']:.2f} / {entry['torch_bwd']:.2f} | "
               f"{entry['compile_fwd']:.2f} / {entry['compile_bwd']:.2f} | "

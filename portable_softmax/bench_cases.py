@@ -73,12 +73,13 @@ VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 # The fused calls' arguments for an input x: a (B, 1, 1, keys) padding mask that keeps 90% and a
-# scale of 1/sqrt(128); causal; a temperature per row in [0.5, 1.5).
+# scale of 1/sqrt(128); causal; a temperature per row in [0.5, 1.5); one per pixel of NCHW.
 FUSIONS: dict[str, Callable[[torch.Tensor], dict[str, Any]]] = {
     "padding mask, scale": lambda x: {"mask": torch.rand(x.shape[0], 1, 1, x.shape[-1], device=x.device) > 0.1,
                                       "scale": 128 ** -0.5},
     "causal": lambda x: {"causal": True},
     "temperature": lambda x: {"scale": 1 / (torch.rand(*x.shape[:-1], 1, device=x.device) + 0.5)},
+    "pixel temperature": lambda x: {"scale": 1 / (torch.rand(x.shape[0], 1, *x.shape[2:], device=x.device) + 0.5)},
 }
 
 CASES = [
@@ -97,6 +98,8 @@ CASES = [
              fusion="causal", check_first=True),
     RealCase("temperature per row (256, 151936)", (256, 151936), -1, torch.float32, small=(4, 700),
              fusion="temperature"),
+    RealCase("temperature per pixel, channels (16, 21, 512, 512) over dim 1", (16, 21, 512, 512), 1, torch.float32,
+             small=(2, 21, 8, 8), fusion="pixel temperature"),
 ]
 
 
@@ -194,8 +197,8 @@ def implementations(wanted: set[str]) -> dict[str, Implementation]:
 def _ours(x: torch.Tensor, dim: int, fusion: dict) -> tuple[Callable, Callable]:
     if fusion:
         return (lambda: portable_softmax.softmax(x, dim, **fusion),
-                lambda y, dy: fused._fused_backward(y, dy, y.dtype, False, fusion.get("scale"), fusion.get("mask"),
-                                                    fusion.get("causal", False)))
+                lambda y, dy: fused._fused_backward(y, dy, dim % x.dim(), y.dtype, False, fusion.get("scale"),
+                                                    fusion.get("mask"), fusion.get("causal", False)))
     return (lambda: portable_softmax.softmax(x, dim),
             lambda y, dy: ops._backward(y, dy, dim % x.dim(), y.dtype, False))
 
@@ -328,10 +331,9 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
         copy_ms.append(timer(lambda: dense.clone()))
         copy_gbs = 2 * moved / min(copy_ms) / 1e6
         # What the forward must move: x (a causal call reads the kept part, about half), y, the
-        # mask's own bytes once.
-        mask = fusion.get("mask")
-        forward_bytes = (1.5 if fusion.get("causal") else 2) * moved + (
-            mask.numel() * mask.element_size() if mask is not None else 0)
+        # mask's and the scale tensor's own bytes once.
+        forward_bytes = (1.5 if fusion.get("causal") else 2) * moved + sum(
+            t.numel() * t.element_size() for t in fusion.values() if isinstance(t, torch.Tensor))
         for row in case_rows:
             row.update(copy_GBs=copy_gbs, copy_ms_before_after=copy_ms, fusion=case.fusion)
             for key, moves in (("fwd", forward_bytes), ("bwd", 3 * moved), ("autograd", 3 * moved)):

@@ -59,7 +59,8 @@ DEFAULT_STRIDED_SHAPES = ((1024, 32768),)
 DEFAULT_SHARDED_SHAPES = ((8192, 75968),)
 # The fused variants (``fused.py``: scale, mask, causal), as rows x keys: attention rows in tiles
 # and a vocabulary of logits (split, or the loop where residency is not promised). Each compiles
-# the heaviest form, ``FUSED_FORM``: a per-row scale tensor, a bool mask and causal.
+# the heaviest form, ``FUSED_FORM``: a per-row scale tensor, a bool mask and causal; the strided
+# shapes also compile fused, without causal (a call over the last dimension only).
 DEFAULT_FUSED_SHAPES = ((16384, 2048), (256, 151936))
 FUSED_FORM = {"scale": 2, "mask": 1, "causal": True}
 # The ranks whose partials the sharded kernels combine, as compiled here.
@@ -184,7 +185,8 @@ def target_record(target: Target) -> tuple[DeviceRecord, str, Optional[str]]:
 class Case:
     """One problem: a contiguous [rows, cols] tensor, softmax over the last dimension; or with
     ``strided`` a contiguous [cols, rows] one, softmax over the first (rows side by side); with
-    ``sharded`` a rank's contiguous slice of rows sharded across ranks (``distributed.py``)."""
+    ``sharded`` a rank's contiguous slice of rows sharded across ranks (``distributed.py``); with
+    ``fused`` the fused variants (``_fused_scalars``)."""
 
     rows: int
     cols: int
@@ -275,7 +277,8 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
                                    for name in variants.tensor_names(case.direction, config.regime)]
     if config.regime == "split":
         args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
-    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic, **(FUSED_FORM if case.fused else {}))
+    form = {**FUSED_FORM, "causal": not case.strided} if case.fused else {}
+    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic, **form)
     for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors,
                                            _fused_scalars(case)):
         if isinstance(value, float):  # Triton specialises no float
@@ -288,9 +291,12 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
 
 def _fused_scalars(case: Case) -> tuple[Any, ...]:
     """``variants.FUSED_SCALARS`` of a fused case, seen as (A, 16 heads, queries, keys): a scale
-    of one value per row, a padding mask of one row of keys per A (``FUSED_FORM``)."""
+    of one value per row, a padding mask of one row of keys per A (``FUSED_FORM``); strided, as
+    (rows, length): a scale per row, a mask along the length shared by the rows."""
     if not case.fused:
         return variants.NO_FUSION
+    if case.strided:
+        return (1.0, 1, case.rows, 0, 0, 0, 1, 0, 0, 1)
     heads, queries = 16, case.cols
     return (1.0, heads, queries, case.cols, 0, 0, 1, heads * queries, queries, 1)
 
@@ -332,7 +338,7 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
     if primary.regime == "tile":
         found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":
-        if case.direction in tuning_for(record).split_tickets:
+        if case.direction in tuning_for(record).split_tickets and not primary.deferred:
             found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))
         if primary.num_stages > 1:
             found.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
@@ -730,9 +736,13 @@ def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: It
               strided_shapes: Iterable[tuple[int, int]] = (),
               sharded_shapes: Iterable[tuple[int, int]] = (),
               fused_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
+    """Every case of the shapes, dtypes and logs, both directions; the strided shapes also fused
+    where any shape is fused."""
+    strided_shapes, fused_shapes = list(strided_shapes), list(fused_shapes)
     forms = ([(shape, {}) for shape in shapes] + [(shape, {"strided": True}) for shape in strided_shapes]
              + [(shape, {"sharded": True}) for shape in sharded_shapes]
-             + [(shape, {"fused": True}) for shape in fused_shapes])
+             + [(shape, {"fused": True}) for shape in fused_shapes]
+             + [(shape, {"strided": True, "fused": True}) for shape in strided_shapes if fused_shapes])
     return [Case(rows, cols, dtype, backward, log, **form) for (rows, cols), form in forms for dtype in dtypes
             for log in logs for backward in (False, True)]
 

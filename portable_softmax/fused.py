@@ -2,17 +2,16 @@
 (bool: keep where True; floating: added after the scaling) and ``causal=`` (SDPA's ``is_causal``,
 top-left aligned), as ``softmax(x * scale + mask)`` with the masked positions constants.
 
-Rows a tile holds run the tile kernels' fused variants (``kernels._fused_terms``: the mask read in
-its own dtype through its broadcast strides, the scale per row): one read of x and of the mask,
-one write. Other rows (longer than a tile, or a softmax over another dimension) are composed from
-torch operations and the plain kernels, with the same results. A row the bool mask leaves empty
+Every regime's kernels have the fused variants (``kernels._fused_terms``: the mask read in its own
+dtype through its broadcast strides, the scale per row), over the last dimension or any other: one
+read of x and of the mask, one write. A mask or scale whose leading strides do not merge is
+composed from torch operations and the plain kernels, with the same results. A row the bool mask leaves empty
 gives 0 (log_softmax: -inf), as ``torch._masked_softmax``; a row an additive mask makes all -inf
 gives NaN, as the composite does.
 
-Under ``torch.compile`` a call over the last dimension is one custom operator,
-``portable_softmax::fused_softmax`` (its backward ``fused_softmax_backward``), with fake and
-autograd registrations as ``torch_ops``' (torch 2.4+); other calls are the composite, which
-dynamo traces (its plain softmax is ``torch_ops``' operator).
+Under ``torch.compile`` a call is one custom operator, ``portable_softmax::fused_softmax`` (its
+backward ``fused_softmax_backward``), with fake and autograd registrations as ``torch_ops``'
+(torch 2.4+).
 """
 from __future__ import annotations
 
@@ -105,24 +104,27 @@ def _composite(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool, sca
     return y
 
 
-def _fusion(x: torch.Tensor, scale: Scale, mask: Optional[torch.Tensor], causal: bool
+def _fusion(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor], causal: bool
             ) -> Optional[tuple[Fusion, torch.Tensor, torch.Tensor]]:
-    """The fused variant of a call on contiguous ``x`` over its last dim: the variant, the mask and
-    scale tensors (x where absent); None where a mask or scale cannot be walked with their strides."""
+    """The fused variant of a call on contiguous ``x`` over ``dim``: the variant, the mask and
+    scale tensors (x where absent); None where a mask or scale cannot be walked with their strides.
+    The kernels number a contiguous tensor's rows in the order of ``x.movedim(dim, -1)``'s, and
+    read the mask and scale seen the same way, as (A, heads, queries, ``dim``)."""
     rank = x.dim()
-    heads = x.shape[-3] if rank >= 3 else 1
-    queries = x.shape[-2] if rank >= 2 else 1
+    moved = x.shape[:dim] + x.shape[dim + 1:] + x.shape[dim:dim + 1]
+    heads = moved[-3] if rank >= 3 else 1
+    queries = moved[-2] if rank >= 2 else 1
     mask_t, mask_strides, mask_kind = x, (0, 0, 0, 0), 0
     if mask is not None:
         mask_t = mask.to(x.device).expand(x.shape)
-        mask_strides = _leading(mask_t, rank)
+        mask_strides = _leading(mask_t.movedim(dim, -1), rank)
         if mask_strides is None:
             return None
         mask_kind = 1 if mask.dtype == torch.bool else 2
     scale_t, scale_strides, scale_kind, value = x, (0, 0, 0), 0, 1.0
     if isinstance(scale, torch.Tensor):
         scale_t = scale.to(x.device).expand(x.shape)
-        found = _leading(scale_t, rank)
+        found = _leading(scale_t.movedim(dim, -1), rank)
         if found is None:
             return None
         scale_strides, scale_kind = found[:3], 2
@@ -131,32 +133,37 @@ def _fusion(x: torch.Tensor, scale: Scale, mask: Optional[torch.Tensor], causal:
     return Fusion(scale_kind, mask_kind, causal, (value, heads, queries, *mask_strides, *scale_strides)), mask_t, scale_t
 
 
-def _fused_forward(x: torch.Tensor, out_dtype: torch.dtype, log: bool, scale: Scale, mask: Optional[torch.Tensor],
-                   causal: bool) -> Optional[torch.Tensor]:
-    """The fused kernel on contiguous ``x`` over its last dim, or None where the mask or scale
-    cannot be walked with their strides (or x is empty)."""
-    found = _fusion(x, scale, mask, causal)
+def _fused_forward(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool, scale: Scale,
+                   mask: Optional[torch.Tensor], causal: bool) -> Optional[torch.Tensor]:
+    """The fused kernel on contiguous ``x`` over ``dim``, or None where the mask or scale cannot be
+    walked with their strides (or x is empty)."""
+    found = _fusion(x, dim, scale, mask, causal)
     if found is None or x.numel() == 0:
         return None
     fusion, mask_t, scale_t = found
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    launch.run_forward(x, y, ops.row_view(tuple(x.shape), x.dim() - 1, x, y), log, fusion, (mask_t, scale_t))
+    view = ops.row_view(tuple(x.shape), dim, x, y)
+    if view is None:  # a strided row too long for 32-bit offsets
+        return None
+    launch.run_forward(x, y, view, log, fusion, (mask_t, scale_t))
     return y
 
 
-def _fused_backward(y: torch.Tensor, dy: torch.Tensor, grad_dtype: torch.dtype, log: bool, scale: Scale,
+def _fused_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool, scale: Scale,
                     mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-    """dx for x from the saved output: the fused backward kernel where the rows take a tile, else
-    the plain one with the scale and the masked zeros applied in torch."""
+    """dx for x from the saved output (contiguous) over ``dim``: the fused backward kernel, or
+    where the mask or scale cannot be walked, the plain one with the scale and the masked zeros
+    applied in torch."""
     dy = dy.contiguous()
-    found = _fusion(y, scale, mask, causal)
+    found = _fusion(y, dim, scale, mask, causal)
     if found is not None and y.numel():
         fusion, mask_t, scale_t = found
         dx = torch.empty(y.shape, dtype=grad_dtype, device=y.device)
-        launch.run_backward(y, dy, dx, ops.row_view(tuple(y.shape), y.dim() - 1, y, dy, dx), log, fusion,
-                            (mask_t, scale_t))
-        return dx
-    dz = ops._backward(y, dy, y.dim() - 1, grad_dtype, log)
+        view = ops.row_view(tuple(y.shape), dim, y, dy, dx)
+        if view is not None:
+            launch.run_backward(y, dy, dx, view, log, fusion, (mask_t, scale_t))
+            return dx
+    dz = ops._backward(y, dy, dim, grad_dtype, log)
     if scale is not None:
         dz = dz * scale
     bias = _bias(y, mask, causal)
@@ -171,10 +178,10 @@ class _FusedSoftmax(torch.autograd.Function):
     respect to the scaled input, summed to the scale's shape."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, scale_tensor: Optional[torch.Tensor], y: torch.Tensor, scale: Scale,
-                mask: Optional[torch.Tensor], causal: bool, log: bool) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, scale_tensor: Optional[torch.Tensor], y: torch.Tensor, dim: int,
+                scale: Scale, mask: Optional[torch.Tensor], causal: bool, log: bool) -> torch.Tensor:
         ctx.save_for_backward(y, x if scale_tensor is not None and scale_tensor.requires_grad else None)
-        ctx.scale, ctx.mask, ctx.causal, ctx.log, ctx.grad_dtype = scale, mask, causal, log, x.dtype
+        ctx.scale, ctx.mask, ctx.causal, ctx.log, ctx.grad_dtype, ctx.dim = scale, mask, causal, log, x.dtype, dim
         return y
 
     @staticmethod
@@ -183,69 +190,71 @@ class _FusedSoftmax(torch.autograd.Function):
         y, x = ctx.saved_tensors
         learnable = x is not None
         # With a learnable scale, dz (no scale factor) first: dx = dz * scale, d scale from dz.
-        dz = _fused_backward(y, dy, ctx.grad_dtype, ctx.log, None if learnable else ctx.scale, ctx.mask, ctx.causal)
+        dz = _fused_backward(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, None if learnable else ctx.scale, ctx.mask,
+                             ctx.causal)
         if not learnable:
-            return dz, None, None, None, None, None, None
+            return dz, None, None, None, None, None, None, None
         scale = ctx.scale
-        dscale = (dz.float() * x.float()).sum(-1, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
-        return (dz * scale).to(ctx.grad_dtype), dscale, None, None, None, None, None
+        dscale = (dz.float() * x.float()).sum(ctx.dim, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
+        return (dz * scale).to(ctx.grad_dtype), dscale, None, None, None, None, None, None
 
 
 def _as_scale(tensor: Optional[torch.Tensor], value: Optional[float]) -> Scale:
     return tensor if tensor is not None else value
 
 
-def _op_forward(x: torch.Tensor, dtype: torch.dtype, log: bool, scale: Optional[torch.Tensor],
+def _op_forward(x: torch.Tensor, dim: int, dtype: torch.dtype, log: bool, scale: Optional[torch.Tensor],
                 scale_value: Optional[float], mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
     with torch.no_grad():
         x = x.contiguous()
-        found = _fused_forward(x, dtype, log, _as_scale(scale, scale_value), mask, causal)
+        found = _fused_forward(x, dim, dtype, log, _as_scale(scale, scale_value), mask, causal)
         if found is None:
-            found = _composite(x, x.dim() - 1, dtype, log, _as_scale(scale, scale_value), mask, causal)
+            found = _composite(x, dim, dtype, log, _as_scale(scale, scale_value), mask, causal)
     return found
 
 
-def _op_backward(y: torch.Tensor, dy: torch.Tensor, grad_dtype: torch.dtype, log: bool,
+def _op_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool,
                  scale: Optional[torch.Tensor], scale_value: Optional[float], mask: Optional[torch.Tensor],
                  causal: bool) -> torch.Tensor:
-    return _fused_backward(y.contiguous(), dy, grad_dtype, log, _as_scale(scale, scale_value), mask,
+    return _fused_backward(y.contiguous(), dy, dim, grad_dtype, log, _as_scale(scale, scale_value), mask,
                            causal).contiguous()
 
 
-def _op_fake(x: torch.Tensor, dtype: torch.dtype, *rest: Any) -> torch.Tensor:
+def _op_fake(x: torch.Tensor, dim: int, dtype: torch.dtype, *rest: Any) -> torch.Tensor:
     return x.new_empty(x.shape, dtype=dtype)
 
 
 def _op_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    x, _, log, scale, scale_value, mask, causal = inputs
+    x, dim, _, log, scale, scale_value, mask, causal = inputs
     learnable = scale is not None and scale.requires_grad
     ctx.save_for_backward(output, x if learnable else None, scale, mask)
     ctx.scale_value, ctx.causal, ctx.log, ctx.grad_dtype, ctx.learnable = scale_value, causal, log, x.dtype, learnable
+    ctx.dim = dim
 
 
 def _op_gradient(ctx: Any, dy: torch.Tensor):
     """As ``_FusedSoftmax.backward``, through the backward operator."""
     y, x, scale, mask = ctx.saved_tensors
     if not ctx.learnable:
-        dx = _fused_backward_op(y, dy, ctx.grad_dtype, ctx.log, scale, ctx.scale_value, mask, ctx.causal)
-        return dx, None, None, None, None, None, None
-    dz = _fused_backward_op(y, dy, ctx.grad_dtype, ctx.log, None, None, mask, ctx.causal)
-    dscale = (dz.float() * x.float()).sum(-1, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
-    return (dz * scale).to(ctx.grad_dtype), None, None, dscale, None, None, None
+        dx = _fused_backward_op(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, scale, ctx.scale_value, mask, ctx.causal)
+        return dx, None, None, None, None, None, None, None
+    dz = _fused_backward_op(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, None, None, mask, ctx.causal)
+    dscale = (dz.float() * x.float()).sum(ctx.dim, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
+    return (dz * scale).to(ctx.grad_dtype), None, None, None, dscale, None, None, None
 
 
 _fused_op = _fused_backward_op = None
 if HAS_CUSTOM_OP:
     _definition = torch.library.custom_op(
         f"{NAMESPACE}::fused_softmax", _op_forward, mutates_args=(),
-        schema="(Tensor x, ScalarType dtype, bool log, Tensor? scale, float? scale_value, Tensor? mask, "
+        schema="(Tensor x, int dim, ScalarType dtype, bool log, Tensor? scale, float? scale_value, Tensor? mask, "
                "bool causal) -> Tensor")
     _backward_definition = torch.library.custom_op(
         f"{NAMESPACE}::fused_softmax_backward", _op_backward, mutates_args=(),
-        schema="(Tensor y, Tensor dy, ScalarType grad_dtype, bool log, Tensor? scale, float? scale_value, "
+        schema="(Tensor y, Tensor dy, int dim, ScalarType grad_dtype, bool log, Tensor? scale, float? scale_value, "
                "Tensor? mask, bool causal) -> Tensor")
     torch.library.register_fake(_definition, _op_fake)
-    torch.library.register_fake(_backward_definition, lambda y, dy, grad_dtype, *rest: _op_fake(y, grad_dtype))
+    torch.library.register_fake(_backward_definition, lambda y, dy, dim, grad_dtype, *rest: _op_fake(y, dim, grad_dtype))
     torch.library.register_autograd(_definition, _op_gradient, setup_context=_op_setup)
     _namespace = getattr(torch.ops, NAMESPACE)
     _fused_op = _namespace.fused_softmax.default
@@ -262,22 +271,22 @@ def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, sc
     if meta:
         return ops._output(x, out_dtype)
     grad = torch.is_grad_enabled() and (x.requires_grad or (isinstance(scale, torch.Tensor) and scale.requires_grad))
-    last = dim == x.dim() - 1 and x.is_floating_point() and x.dim() >= 1
-    if last and _fused_op is not None and ops._compiling():
+    kernels = x.is_floating_point() and x.dim() >= 1
+    if kernels and _fused_op is not None and ops._compiling():
         tensor = scale if isinstance(scale, torch.Tensor) else None
         value = None if scale is None or tensor is not None else float(scale)
-        return _fused_op(x, out_dtype, log, tensor, value, mask, causal)
-    if not last or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return _fused_op(x, dim, out_dtype, log, tensor, value, mask, causal)
+    if not kernels or torch._C._functorch.is_functorch_wrapped_tensor(x):
         return _composite(x, dim, out_dtype, log, scale, mask, causal)
     contiguous = x.contiguous()
     with torch.no_grad():
-        y = _fused_forward(contiguous, out_dtype, log, scale, mask, causal)
+        y = _fused_forward(contiguous, dim, out_dtype, log, scale, mask, causal)
     if y is None:
         return _composite(x, dim, out_dtype, log, scale, mask, causal)
     if not grad:
         return y
     scale_tensor = scale if isinstance(scale, torch.Tensor) else None
-    return _FusedSoftmax.apply(x, scale_tensor, y, scale, mask, causal, log)
+    return _FusedSoftmax.apply(x, scale_tensor, y, dim, scale, mask, causal, log)
 
 
 ops.use_fused(fused)

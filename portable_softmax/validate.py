@@ -22,15 +22,20 @@ from portable_softmax.targets import plan_launch
 
 CONFORMANCE = [((1823, 781), torch.float32), ((1823, 781), torch.bfloat16), ((64, 4096), torch.float16),
                ((7, 50257), torch.bfloat16), ((3, 131072), torch.float32), ((5, 1), torch.float32), ((1, 1), torch.float16)]
-# The fused variants: (shape, dtype, arguments on a device): a per-row scale tensor with a bool mask
-# and causal, a number scale with an additive mask; rows in tiles and rows longer than a tile.
+# The fused variants: (shape, dim, dtype, arguments on a device): a per-row scale tensor with a bool
+# mask and causal, a number scale with an additive mask; rows in tiles and rows longer than a tile;
+# a channel softmax (a temperature per pixel, a mask per image and channel).
 FUSED = [
-    ((2, 4, 33, 781), torch.float32, lambda d: {"scale": torch.rand(2, 4, 33, 1, device=d) + 0.5,
-                                                "mask": torch.rand(2, 1, 33, 781, device=d) > 0.3, "causal": True}),
-    ((2, 4, 33, 781), torch.bfloat16, lambda d: {"scale": 0.125, "mask": torch.randn(1, 1, 33, 781, device=d)}),
-    ((2, 3, 5, 131072), torch.float32, lambda d: {"scale": torch.rand(2, 3, 5, 1, device=d) + 0.5,
-                                                  "mask": torch.rand(2, 1, 1, 131072, device=d) > 0.3, "causal": True}),
-    ((2, 3, 50257), torch.bfloat16, lambda d: {"scale": 1 / (torch.rand(2, 3, 1, device=d) + 0.5)}),
+    ((2, 4, 33, 781), -1, torch.float32, lambda d: {"scale": torch.rand(2, 4, 33, 1, device=d) + 0.5,
+                                                    "mask": torch.rand(2, 1, 33, 781, device=d) > 0.3,
+                                                    "causal": True}),
+    ((2, 4, 33, 781), -1, torch.bfloat16, lambda d: {"scale": 0.125, "mask": torch.randn(1, 1, 33, 781, device=d)}),
+    ((2, 3, 5, 131072), -1, torch.float32, lambda d: {"scale": torch.rand(2, 3, 5, 1, device=d) + 0.5,
+                                                      "mask": torch.rand(2, 1, 1, 131072, device=d) > 0.3,
+                                                      "causal": True}),
+    ((2, 3, 50257), -1, torch.bfloat16, lambda d: {"scale": 1 / (torch.rand(2, 3, 1, device=d) + 0.5)}),
+    ((4, 37, 16, 16), 1, torch.bfloat16, lambda d: {"scale": torch.rand(4, 1, 16, 16, device=d) + 0.5,
+                                                    "mask": torch.rand(4, 37, 1, 1, device=d) > 0.2}),
 ]
 BENCH_SHAPES = [(32768, 1024), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256)]
 
@@ -59,23 +64,25 @@ def _fused(device: torch.device) -> list[dict[str, Any]]:
     """Each fused case forward and backward against the composite in float64, within the bound
     set by the composite's own error in that dtype (``selfcheck.tolerance``)."""
     results = []
-    for shape, dtype, arguments in FUSED:
+    for shape, dim, dtype, arguments in FUSED:
         x = (torch.randn(shape, device=device) * 3).to(dtype)
         fusion = arguments(device)
         wide = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                 for k, v in fusion.items()}
-        reference = bench_cases.composite(x.double(), -1, **wide, empty_rows=True)
+        dim %= x.dim()
+        reference = bench_cases.composite(x.double(), dim, **wide, empty_rows=True)
         dy = torch.randn(shape, device=device).to(dtype)
-        reference_dx = bench_cases.composite_backward(reference, dy.double(), x.dim() - 1, **wide)
+        reference_dx = bench_cases.composite_backward(reference, dy.double(), dim, **wide)
         leaf = x.detach().requires_grad_()
-        y = portable_softmax.softmax(leaf, -1, **fusion)
+        y = portable_softmax.softmax(leaf, dim, **fusion)
         (dx,) = torch.autograd.grad(y, leaf, dy)
-        theirs = bench_cases.composite(x, -1, **fusion, empty_rows=True)
+        theirs = bench_cases.composite(x, dim, **fusion, empty_rows=True)
         kept = reference.isfinite()
-        name = f"{'x'.join(map(str, shape))} {str(dtype)[6:]} {', '.join(sorted(fusion))}"
+        over = "" if dim == x.dim() - 1 else f" over dim {dim}"
+        name = f"{'x'.join(map(str, shape))}{over} {str(dtype)[6:]} {', '.join(sorted(fusion))}"
         for direction, ours, expected, torch_result in (
                 ("forward", y, reference, theirs),
-                ("backward", dx, reference_dx, bench_cases.composite_backward(theirs, dy, x.dim() - 1, **fusion))):
+                ("backward", dx, reference_dx, bench_cases.composite_backward(theirs, dy, dim, **fusion))):
             error = selfcheck.relative_error(ours[kept], expected[kept])
             torch_error = selfcheck.relative_error(torch_result[kept], expected[kept])
             passed = error <= selfcheck.tolerance(dtype, torch_error, device.type)

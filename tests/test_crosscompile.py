@@ -84,6 +84,15 @@ def test_fused_variants_compile_in_every_regime(target):
         assert pipelined == {"softmax_forward_split", "softmax_backward_split"}
 
 
+def test_fused_variants_compile_for_strided_rows(target):
+    """A fused softmax over a strided dimension (a scale tensor and a bool mask) compiles the
+    split kernels of several adjacent rows, both directions."""
+    tiles = {v["kernel"] for v in target["variants"] if v["kernel"].endswith("_split") and v["status"] == "ok"
+             and v["constexprs"]["BLOCK_M"] > 1 and v["constexprs"].get("SCALE") == 2
+             and v["constexprs"]["MASK"] == 1 and not v["constexprs"]["CAUSAL"]}
+    assert tiles == {"softmax_forward_split", "softmax_backward_split"}
+
+
 def test_odd_rows_compile_windowed_split_kernels(target):
     """The window code runs only where the split path does (GPUs): here it is at least built."""
     windowed = {v["kernel"] for v in target["variants"] if v["constexprs"].get("ALIGN", 1) == 8 and v["status"] == "ok"}

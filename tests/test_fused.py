@@ -1,7 +1,7 @@
 """The fused variants (``scale=``, ``mask=``, ``causal=``) against torch's composite of the same
 definition in float64, forward and backward: rows in tiles and rows longer than a tile (the fused
 kernels of every regime), and calls that are composed (a softmax over another dimension, a mask
-whose leading strides do not merge)."""
+whose leading strides do not merge), over the last dimension and others."""
 from __future__ import annotations
 
 import math
@@ -47,16 +47,16 @@ def _compare(ours, expected, dtype, device):
     assert relative_error(ours[finite], expected[finite]) <= floor
 
 
-def _check_both_directions(x, kwargs, log, dtype, device):
+def _check_both_directions(x, kwargs, log, dtype, device, dim=-1):
     """Ours against the float64 definition, forward and the gradient of x through autograd."""
     function = ps.log_softmax if log else ps.softmax
-    y = function(x, -1, **kwargs)
+    y = function(x, dim, **kwargs)
     assert y.dtype == dtype and y.shape == x.shape
-    _compare(y, _reference(x.detach(), log=log, **kwargs), dtype, device)
+    _compare(y, _reference(x.detach(), log=log, dim=dim, **kwargs), dtype, device)
     dy = torch.randn(x.shape, device=device).to(dtype)
     (dx,) = torch.autograd.grad(y, x, dy)
     reference_x = x.detach().double().requires_grad_()
-    reference = _reference(reference_x, log=log, **kwargs)
+    reference = _reference(reference_x, log=log, dim=dim, **kwargs)
     (expected_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
     # Masked positions take no gradient (the composite's masked_fill gives them none either).
     kept = torch.isfinite(reference)
@@ -100,14 +100,7 @@ def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, varian
         monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                                split_windows=frozenset({"forward", "backward"})))
         dtype = torch.bfloat16
-    plans = []
-    build = launch.build_record
-
-    def spy(*args, **kwargs):
-        record = build(*args, **kwargs)
-        plans.append(None if record is None else record.plan)
-        return record
-    monkeypatch.setattr(launch, "build_record", spy)
+    plans = _spy_plans(monkeypatch)
     shape = (2, 2, 5, 1001)
     x = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
     if variant == "scale_tensor_bool_mask_causal":
@@ -122,6 +115,65 @@ def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, varian
     assert {regime_of(plan) for plan in plans} == {"split" if regime == "windows" else regime}
     if regime == "windows":
         assert all(plan.align == 8 for plan in plans)
+
+
+def _spy_plans(monkeypatch) -> list:
+    """The plans of the launches built from here on (a composed call builds none of its own)."""
+    plans = []
+    build = launch.build_record
+
+    def spy(*args, **kwargs):
+        record = build(*args, **kwargs)
+        plans.append(record.plan)
+        return record
+    monkeypatch.setattr(launch, "build_record", spy)
+    return plans
+
+
+# Softmax over a dimension that is not the contiguous one: the fused terms at the rows of the
+# strided path, numbered as x.movedim(dim, -1)'s. (shape, dim, arguments on a device.)
+OTHER_DIMS = {
+    # Channels of NCHW: a temperature per pixel, a bool mask per image and channel (one row of
+    # channels masked whole: it gives 0).
+    "channels": ((3, 37, 4, 5), 1, lambda d: dict(
+        scale=torch.rand(3, 1, 4, 5, device=d) + 0.5,
+        mask=torch.rand(3, 37, 1, 5, device=d).index_fill_(0, torch.tensor([1], device=d), 0) > 0.3)),
+    # A column softmax with a mask per column entry and a number scale.
+    "column": ((300, 8), 0, lambda d: dict(scale=0.37, mask=torch.rand(300, 1, device=d) > 0.2)),
+    # The middle dim of three, an additive mask over the last two dims.
+    "middle": ((2, 50, 7), 1, lambda d: dict(mask=torch.randn(50, 7, device=d))),
+}
+
+
+@pytest.mark.parametrize("case", OTHER_DIMS)
+@pytest.mark.parametrize("regime", ["tile", "split", "loop"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_fused_variants_over_other_dimensions(device, monkeypatch, case, regime, log):
+    """Fused calls over a dimension with a stride run the strided path's fused kernels (tiles of
+    rows side by side, split or streamed where forced), forward and backward, against the float64
+    definition."""
+    shape, dim, arguments = OTHER_DIMS[case]
+    if regime != "tile":
+        force_regime(monkeypatch, regime, device)
+    plans = _spy_plans(monkeypatch)
+    x = (torch.randn(shape, device=device) * 3).requires_grad_()
+    _check_both_directions(x, arguments(device), log, torch.float32, device, dim)
+    assert len(plans) == 2 and {regime_of(plan) for plan in plans} == {regime}
+
+
+def test_a_learnable_scale_over_another_dimension(device):
+    """A per-pixel temperature of a channel softmax takes its gradient summed over the channels."""
+    x = torch.randn(2, 9, 3, 4, device=device).requires_grad_()
+    temperature = (torch.rand(2, 1, 3, 4, device=device) + 0.5).requires_grad_()
+    y = ps.log_softmax(x, 1, scale=1 / temperature)
+    reference_x = x.detach().double().requires_grad_()
+    reference_t = temperature.detach().double().requires_grad_()
+    reference = torch.log_softmax(reference_x / reference_t, 1)
+    assert relative_error(y, reference) < 1e-5
+    dy = torch.randn(x.shape, device=device)
+    dx, dt = torch.autograd.grad(y, (x, temperature), dy)
+    expected_dx, expected_dt = torch.autograd.grad(reference, (reference_x, reference_t), dy.double())
+    assert relative_error(dx, expected_dx) < 1e-5 and relative_error(dt, expected_dt) < 1e-5
 
 
 def test_a_per_row_temperature_and_its_gradient(device):

@@ -35,7 +35,8 @@ def test_validate_checks_the_fused_variants(tmp_path, monkeypatch):
     assert sum(c["case"].startswith("fused") for c in checks) == 4
     real = fused._fused_forward
     monkeypatch.setattr(fused, "_fused_forward",
-                        lambda x, out_dtype, log, scale, mask, causal: real(x, out_dtype, log, scale, None, causal))
+                        lambda x, dim, out_dtype, log, scale, mask, causal: real(x, dim, out_dtype, log, scale, None,
+                                                                                 causal))
     assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 1
     failed = [c["case"] for c in json.loads((tmp_path / "report.json").read_text())["checks"] if not c["passed"]]
     assert failed and all(case.startswith("fused") and "mask" in case for case in failed)
