@@ -34,13 +34,11 @@ CASES = [
     ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
-# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. Deferred split
-# tiles (NOTES v18) at the default and other chunk sizes, and the default's tiles held.
-BOTH = frozenset({"forward", "backward"})
-SWEEP = [("held", {"strided_deferred": frozenset()}),
-         ("deferred", {"strided_deferred": BOTH}),
-         ("deferred e8K", {"strided_deferred": BOTH, "strided_split_elements": 8192}),
-         ("deferred e32K", {"strided_deferred": BOTH, "strided_split_elements": 32768})]
+# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. bf16 tiles of
+# 64 rows (128-byte lines, as fp32's 32) at two chunk sizes, and of 32 rows in wider chunks.
+SWEEP = [("bf16 rows64 e16K", {"strided_rows": {2: 64, 4: 32, 8: 16}}),
+         ("bf16 rows64 e32K", {"strided_rows": {2: 64, 4: 32, 8: 16}, "strided_split_elements": 32768}),
+         ("bf16 rows32 e32K", {"strided_rows": {2: 32, 4: 32, 8: 16}, "strided_split_elements": 32768})]
 # Cases the sweep's settings change (reductions along a strided dimension that split).
 SWEPT = ("column", "transposed", "(64,1024", "(8,1000")
 REPEATS = 5
@@ -66,6 +64,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="the default tuning only")
+    parser.add_argument("--only", nargs="+", help="the cases whose names contain one of these")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -76,6 +75,8 @@ def main() -> int:
     rows = []
     failures = 0
     for name, shape, view, dim, dtype in CASES:
+        if args.only and not any(part in name for part in args.only):
+            continue
         x = (torch.randn(shape, device="cuda") * 3).to(dtype)
         if view is not None:
             x = view(x)
@@ -118,8 +119,7 @@ def main() -> int:
                 entry[f"{label}_fwd"] = 2 * bytes_moved / do_bench(lambda: ours_forward(x, dim)) / bandwidth
                 entry[f"{label}_bwd"] = 3 * bytes_moved / do_bench(lambda: ours_backward(y_torch, dy, dim)) / bandwidth
                 entry[f"{label}_plans"] = [f"{p.regime} {p.block_m}x{p.block_n} c{p.chunks} w{p.num_warps} "
-                                           f"p{p.programs}{' T' if p.ticketed else ''}{' D' if p.deferred else ''}"
-                                           for p in plan_f]
+                                           f"p{p.programs}{' T' if p.ticketed else ''}" for p in plan_f]
             except Exception as error:  # a setting that fails to compile or launch is reported, not fatal
                 entry[f"{label}_error"] = repr(error)[:300]
                 failures += 1

@@ -338,7 +338,7 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
     if primary.regime == "tile":
         found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":
-        if case.direction in tuning_for(record).split_tickets and not primary.deferred:
+        if case.direction in tuning_for(record).split_tickets:
             found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))
         if primary.num_stages > 1:
             found.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))

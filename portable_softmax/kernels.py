@@ -217,11 +217,11 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.conste
                 outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
                 mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
                 scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, EVICT: tl.constexpr):
+                MASK: tl.constexpr, CAUSAL: tl.constexpr):
     """The fused input ``x * scale + bias`` at block columns ``cols`` ([1, BLOCK_N]) of the rows
     at ``x_base``, which are the rows' columns ``at`` (``_fused_terms``; they differ in a split
     window), -inf where masked or not ``valid``; what ``CAUSAL`` masks is not read. Plain calls
-    (no fusion) load x alone. ``EVICT``: x's cache eviction policy."""
+    (no fusion) load x alone."""
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, at, valid, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
@@ -232,7 +232,7 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.conste
         # are (skipping them, a padding mask keeping 90% read 0.89 of copy forward on the H100).
         _, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
         reads = valid & (at <= q[:, None])
-    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, EVICT)
+    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
     return _fused_input(x, scale, bias, (SCALE != 0 or MASK != 0) or CAUSAL)
 
 
@@ -331,10 +331,10 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
     for start in tl.range(0, n_cols, BLOCK_N):
         cols = start + chunk_cols
         mask = row_mask[:, None] & (cols < n_cols)[None, :]
-        x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, CAST_TY, ACC_FP64, outer,
-                        rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
-                        mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                        scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL, "")
+        x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, CAST_TY, ACC_FP64, outer, rows, row_mask,
+                        rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
+                        mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                        BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
         new_max = tl.maximum(row_max, tl.max(x, 1))
         new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
         # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
@@ -373,7 +373,7 @@ def softmax_forward_loop(
                             ACC_FP64,
                             outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
                             n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL, "")
+                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
             z = x - ref[:, None]
             out = _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG)
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
@@ -680,7 +680,7 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     """
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     if BLOCK_M > 1:
-        _publish_tile(slots + chunk, _tile_counters(done_ptr, tile), row_mask, packed)
+        tl.store(slots + chunk, packed, mask=row_mask)
     else:
         tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
     # Triton does not software-pipeline a loop that holds another loop, but one that calls a
@@ -690,7 +690,7 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     # (the caller's unpacking then fails: "row_total is not defined").
     if BLOCK_M > 1:
         tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
-        row_max, total = _gather_tile(slots, _tile_counters(done_ptr, tile), row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
+        row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
     elif STAGES > 1:
         row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
                                               CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
@@ -760,27 +760,9 @@ _gathered_row_called = _jit_call(_gather_row)
 
 
 @_jit
-def _tile_counters(done_ptr, tile):
-    """A tile's two arrival counters (arrivals, departures), after the ticket counter."""
-    return done_ptr + 1 + 2 * tile
-
-
-@_jit
-def _publish_tile(slot, counters, row_mask, packed):
-    """Store this chunk's partials of a tile's rows (``packed``, [BLOCK_M]) at their ``slot`` and
-    count the chunk's arrival at the tile's ``counters`` (``_gather_tile``)."""
-    tl.store(slot, packed, mask=row_mask)
-    # One thread counts for the program: the barrier first makes every thread's stores its own,
-    # which its release then publishes (the grid-wide barrier's pattern).
-    tl.debug_barrier()
-    tl.atomic_add(counters, 1, sem="release")
-
-
-@_jit
 def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr):
     """``_gather_row`` for a tile of rows (``slots``: each row's first slot, [BLOCK_M]; this
-    program's chunk has published its partials there, ``_publish_tile``): the rows' maxima and
-    totals ([BLOCK_M] each).
+    program's chunk has stored its partials there): the rows' maxima and totals ([BLOCK_M] each).
 
     A tile's rows lie side by side in memory (a reduction along a strided dimension), and a wait
     that re-read all their slots ([BLOCK_M, CHUNKS]) on every trip would flood the cache that
@@ -789,6 +771,10 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     itself with release semantics once its partials are stored, waits for all CHUNKS (one word
     per trip, ``_awaited_count``), then reads the slots once. Slots are never emptied; the last
     chunk to leave resets the counters for the next launch."""
+    # One thread counts for the program: the barrier first makes every thread's stores its own,
+    # which its release then publishes (the grid-wide barrier's pattern).
+    tl.debug_barrier()
+    tl.atomic_add(counters, 1, sem="release")
     _awaited_count(counters, CHUNKS)
     tl.debug_barrier()
     peers = tl.arange(0, CHUNKS_P2)
@@ -858,107 +844,6 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
         tl.store(done_ptr + tile, 0, mask=last)
 
 
-# --------------------------------------------------------------------------------------------
-# Split tiles of several rows, deferred: a program publishes an item's partials, then finishes
-# the item it published a trip before, reading its chunk again (from L2) for the output. The
-# wait is then on peers that published a trip ago, not on the slowest load of this trip, and
-# no chunk is held in registers across it (NOTES v18).
-# --------------------------------------------------------------------------------------------
-
-
-@_jit
-def _deferred_item(item, tiles_per_outer, rows_per_outer, n_cols, outer_stride, row_stride, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
-    """A deferred item's tile and chunk, rows, columns, their mask, and the rows' offsets in the
-    tensor of the given strides."""
-    tile, chunk, outer, rows, row_mask, cols = _split_item(item, tiles_per_outer, rows_per_outer,
-                                                           tl.arange(0, BLOCK_N), BLOCK_M, BLOCK_N, CHUNKS)
-    base, _, mask = _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride, 1)
-    return tile, chunk, outer, rows, row_mask, cols, mask, base
-
-
-@_jit
-def _deferred_forward(x_ptr, y_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, first, stop, step, tiles_per_outer,
-                      rows_per_outer, n_cols, x_outer_stride, x_row_stride, x_col_stride, y_outer_stride,
-                      y_row_stride, y_col_stride, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                      mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-                      LOG: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr, SCALE: tl.constexpr,
-                      MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    """The forward of deferred split tiles: every trip publishes item ``trip`` and finishes item
-    ``trip - step``. Its peers (the grid is resident and a multiple of CHUNKS, so a tile's chunks
-    are the same trip's items) published it on that earlier trip, before waiting on anything."""
-    tl.static_assert(BLOCK_M > 1 and not TICKETED and STAGES == 1, "deferred: persistent split tiles of rows")
-    for trip in tl.range(first, stop + step, step):
-        if trip < stop:
-            tile, chunk, outer, rows, row_mask, cols, mask, x_base = _deferred_item(
-                trip, tiles_per_outer, rows_per_outer, n_cols, x_outer_stride, x_row_stride, BLOCK_M, BLOCK_N, CHUNKS)
-            # Kept in L2 for the second read, a trip later.
-            x = _fused_load(x_ptr, x_base, cols, cols, x_col_stride, mask, y_ptr.dtype.element_ty, False, outer, rows,
-                            row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
-                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL, "evict_last")
-            chunk_max = tl.max(x, 1)
-            # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
-            ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-            total = tl.sum(tl.exp2((x - ref[:, None]) * LOG2E), 1)
-            packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-            _publish_tile(_row_slots(slot_ptr, tile, BLOCK_M, CHUNKS) + chunk, _tile_counters(done_ptr, tile),
-                          row_mask, packed)
-        if trip > first:
-            tile, chunk, outer, rows, row_mask, cols, mask, x_base = _deferred_item(
-                trip - step, tiles_per_outer, rows_per_outer, n_cols, x_outer_stride, x_row_stride, BLOCK_M, BLOCK_N,
-                CHUNKS)
-            row_max, row_total = _gather_tile(_row_slots(slot_ptr, tile, BLOCK_M, CHUNKS),
-                                              _tile_counters(done_ptr, tile), row_mask, CHUNKS, CHUNKS_P2, True)
-            x = _fused_load(x_ptr, x_base, cols, cols, x_col_stride, mask, y_ptr.dtype.element_ty, False, outer, rows,
-                            row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
-                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL, "evict_first")
-            # A row of -inf only gives -inf - -inf = NaN, and NaN outputs, as torch does.
-            z = x - row_max[:, None]
-            out = _normalized(z, tl.exp2(z * LOG2E), (1.0 / row_total)[:, None], -tl.log(row_total)[:, None], LOG)
-            y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-            _store(y_ptr, y_base, cols, y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
-
-
-@_jit
-def _deferred_backward(y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, first, stop, step,
-                       tiles_per_outer, rows_per_outer, n_cols, y_outer_stride, y_row_stride, y_col_stride,
-                       dy_outer_stride, dy_row_stride, dy_col_stride, dx_outer_stride, dx_row_stride, dx_col_stride,
-                       scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                       scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, LOG: tl.constexpr, TICKETED: tl.constexpr,
-                       STAGES: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    """The backward of deferred split tiles, as ``_deferred_forward``: the partial sums of item
-    ``trip`` published, then dx of item ``trip - step`` from its y and dy read again."""
-    tl.static_assert(BLOCK_M > 1 and not TICKETED and STAGES == 1, "deferred: persistent split tiles of rows")
-    for trip in tl.range(first, stop + step, step):
-        if trip < stop:
-            tile, chunk, outer, rows, row_mask, cols, mask, y_base = _deferred_item(
-                trip, tiles_per_outer, rows_per_outer, n_cols, y_outer_stride, y_row_stride, BLOCK_M, BLOCK_N, CHUNKS)
-            dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "evict_last")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "evict_last")
-            _publish_tile(_row_slots(slot_ptr, tile, BLOCK_M, CHUNKS) + chunk, _tile_counters(done_ptr, tile),
-                          row_mask, _float_bits(tl.sum(_grad_terms(y, dy, LOG), 1)))
-        if trip > first:
-            tile, chunk, outer, rows, row_mask, cols, mask, y_base = _deferred_item(
-                trip - step, tiles_per_outer, rows_per_outer, n_cols, y_outer_stride, y_row_stride, BLOCK_M, BLOCK_N,
-                CHUNKS)
-            _, row_sum = _gather_tile(_row_slots(slot_ptr, tile, BLOCK_M, CHUNKS), _tile_counters(done_ptr, tile),
-                                      row_mask, CHUNKS, CHUNKS_P2, False)
-            dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, False)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "evict_first")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "evict_first")
-            dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
-                             mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                             mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                             BLOCK_N, SCALE, MASK, CAUSAL)
-            _store(dx_ptr, _row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), cols, dx_col_stride, mask,
-                   dx)
-
-
 @_jit
 def softmax_forward_split(
     x_ptr, y_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
@@ -967,88 +852,80 @@ def softmax_forward_split(
     scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
-    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, DEFERRED: tl.constexpr, SCALE: tl.constexpr,
-    MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
-    # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory,
-    # and with DEFERRED finish an item a trip after they publish it (_deferred_forward).
+    # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     # SCALE, MASK, CAUSAL: the fused variants (_fused_terms), at the row's own columns (a
     # window's less its lead); unpipelined, what CAUSAL masks is not read.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
     fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    if DEFERRED:
-        _deferred_forward(x_ptr, y_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, first, stop, step, tiles_per_outer,
-                          rows_per_outer, n_cols, x_outer_stride, x_row_stride, x_col_stride, y_outer_stride,
-                          y_row_stride, y_col_stride, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                          mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                          BLOCK_N, CHUNKS, CHUNKS_P2, LOG, TICKETED, STAGES, SCALE, MASK, CAUSAL)
-    else:
-        for item in tl.range(first, stop, step, num_stages=STAGES):
-            tile, chunk, outer, rows, row_mask, cols = _split_item(
-                item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-            x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
-            y_base = _output_window(_row_starts(outer, rows, y_outer_stride, y_row_stride, False), lead, ALIGN, SHIFTED)
-            if STAGES > 1:
-                # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
-                # the load's would be carried.
-                x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
-                cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
-                                             ALIGN, STAGES)
-                x = tl.where(mask, x, -float("inf"))
-                if fused:
-                    scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols - lead[:, None], mask,
-                                               mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
-                                               mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                                               scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-                    x = _fused_input(x, scale, bias, True)
-            else:
-                x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, y_ptr.dtype.element_ty,
-                                False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
-                                n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                                scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL, "")
-            chunk_max = tl.max(x, 1)
-            if ALIGN > 1:
-                edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-                x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
-                if fused:
-                    scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, (edge - tl.sum(lead, 0))[None, :],
-                                               edge_mask[None, :], mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
-                                               mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                                               scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, 2 * ALIGN,
-                                               SCALE, MASK, CAUSAL)
-                    x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, True), 0)
-                chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
-            # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
-            ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-            z = x - ref[:, None]
-            # One exponential per element: kept and rescaled once the row's maximum is known.
-            e = tl.exp2(z * LOG2E)
-            total = tl.sum(e, 1)
-            if ALIGN > 1:
-                z_edge = x_edge - tl.sum(ref, 0)
-                e_edge = tl.exp2(z_edge * LOG2E)
-                total += tl.sum(e_edge, 0)
-            packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-            row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                           CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
-            # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
-            scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
-            shift = chunk_max - row_max - tl.log(row_total)
-            out = _normalized(z, e, scale[:, None], shift[:, None], LOG)
-            # A tile's maxima are [BLOCK_M]; a row's, a scalar.
-            if BLOCK_M > 1:
-                out = _emptied(out, row_max[:, None], LOG, MASK)
-            else:
-                out = _emptied(out, row_max, LOG, MASK)
-            _store(y_ptr, y_base, cols, y_col_stride, mask, out)
-            if ALIGN > 1:
-                _edge_store(y_ptr, y_base, edge, edge_mask,
-                            _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max, LOG,
-                                     MASK))
-            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
-        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
+    for item in tl.range(first, stop, step, num_stages=STAGES):
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
+        y_base = _output_window(_row_starts(outer, rows, y_outer_stride, y_row_stride, False), lead, ALIGN, SHIFTED)
+        if STAGES > 1:
+            # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
+            # the load's would be carried.
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
+            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
+                                         ALIGN, STAGES)
+            x = tl.where(mask, x, -float("inf"))
+            if fused:
+                scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols - lead[:, None], mask, mask_ptr,
+                                           scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                                           mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                                           scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                x = _fused_input(x, scale, bias, True)
+        else:
+            x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, y_ptr.dtype.element_ty,
+                            False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
+                            n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+        chunk_max = tl.max(x, 1)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)
+            if fused:
+                scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, (edge - tl.sum(lead, 0))[None, :],
+                                           edge_mask[None, :], mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
+                                           mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                                           scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, 2 * ALIGN,
+                                           SCALE, MASK, CAUSAL)
+                x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, True), 0)
+            chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
+        # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
+        ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+        z = x - ref[:, None]
+        # One exponential per element: kept and rescaled once the row's maximum is known.
+        e = tl.exp2(z * LOG2E)
+        total = tl.sum(e, 1)
+        if ALIGN > 1:
+            z_edge = x_edge - tl.sum(ref, 0)
+            e_edge = tl.exp2(z_edge * LOG2E)
+            total += tl.sum(e_edge, 0)
+        packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
+        row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
+                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
+        # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
+        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
+        shift = chunk_max - row_max - tl.log(row_total)
+        out = _normalized(z, e, scale[:, None], shift[:, None], LOG)
+        # A tile's maxima are [BLOCK_M]; a row's, a scalar.
+        if BLOCK_M > 1:
+            out = _emptied(out, row_max[:, None], LOG, MASK)
+        else:
+            out = _emptied(out, row_max, LOG, MASK)
+        _store(y_ptr, y_base, cols, y_col_stride, mask, out)
+        if ALIGN > 1:
+            _edge_store(y_ptr, y_base, edge, edge_mask,
+                        _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max, LOG,
+                                 MASK))
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
 @_jit
@@ -1060,57 +937,48 @@ def softmax_backward_split(
     scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
-    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, DEFERRED: tl.constexpr, SCALE: tl.constexpr,
-    MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
-    # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory,
-    # and with DEFERRED finish an item a trip after they publish it (_deferred_backward).
+    # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    if DEFERRED:
-        _deferred_backward(y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, first, stop, step,
-                           tiles_per_outer, rows_per_outer, n_cols, y_outer_stride, y_row_stride, y_col_stride,
-                           dy_outer_stride, dy_row_stride, dy_col_stride, dx_outer_stride, dx_row_stride,
-                           dx_col_stride, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                           mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                           BLOCK_N, CHUNKS, CHUNKS_P2, LOG, TICKETED, STAGES, SCALE, MASK, CAUSAL)
-    else:
-        for item in tl.range(first, stop, step, num_stages=STAGES):
-            tile, chunk, outer, rows, row_mask, cols = _split_item(
-                item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
-            y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
-            dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride, False), ALIGN)
-            dx_base = _output_window(_row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), lead, ALIGN,
-                                     SHIFTED)
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
-            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
-                                         STAGES)
-            partial = tl.sum(_grad_terms(y, dy, LOG), 1)
-            if ALIGN > 1:
-                edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-                y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
-                dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
-                partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-            _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
-                                   CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
-            if BLOCK_M > 1:
-                row_sum = row_sum[:, None]
-            dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
-                             mask, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                             mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                             BLOCK_N, SCALE, MASK, CAUSAL)
-            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
-            if ALIGN > 1:
-                dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG)[None, :], outer, rows, row_mask,
-                                      rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,
-                                      scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                                      mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                                      BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
-                _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
-            _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
-        _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
+    for item in tl.range(first, stop, step, num_stages=STAGES):
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
+        dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride, False), ALIGN)
+        dx_base = _output_window(_row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), lead, ALIGN,
+                                 SHIFTED)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
+        cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
+                                     STAGES)
+        partial = tl.sum(_grad_terms(y, dy, LOG), 1)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
+            dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
+            partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
+        _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
+                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
+        if BLOCK_M > 1:
+            row_sum = row_sum[:, None]
+        dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
+                         mask, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
+                         BLOCK_N, SCALE, MASK, CAUSAL)
+        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
+        if ALIGN > 1:
+            dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG)[None, :], outer, rows, row_mask,
+                                  rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,
+                                  scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                                  mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                                  BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
+            _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
 # --------------------------------------------------------------------------------------------

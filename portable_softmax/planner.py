@@ -65,9 +65,6 @@ class KernelConfig:
     per_tile: bool = False
     # The tile kernels' DENSE: one group of rows that fill their tiles, int32 offsets, no masks.
     dense: bool = False
-    # The split kernels' DEFERRED: tiles of several rows finish each item a trip after publishing
-    # it, reading it again (``Tuning.strided_deferred``).
-    deferred: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -96,12 +93,11 @@ class LaunchPlan:
     reread: bool = False
     per_tile: bool = False
     dense: bool = False
-    deferred: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.deferred)
+                            self.align, self.ticketed, self.reread, self.per_tile, self.dense)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -249,8 +245,7 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
             chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
         block_n = next_power_of_2(_cdiv(n_cols, chunks))
         return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
-                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps),
-                            deferred=side > 1 and _direction(backward) in tuning.strided_deferred)
+                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
     chunk = max(1, min(tuning.loop_chunk // side, width))
     return KernelConfig("loop", side, chunk, 1, _warps(side * chunk, tuning.elements_per_thread, record, tuning.max_warps))
 
@@ -383,9 +378,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided)
-    if (config.regime == "split" and programs is None and not config.deferred
-            and _direction(backward) in target.tuning.split_tickets):
-        # One item per program: nothing to pipeline (nor to defer: that takes a persistent grid).
+    if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
+        # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
         kernel = _resources(resources, target, ticketed, backward, input_bytes)
         if _ticket_fits(target, ticketed, kernel, n_rows, rows_per_group, input_bytes):
@@ -539,11 +533,9 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
-    if config.deferred:
-        reason += "; each item finished a trip after it is published, read again"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.ticketed, config.reread, config.per_tile, config.dense, config.deferred)
+                      config.ticketed, config.reread, config.per_tile, config.dense)
 
 
 def plan_sharded(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,

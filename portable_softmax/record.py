@@ -163,10 +163,6 @@ class Tuning:
         strided_split_elements: the elements a split program holds for such tiles (forward;
             halved backward): the tile's rows times its chunk of the reduced dimension. Chunks
             wide enough that reading the exchange slots of all their rows' chunks costs little.
-        strided_deferred: the directions whose split tiles of such rows are deferred
-            (``kernels._deferred_forward``): each program publishes an item's partials, then
-            finishes the item it published a trip before, reading its chunk again from L2,
-            rather than holding the chunk while it waits on the peers of the same trip.
         split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
@@ -205,4 +201,3 @@ class Tuning:
     split_wait_atomic: bool = True
     strided_rows: Mapping[int, int] = field(default_factory=lambda: {2: 16, 4: 32, 8: 16})
     strided_split_elements: int = 16384
-    strided_deferred: frozenset[str] = frozenset()

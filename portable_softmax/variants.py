@@ -52,7 +52,6 @@ class Config(Protocol):
     reread: bool
     per_tile: bool
     dense: bool
-    deferred: bool
 
     @property
     def chunks_p2(self) -> int: ...
@@ -90,7 +89,7 @@ def constexprs(config: Config, facts: CallFacts) -> dict[str, Any]:
     if config.regime == "split":
         values.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
                       TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=facts.wait_atomic,
-                      SHIFTED=facts.shifted and config.align > 1, DEFERRED=config.deferred)
+                      SHIFTED=facts.shifted and config.align > 1)
     else:
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, ops, tuning
+from portable_softmax import launch, ops
 from portable_softmax.device import device_record
 from portable_softmax.selfcheck import relative_error, tolerance
 from portable_softmax.targets import plan_launch
@@ -49,44 +49,6 @@ def test_strided_reductions_match_torch(device, case, dtype, fns):
     torch_x = x.detach().requires_grad_()
     (torch_dx,) = torch.autograd.grad(theirs(torch_x, dim), torch_x, dy)
     assert relative_error(dx, reference_dx) <= tolerance(dtype, relative_error(torch_dx, reference_dx), device)
-
-
-@pytest.mark.parametrize("deferred", [False, True], ids=["held", "deferred"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("fns", FUNCTIONS, ids=["softmax", "log_softmax"])
-def test_split_tiles_held_or_deferred_match_torch(device, monkeypatch, deferred, dtype, fns):
-    """Split tiles of adjacent rows either hold their chunk while they wait on its peers, or
-    finish it a trip later from a second read (``Tuning.strided_deferred``): both against torch
-    in float64, forward and backward, over launches that each take several trips."""
-    record = ps.device_info(device)
-    if not record["residency_guaranteed"]:
-        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
-    key = (record["backend"], "*")
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
-        tuning.TUNING[key], strided_deferred=frozenset({"forward", "backward"}) if deferred else frozenset(),
-        strided_split_elements=4096))
-    ours, theirs = fns
-    # 2400 columns in tiles of 16 or 32 x 3000 rows, in chunks: more items than resident programs.
-    x = (torch.randn(3000, 2400, device=device) * 4).to(dtype)
-    for backward in (False, True):
-        y = torch.empty_like(x)
-        view = ops.row_view(tuple(x.shape), 0, *((y, y, y) if backward else (x, y)))
-        plan = launch.build_record("backward" if backward else "forward", (y, y, y) if backward else (x, y), view,
-                                   False, False).plan
-        assert plan.regime == "split" and plan.block_m > 1 and plan.config.deferred == deferred, plan
-        assert plan.items > plan.programs, plan
-    for _ in range(3):  # a race in the exchange shows in some launches
-        leaf = x.detach().requires_grad_()
-        reference_x = x.detach().double().requires_grad_()
-        reference = theirs(reference_x, 0)
-        y = ours(leaf, 0)
-        assert relative_error(y, reference) <= tolerance(dtype, relative_error(theirs(x, 0), reference), device)
-        dy = torch.randn_like(y)
-        (dx,) = torch.autograd.grad(y, leaf, dy)
-        (reference_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
-        torch_x = x.detach().requires_grad_()
-        (torch_dx,) = torch.autograd.grad(theirs(torch_x, 0), torch_x, dy)
-        assert relative_error(dx, reference_dx) <= tolerance(dtype, relative_error(torch_dx, reference_dx), device)
 
 
 def test_transposed_rows_with_a_contiguous_output(device):
