@@ -7,6 +7,9 @@ host's clock back to back, and lists the kernels each launches (torch.profiler).
 """
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import time
 
 import torch
@@ -35,6 +38,21 @@ def kernels(fn) -> list[str]:
     return [f"{e.key} x{e.count} {e.device_time_total:.0f}us" for e in prof.key_averages() if e.device_time_total > 0]
 
 
+def host_profile(fn, calls: int = 100) -> str:
+    """Where the host's time goes over ``calls`` back-to-back calls (cProfile, by own time)."""
+    fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+    return text.getvalue()
+
+
 def main() -> None:
     for shape in [(256, 151936), (64, 151936)]:
         x = torch.randn(shape, device="cuda")
@@ -56,6 +74,10 @@ def main() -> None:
                   f"back to back {wall_us(fn):7.1f} us")
             for line in kernels(fn):
                 print(f"      {line}")
+        if shape[0] == 64:
+            for name in ("op", "autograd"):
+                print(f"--- host profile, {name}, {shape}")
+                print(host_profile(paths[name]))
 
 
 if __name__ == "__main__":
