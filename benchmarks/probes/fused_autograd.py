@@ -61,16 +61,20 @@ def main() -> None:
         leaf = x.detach().requires_grad_()
         y = ps.softmax(leaf, -1, scale=scale)
         yd = y.detach()
+        y_plain = ps.softmax(leaf, -1)
+        y_torch = torch.softmax(leaf * scale, -1)
         paths = {
             "op": lambda: fused._fused_backward(yd, dy, 1, yd.dtype, False, scale, None, False),
             "autograd": lambda: torch.autograd.grad(y, leaf, dy, retain_graph=True)[0],
             "plain op": lambda: ps.ops._backward(yd, dy, 1, yd.dtype, False),
+            "plain autograd": lambda: torch.autograd.grad(y_plain, leaf, dy, retain_graph=True)[0],
+            "torch autograd": lambda: torch.autograd.grad(y_torch, leaf, dy, retain_graph=True)[0],
         }
         copy = do_bench(lambda: x.clone())
         print(f"{shape}: clone {copy * 1e3:.0f} us")
         for name, fn in paths.items():
             ms = do_bench(fn)
-            print(f"  {name:9s} do_bench {ms * 1e3:7.1f} us ({1.5 * copy / ms:.2f} of copy)  "
+            print(f"  {name:14s} do_bench {ms * 1e3:7.1f} us ({1.5 * copy / ms:.2f} of copy)  "
                   f"back to back {wall_us(fn):7.1f} us")
             for line in kernels(fn):
                 print(f"      {line}")
