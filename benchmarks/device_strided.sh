@@ -2,8 +2,8 @@
 # One device call for strided reductions and sliced rows (issue 18): the GPU tests of the strided
 # path and the fused calls over it (three pytest processes at once: compiles dominate), then
 # benchmarks/strided_sweep.py (ours under several strided tunings, torch eager, torch.compile;
-# fraction of copy; arguments passed on), then the host profile of the fused backward through
-# autograd. Logs and JSON under $OUT.
+# fraction of copy; arguments passed on), then the fused calls against the plain kernels of their
+# shapes (benchmarks/probes/fused_vs_plain.py). Logs and JSON under $OUT.
 # Usage (device machine, repo root): bash benchmarks/device_strided.sh [--quick] [--only NAME ...]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda
@@ -17,4 +17,4 @@ run_tests tests/test_fused.py -k "cuda and not (match_the_composite or temperatu
 wait
 tail -n 3 "$OUT"/tests-*.log
 timeout 260 python3 benchmarks/strided_sweep.py --out "$OUT" "$@" 2>&1 | grep -v -i "warn" | tee "$OUT/sweep.log"
-timeout 60 python3 benchmarks/probes/fused_autograd.py 2>&1 | tee "$OUT/autograd-probe.log"
+timeout 90 python3 benchmarks/probes/fused_vs_plain.py 2>&1 | grep -v -i warn | tee "$OUT/fused-vs-plain.log"

@@ -1,0 +1,53 @@
+"""What the fused variants cost over the plain kernels of the same shape (issue 20): each fused
+case of ``bench --cases fused`` timed forward and as the backward op, fused and plain, with the
+plans they take. Fractions of copy count what each must move (a causal forward: the kept half of
+x read; the mask's bytes), as ``bench`` does.
+
+    python benchmarks/probes/fused_vs_plain.py
+"""
+from __future__ import annotations
+
+import torch
+from triton.testing import do_bench
+
+import portable_softmax as ps
+from portable_softmax import bench_cases, fused, launch
+
+
+def plans_since(before: set) -> list[str]:
+    return [f"{r.plan.regime} {r.plan.block_m}x{r.plan.block_n} c{r.plan.chunks} w{r.plan.num_warps} "
+            f"s{r.plan.num_stages} p{r.plan.programs}{' reread' if r.plan.reread else ''}"
+            f"{' T' if r.plan.ticketed else ''}" for key, r in launch._records.items() if key not in before]
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name())
+    for case in bench_cases.cases(fused_only=True):
+        x = case.make(torch.device("cuda"), False)
+        fusion = case.fused_arguments(x)
+        dim = case.dim % x.dim()
+        moved = x.numel() * x.element_size()
+        copy = min(do_bench(lambda: x.clone()) for _ in range(2))
+        extra = sum(t.numel() * t.element_size() for t in fusion.values() if isinstance(t, torch.Tensor))
+        fused_forward = (1.5 if fusion.get("causal") else 2) * moved + extra
+        dy = torch.randn_like(x)
+        y = ps.softmax(x, dim, **fusion)
+        line = []
+        for name, forward, backward, forward_bytes in (
+                ("fused", lambda: ps.softmax(x, dim, **fusion),
+                 lambda: fused._fused_backward(y, dy, dim, y.dtype, False, fusion.get("scale"), fusion.get("mask"),
+                                               fusion.get("causal", False)), fused_forward),
+                ("plain", lambda: ps.softmax(x, dim), lambda: ps.ops._backward(y, dy, dim, y.dtype, False),
+                 2 * moved)):
+            before = set(launch._records)
+            forward(), backward()
+            f = forward_bytes / do_bench(forward) / (2 * moved / copy)
+            b = 3 * moved / do_bench(backward) / (2 * moved / copy)
+            line.append(f"{name} {f:.2f} / {b:.2f} [{'; '.join(plans_since(before))}]")
+        print(f"{case.name} {str(case.dtype)[6:]}: " + " | ".join(line), flush=True)
+        del x, dy, y, fusion
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
