@@ -3,15 +3,22 @@ case of ``bench --cases fused`` timed forward and as the backward op, fused and 
 plans they take. Fractions of copy count what each must move (a causal forward: the kept half of
 x read; the mask's bytes), as ``bench`` does.
 
-    python benchmarks/probes/fused_vs_plain.py
+    python benchmarks/probes/fused_vs_plain.py [--only NAME ...] [--tuning '{"elements_per_thread": 32}' ...]
+
+Each ``--tuning`` (the CUDA tuning's fields, as JSON) runs the cases again under it.
 """
 from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
 
 import torch
 from triton.testing import do_bench
 
 import portable_softmax as ps
-from portable_softmax import bench_cases, fused, launch
+from portable_softmax import bench_cases, fused, launch, tuning
+from portable_softmax.vendors import CUDA_TUNING
 
 
 def plans_since(before: set) -> list[str]:
@@ -21,8 +28,21 @@ def plans_since(before: set) -> list[str]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="+", help="the cases whose names contain one of these")
+    parser.add_argument("--tuning", action="append", default=[], type=json.loads)
+    args = parser.parse_args()
     print(torch.cuda.get_device_name())
-    for case in bench_cases.cases(fused_only=True):
+    for changes in [{}] + args.tuning:
+        if changes:
+            print(f"tuning {changes}")
+        tuning.TUNING[("cuda", "*")] = dataclasses.replace(CUDA_TUNING, **changes)
+        run([case for case in bench_cases.cases(fused_only=True)
+             if not args.only or any(part in case.name for part in args.only)])
+
+
+def run(cases: list) -> None:
+    for case in cases:
         x = case.make(torch.device("cuda"), False)
         fusion = case.fused_arguments(x)
         dim = case.dim % x.dim()
@@ -44,6 +64,7 @@ def main() -> None:
             f = forward_bytes / do_bench(forward) / (2 * moved / copy)
             b = 3 * moved / do_bench(backward) / (2 * moved / copy)
             line.append(f"{name} {f:.2f} / {b:.2f} [{'; '.join(plans_since(before))}]")
+            launch._records.clear()
         print(f"{case.name} {str(case.dtype)[6:]}: " + " | ".join(line), flush=True)
         del x, dy, y, fusion
         torch.cuda.empty_cache()
