@@ -213,6 +213,11 @@ class Case:
         return (0, self.cols if self.rows > 1 else 0, 1)
 
     @property
+    def causal(self) -> bool:
+        # FUSED_FORM's causal, over the last dimension only.
+        return self.fused and FUSED_FORM["causal"] and not self.strided
+
+    @property
     def input_bytes(self) -> int:
         # As launch.py passes it.
         return input_bytes_per_column(DTYPE_BYTES[self.dtype], self.backward)
@@ -277,7 +282,7 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
                                    for name in variants.tensor_names(case.direction, config.regime)]
     if config.regime == "split":
         args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
-    form = {**FUSED_FORM, "causal": not case.strided} if case.fused else {}
+    form = {**FUSED_FORM, "causal": case.causal} if case.fused else {}
     facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic, **form)
     for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors,
                                            _fused_scalars(case)):
@@ -326,7 +331,7 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
     better (``Tuning.tile_wave_fill``), and the dense form of each tile that the plan would take
     (``planner.dense_form``), each also in its form for a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
-                  input_bytes=case.input_bytes, strided=case.strided)
+                  input_bytes=case.input_bytes, strided=case.strided, causal=case.causal)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
@@ -878,7 +883,8 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
                                rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
                                resources=lambda c, found=compiled_for_case: found[c],
-                               input_bytes=case.input_bytes, narrow=case.narrow, strided=case.strided)
+                               input_bytes=case.input_bytes, narrow=case.narrow, strided=case.strided,
+                               causal=case.causal)
             if plan.config != config:
                 # Another configuration serves the case: the ticketed, persistent or unpipelined
                 # form, or the fallback where the split grid does not fit resident (each has its

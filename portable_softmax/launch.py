@@ -319,7 +319,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     plan = plan_launch(target, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
                        allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow,
-                       strided=view.strided)
+                       strided=view.strided, causal=bool(fusion and fusion.causal))
     kernel, args, constexprs, options = arguments(plan.config)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     fallback = None

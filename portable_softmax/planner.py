@@ -186,24 +186,25 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                   rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                  input_bytes: Optional[int] = None, strided: bool = False) -> KernelConfig:
+                  input_bytes: Optional[int] = None, strided: bool = False, causal: bool = False) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks. ``input_bytes`` and ``strided``:
-    as ``plan_launch`` takes them.
+    columns wider than the row, needs no more or wider chunks. ``input_bytes``, ``strided`` and
+    ``causal``: as ``plan_launch`` takes them.
     """
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     if strided:
         rows_per_group = n_rows if rows_per_group is None else rows_per_group
         return _strided_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
-    plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
+    plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes,
+                          causal)
     if align == 1 or plain.regime != "split" or _direction(backward) not in target.tuning.split_windows:
         return plain
     windowed = _plain_config(target, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
-                             input_bytes)
+                             input_bytes, causal)
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
     # Windowed rows run unpipelined: the pipeline's buffers cost them more programs than it buys.
@@ -251,7 +252,8 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
 
 
 def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool,
-                  rows_per_group: Optional[int], allow_split: bool, input_bytes: int) -> KernelConfig:
+                  rows_per_group: Optional[int], allow_split: bool, input_bytes: int,
+                  causal: bool = False) -> KernelConfig:
     record = target.record
     tuning = target.tuning
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
@@ -268,7 +270,11 @@ def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward
         tiles = _cdiv(n_rows, block_m)
         if can_split and tiles < record.compute_units and n_cols >= tuning.split_min_cols:
             return _split_config(target, tuning, n_rows, n_cols, backward)
-        warps = _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps)
+        # A causal forward reads the kept part of its rows, half of them on average: the warps
+        # for what it reads (H200, causal 4096-wide bf16 rows at half the warps: 0.77 -> 0.85 of
+        # copy, NOTES v18).
+        read = block_m * width // (2 if causal and not backward else 1)
+        warps = _warps(read, tuning.elements_per_thread, record, tuning.max_warps)
         return KernelConfig("tile", block_m, width, 1, warps)
     if can_split:
         return _split_config(target, tuning, n_rows, n_cols, backward)
@@ -347,7 +353,8 @@ def _resources(source: ResourceSource, target: Target, config: KernelConfig, bac
 def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
                 programs: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                input_bytes: Optional[int] = None, narrow: bool = False, strided: bool = False) -> LaunchPlan:
+                input_bytes: Optional[int] = None, narrow: bool = False, strided: bool = False,
+                causal: bool = False) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -366,6 +373,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
             kernels' ``DENSE`` form (``dense_form``).
         strided: the rows lie side by side in memory and are reduced along a strided dimension
             (``_strided_config``).
+        causal: a fused causal call (``fused.py``), whose forward reads only the kept part of
+            each row: tiles get warps for what they read.
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -377,7 +386,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                           allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided)
+                           allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided,
+                           causal=causal)
     if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
@@ -393,7 +403,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
     if plan is None:
         config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
-                               allow_split=False, align=align, input_bytes=input_bytes, strided=strided)
+                               allow_split=False, align=align, input_bytes=input_bytes, strided=strided,
+                               causal=causal)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
     if (programs is None and plan.regime == "tile" and not plan.reread

@@ -275,6 +275,23 @@ def test_twice_read_tiles_where_the_tuning_table_names_them():
     assert not plan_launch(record, 16384, 8192, "float32", backward=True, input_bytes=4).reread
 
 
+def test_causal_tiles_get_warps_for_the_half_they_read():
+    """A fused causal forward reads the kept part of its rows, half on average: its tiles get half
+    the warps of a plain call's; its backward (which reads y and dy whole) and split rows keep them."""
+    record = profile_record("h100")
+    for rows, cols in [(4 * 32 * 4096, 4096), (4 * 32 * 2048, 2048)]:
+        plain = plan_launch(record, rows, cols, "float32", input_bytes=2)
+        causal = plan_launch(record, rows, cols, "float32", input_bytes=2, causal=True)
+        assert plain.regime == causal.regime == "tile" and plain.num_warps > 1
+        assert causal.num_warps == plain.num_warps // 2 and causal.block_n == plain.block_n
+        backward = dict(backward=True, input_bytes=4)
+        assert (plan_launch(record, rows, cols, "float32", causal=True, **backward).num_warps
+                == plan_launch(record, rows, cols, "float32", **backward).num_warps)
+    split = dict(input_bytes=4)
+    assert plan_launch(record, 256, 151936, "float32", causal=True, **split) == \
+        plan_launch(record, 256, 151936, "float32", **split)
+
+
 def test_twice_read_tiles_are_dense_where_the_call_allows():
     """H100: the kernels' DENSE form (int32 offsets, no masks, no group division) only for one
     group of rows that fill their tiles and whose offsets fit in int32."""

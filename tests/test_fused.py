@@ -176,6 +176,17 @@ def test_a_learnable_scale_over_another_dimension(device):
     assert relative_error(dx, expected_dx) < 1e-5 and relative_error(dt, expected_dt) < 1e-5
 
 
+def test_causal_calls_plan_for_what_they_read(device, monkeypatch):
+    """The launch tells the planner which calls are causal (their forward tiles read half)."""
+    asked = []
+    real = launch.plan_launch
+    monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: asked.append(k["causal"]) or real(*a, **k))
+    x = torch.randn(2, 3, 5, 40, device=device)
+    ps.softmax(x, -1, causal=True)
+    ps.softmax(x, -1, scale=0.5)
+    assert asked == [True, False]
+
+
 def test_a_per_row_temperature_and_its_gradient(device):
     """A learnable per-row scale (CLIP's logit_scale, a temperature per row): the gradient reaches
     it as the composite's does."""
