@@ -767,42 +767,28 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     A tile's rows lie side by side in memory (a reduction along a strided dimension), and a wait
     that re-read all their slots ([BLOCK_M, CHUNKS]) on every trip would flood the cache that
     its peers publish through (a 64-row tile of 256 chunks ran 50 times slower than a copy).
-    So the tile's chunks count their arrivals at ``counters`` (arrivals, departures), each once
-    its partials are stored. The last to arrive reads every slot, combines them, stores each row's
-    maximum and total over its first slot and counts once more; the others wait for that count
-    (one word per trip, ``_awaited_count``) and read one slot per row: all of a tile's slots are
-    read once, not once per chunk (64 KB a program for 64 rows of 128 chunks, against 32 KB of
-    data). Slots are never emptied; the last chunk to leave resets the counters for the next
-    launch."""
+    So the tile's chunks count their arrivals at ``counters`` (arrivals, departures): each adds
+    itself with release semantics once its partials are stored, waits for all CHUNKS (one word
+    per trip, ``_awaited_count``), then reads the slots once. Slots are never emptied; the last
+    chunk to leave resets the counters for the next launch."""
     # One thread counts for the program: the barrier first makes every thread's stores its own,
-    # which its release then publishes (the grid-wide barrier's pattern); its acquire makes the
-    # last to arrive see every peer's.
+    # which its release then publishes (the grid-wide barrier's pattern).
     tl.debug_barrier()
-    arrived = tl.atomic_add(counters, 1, sem="acq_rel")
-    if arrived == CHUNKS - 1:
-        peers = tl.arange(0, CHUNKS_P2)
-        present = row_mask[:, None] & (peers < CHUNKS)[None, :]
-        # From L2, where the peers' stores are: never a line this unit's L1 kept.
-        v = tl.load(slots[:, None] + peers[None, :], mask=present, other=EMPTY_SLOT, cache_modifier=".cg")
-        peer_max, peer_sum = _peer_values(v)
-        row_max = tl.max(peer_max, 1)
-        if MAXIMA:
-            peer_sum = peer_sum * tl.exp2((peer_max - row_max[:, None]) * LOG2E)
-        total = tl.sum(peer_sum, 1)
-        combined = _float_bits(total)
-        if MAXIMA:
-            combined = (_float_bits(row_max) << 32) | combined
-        tl.store(slots, combined, mask=row_mask)
-        tl.debug_barrier()
-        tl.atomic_add(counters, 1, sem="release")
-    else:
-        _awaited_count(counters, CHUNKS + 1)
-        tl.debug_barrier()
-        row_max, total = _peer_values(tl.load(slots, mask=row_mask, other=EMPTY_SLOT, cache_modifier=".cg"))
+    tl.atomic_add(counters, 1, sem="release")
+    _awaited_count(counters, CHUNKS)
+    tl.debug_barrier()
+    peers = tl.arange(0, CHUNKS_P2)
+    present = row_mask[:, None] & (peers < CHUNKS)[None, :]
+    # From L2, where the peers' stores are: never a line this unit's L1 kept.
+    v = tl.load(slots[:, None] + peers[None, :], mask=present, other=EMPTY_SLOT, cache_modifier=".cg")
+    peer_max, peer_sum = _peer_values(v)
+    row_max = tl.max(peer_max, 1)
+    if MAXIMA:
+        peer_sum = peer_sum * tl.exp2((peer_max - row_max[:, None]) * LOG2E)
     last = tl.atomic_add(counters + 1, 1, sem="relaxed") == CHUNKS - 1
     tl.store(counters, 0, mask=last)
     tl.store(counters + 1, 0, mask=last)
-    return row_max, total
+    return row_max, tl.sum(peer_sum, 1)
 
 
 @_jit
