@@ -22,7 +22,9 @@ from typing import Any, Optional, Union
 import torch
 
 from portable_softmax import launch, ops
+from portable_softmax.backend import on_registry_change
 from portable_softmax.launch import Fusion
+from portable_softmax.tuning import TUNING
 from portable_softmax.torch_ops import HAS_CUSTOM_OP, NAMESPACE
 
 Scale = Union[float, torch.Tensor, None]
@@ -133,36 +135,138 @@ def _fusion(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor
     return Fusion(scale_kind, mask_kind, causal, (value, heads, queries, *mask_strides, *scale_strides)), mask_t, scale_t
 
 
-def _fused_forward(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool, scale: Scale,
-                   mask: Optional[torch.Tensor], causal: bool) -> Optional[torch.Tensor]:
-    """The fused kernel on contiguous ``x`` over ``dim``, or None where the mask or scale cannot be
-    walked with their strides (or x is empty)."""
-    found = _fusion(x, dim, scale, mask, causal)
-    if found is None or x.numel() == 0:
+# Fused calls by signature (``_signature``), as ``ops`` keeps plain ones: the launch (or None where
+# the call is composed), so that a repeated call is a lookup and a launch. Emptied with ops'
+# tables (the tuning table, the backend registry).
+_forward_calls: dict[tuple, Optional["_Kernels"]] = {}
+_backward_calls: dict[tuple, Optional["_Kernels"]] = {}
+_MISSING = object()
+
+
+def _forget_calls() -> None:
+    _forward_calls.clear()
+    _backward_calls.clear()
+
+
+TUNING.on_change(_forget_calls)
+on_registry_change(_forget_calls)
+
+
+def _tensor_signature(t: torch.Tensor, device: torch.device) -> Optional[tuple]:
+    # The kernels are specialised on a tensor's dtype and its pointer's 16-byte alignment; the
+    # record holds its strides. A tensor on another device than x is copied each call: not kept.
+    if type(t) is not torch.Tensor or t.device != device:
+        return None
+    return t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0
+
+
+def _signature(inputs: tuple[torch.Tensor, ...], dim: int, dtype: Optional[torch.dtype], log: bool, scale: Scale,
+               mask: Optional[torch.Tensor], causal: bool) -> Optional[tuple]:
+    """What a fused call's launch depends on, or None for calls that are not kept (tensor
+    subclasses and wrappers, meta tensors, tracing, a mask or scale elsewhere or of no kind)."""
+    first = inputs[0]
+    if type(first) is not torch.Tensor or first.device.type == "meta" or ops._compiling() \
+            or torch._C._functorch.is_functorch_wrapped_tensor(first):
+        return None
+    device = first.device
+    parts: list[Any] = [dim, dtype, log, causal, device, ops._overrides()]
+    parts += [(t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in inputs]
+    if isinstance(scale, torch.Tensor):
+        found = _tensor_signature(scale, device)
+        if found is None:
+            return None
+        parts.append(found)
+    elif scale is None or (isinstance(scale, Real) and not isinstance(scale, bool)):
+        # A number is one of the record's arguments: each value its own.
+        parts.append(None if scale is None else float(scale))
+    else:
+        return None
+    if mask is not None:
+        found = _tensor_signature(mask, device) if isinstance(mask, torch.Tensor) else None
+        if found is None:
+            return None
+        parts.append(found)
+    else:
+        parts.append(None)
+    return tuple(parts)
+
+
+class _Kernels:
+    """A fused call signature's launch: the output allocated as torch lays it out, and the record
+    (``launch.LaunchRecord``) launched on this call's tensors; the mask and scale tensors as the
+    caller gave them (their expansions to x share their storage, which is what the kernels read
+    through the strides the record holds), the input standing in for an absent one."""
+
+    __slots__ = ("shape", "dtype", "device", "record")
+
+    def __init__(self, out: torch.Tensor, record: launch.LaunchRecord) -> None:
+        self.shape, self.dtype, self.device, self.record = out.shape, out.dtype, out.device, record
+
+    def __call__(self, inputs: tuple[torch.Tensor, ...], scale: Scale, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        stand_in = inputs[0]
+        self.record((*inputs, out, stand_in if mask is None else mask,
+                     scale if isinstance(scale, torch.Tensor) else stand_in))
+        return out
+
+
+def _kernels(direction: str, inputs: tuple[torch.Tensor, ...], dim: int, out_dtype: torch.dtype, log: bool,
+             scale: Scale, mask: Optional[torch.Tensor], causal: bool) -> Optional[_Kernels]:
+    """The fused kernels' launch for contiguous ``inputs`` (x; or y and dy) over ``dim``, or None
+    where the mask or scale cannot be walked with their strides, the tensor is empty, or a
+    strided row is too long for 32-bit offsets."""
+    first = inputs[0]
+    found = _fusion(first, dim, scale, mask, causal)
+    if found is None or first.numel() == 0:
         return None
     fusion, mask_t, scale_t = found
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    view = ops.row_view(tuple(x.shape), dim, x, y)
-    if view is None:  # a strided row too long for 32-bit offsets
+    out = torch.empty(first.shape, dtype=out_dtype, device=first.device)
+    view = ops.row_view(tuple(first.shape), dim, *inputs, out)
+    if view is None:
         return None
-    launch.run_forward(x, y, view, log, fusion, (mask_t, scale_t))
-    return y
+    # As the plain kernels: float64 accumulation for a float64 output forward, any float64 tensor backward.
+    wide = (out_dtype,) if direction == "forward" else (*(t.dtype for t in inputs), out_dtype)
+    return _Kernels(out, launch.build_record(direction, (*inputs, out, mask_t, scale_t), view, log,
+                                             torch.float64 in wide, fusion=fusion))
+
+
+def _kept(calls: dict[tuple, Optional[_Kernels]], key: Optional[tuple], direction: str,
+          inputs: tuple[torch.Tensor, ...], dim: int, out_dtype: torch.dtype, log: bool, scale: Scale,
+          mask: Optional[torch.Tensor], causal: bool) -> Optional[_Kernels]:
+    """The launch kept for ``key`` in ``calls``, built (and kept, where there is a key) on a miss."""
+    found = calls.get(key, _MISSING) if key is not None else _MISSING
+    if found is _MISSING:
+        found = _kernels(direction, inputs, dim, out_dtype, log, scale, mask, causal)
+        if key is not None:
+            ops._remember(calls, key, lambda: found)
+    return found
+
+
+def _fused_forward(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool, scale: Scale,
+                   mask: Optional[torch.Tensor], causal: bool) -> Optional[torch.Tensor]:
+    """The fused kernel on contiguous ``x`` over ``dim`` (validated), or None where it takes no
+    kernel (``_kernels``)."""
+    mask = _on(mask, x)
+    key = _signature((x,), dim, out_dtype, log, scale, mask, causal)
+    call = _kept(_forward_calls, key, "forward", (x,), dim, out_dtype, log, scale, mask, causal)
+    return None if call is None else call((x,), scale, mask)
+
+
+def _on(tensor: Optional[torch.Tensor], x: torch.Tensor) -> Optional[torch.Tensor]:
+    return None if tensor is None else tensor.to(x.device)
 
 
 def _fused_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool, scale: Scale,
                     mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
     """dx for x from the saved output (contiguous) over ``dim``: the fused backward kernel, or
-    where the mask or scale cannot be walked, the plain one with the scale and the masked zeros
-    applied in torch."""
+    where it takes none (``_kernels``), the plain one with the scale and the masked zeros applied
+    in torch. Kept by call signature (``_signature``) as the forward is."""
     dy = dy.contiguous()
-    found = _fusion(y, dim, scale, mask, causal)
-    if found is not None and y.numel():
-        fusion, mask_t, scale_t = found
-        dx = torch.empty(y.shape, dtype=grad_dtype, device=y.device)
-        view = ops.row_view(tuple(y.shape), dim, y, dy, dx)
-        if view is not None:
-            launch.run_backward(y, dy, dx, view, log, fusion, (mask_t, scale_t))
-            return dx
+    mask = _on(mask, y)
+    key = _signature((y, dy), dim, grad_dtype, log, scale, mask, causal)
+    call = _kept(_backward_calls, key, "backward", (y, dy), dim, grad_dtype, log, scale, mask, causal)
+    if call is not None:
+        return call((y, dy), scale, mask)
     dz = ops._backward(y, dy, dim, grad_dtype, log)
     if scale is not None:
         dz = dz * scale
@@ -263,14 +367,20 @@ if HAS_CUSTOM_OP:
 
 def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, scale: Scale,
           mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-    """``softmax`` / ``log_softmax`` with ``scale``, ``mask`` or ``causal`` (``ops`` routes here)."""
+    """``softmax`` / ``log_softmax`` with ``scale``, ``mask`` or ``causal`` (``ops`` routes here).
+    A repeated call signature (``_signature``) is a lookup and a launch."""
+    key = _signature((x,), dim, dtype, log, scale, mask, causal) if isinstance(x, torch.Tensor) else None
+    found = _forward_calls.get(key, _MISSING) if key is not None else _MISSING
+    if found is not _MISSING and found is not None:
+        with torch.no_grad():
+            y = found((x.contiguous(),), scale, mask)
+        return _differentiable(x, y, dim % x.dim(), scale, mask, causal, log)
     name = "log_softmax" if log else "softmax"
     meta = isinstance(x, torch.Tensor) and x.device.type == "meta"
     dim, out_dtype = (ops._validate_meta if meta else ops._validate)(x, dim, dtype, name)
     _check(x, dim, scale, mask, causal, name)
     if meta:
         return ops._output(x, out_dtype)
-    grad = torch.is_grad_enabled() and (x.requires_grad or (isinstance(scale, torch.Tensor) and scale.requires_grad))
     kernels = x.is_floating_point() and x.dim() >= 1
     if kernels and _fused_op is not None and ops._compiling():
         tensor = scale if isinstance(scale, torch.Tensor) else None
@@ -280,12 +390,20 @@ def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, sc
         return _composite(x, dim, out_dtype, log, scale, mask, causal)
     contiguous = x.contiguous()
     with torch.no_grad():
-        y = _fused_forward(contiguous, dim, out_dtype, log, scale, mask, causal)
-    if y is None:
-        return _composite(x, dim, out_dtype, log, scale, mask, causal)
+        call = _kept(_forward_calls, key, "forward", (contiguous,), dim, out_dtype, log, scale, _on(mask, x), causal)
+        if call is None:
+            return _composite(x, dim, out_dtype, log, scale, mask, causal)
+        y = call((contiguous,), scale, _on(mask, x))
+    return _differentiable(x, y, dim, scale, mask, causal, log)
+
+
+def _differentiable(x: torch.Tensor, y: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor],
+                    causal: bool, log: bool) -> torch.Tensor:
+    """``y``, attached to autograd where the call needs a gradient (of x, or of a scale tensor)."""
+    scale_tensor = scale if isinstance(scale, torch.Tensor) else None
+    grad = torch.is_grad_enabled() and (x.requires_grad or (scale_tensor is not None and scale_tensor.requires_grad))
     if not grad:
         return y
-    scale_tensor = scale if isinstance(scale, torch.Tensor) else None
     return _FusedSoftmax.apply(x, scale_tensor, y, dim, scale, mask, causal, log)
 
 

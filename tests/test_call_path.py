@@ -9,7 +9,7 @@ import torch
 
 import portable_softmax as ps
 from portable_softmax import device as device_layer
-from portable_softmax import launch, ops
+from portable_softmax import fused, launch, ops
 from portable_softmax.selfcheck import relative_error
 
 
@@ -56,7 +56,8 @@ def test_a_repeated_fused_call_plans_and_compiles_nothing(device, monkeypatch):
     dy = torch.randn(2, 3, 5, 333, device=device)
     calls = [dict(scale=0.125, mask=mask), dict(scale=1 / temperature, causal=True)]
     counts: dict = {}
-    for module, name in ((launch, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record")):
+    for module, name in ((launch, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
+                         (fused, "_fusion"), (ops, "_validate"), (fused, "_check")):
         _count(monkeypatch, module, name, counts)
     for kwargs in calls:
         torch.autograd.grad(ps.softmax(x, -1, **kwargs), x, dy)
@@ -65,9 +66,22 @@ def test_a_repeated_fused_call_plans_and_compiles_nothing(device, monkeypatch):
     for _ in range(3):
         for kwargs in calls:
             (dx,) = torch.autograd.grad(ps.softmax(x, -1, **kwargs), x, dy)
-    assert counts == {}, f"repeated fused calls planned or compiled: {counts}"
+    assert counts == {}, f"repeated fused calls planned, compiled or validated: {counts}"
     ps.softmax(x.detach(), -1, scale=0.25, mask=mask)
     assert counts.get("build_record") == 1
+
+
+def test_a_repeated_fused_call_reads_its_own_mask_and_scale(device):
+    """A kept fused call launches on the tensors of the call at hand: other masks and scales of
+    the same signature give their own results."""
+    x = torch.randn(3, 4, 200, device=device)
+    for _ in range(2):
+        for trial in range(3):
+            mask = torch.rand(3, 1, 200, device=device) > 0.3
+            scale = torch.rand(3, 4, 1, device=device) + 0.5
+            y = ps.softmax(x, -1, scale=scale, mask=mask)
+            expected = torch.softmax((x.double() * scale.double()).masked_fill(~mask, float("-inf")), -1)
+            assert relative_error(y, expected) < 1e-5, trial
 
 
 def test_alignment_and_strides_pick_their_own_binary(device):

@@ -33,10 +33,12 @@ def test_validate_checks_the_fused_variants(tmp_path, monkeypatch):
     assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 0
     checks = json.loads((tmp_path / "report.json").read_text())["checks"]
     assert sum(c["case"].startswith("fused") for c in checks) == 4
-    real = fused._fused_forward
-    monkeypatch.setattr(fused, "_fused_forward",
-                        lambda x, dim, out_dtype, log, scale, mask, causal: real(x, dim, out_dtype, log, scale, None,
-                                                                                 causal))
+    # Kernels built without the mask (their launches kept apart from the real ones').
+    real = fused._kernels
+    monkeypatch.setattr(fused, "_kernels", lambda direction, inputs, dim, out_dtype, log, scale, mask, causal:
+                        real(direction, inputs, dim, out_dtype, log, scale, None, causal))
+    monkeypatch.setattr(fused, "_forward_calls", {})
+    monkeypatch.setattr(fused, "_backward_calls", {})
     assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 1
     failed = [c["case"] for c in json.loads((tmp_path / "report.json").read_text())["checks"] if not c["passed"]]
     assert failed and all(case.startswith("fused") and "mask" in case for case in failed)
