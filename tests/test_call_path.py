@@ -156,3 +156,18 @@ def test_graph_capture_and_replay(device):
         graph.replay()
         module.synchronize()
         assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
+
+
+def test_a_temperature_tensor_of_changing_value_keeps_one_launch(device, monkeypatch):
+    """A number scale is part of a fused call's signature; a 0-d tensor scale is read by the
+    kernel, so a temperature that changes every call plans once (README, fused section)."""
+    counts: dict = {}
+    _count(monkeypatch, launch, "build_record", counts)
+    x = torch.randn(3, 5, 40, device=device)
+    for t in (0.5, 0.9, 2.0):
+        y = ps.softmax(x, -1, scale=torch.tensor(1 / t, device=device))
+        assert relative_error(y, torch.softmax(x.double() / t, -1)) < 1e-5
+    assert counts == {"build_record": 1}
+    for t in (0.5, 0.9):
+        ps.softmax(x, -1, scale=1 / t)
+    assert counts == {"build_record": 3}
