@@ -132,7 +132,8 @@ def _fusion(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor
         scale_strides, scale_kind = found[:3], 2
     elif scale is not None:
         scale_kind, value = 1, float(scale)
-    return Fusion(scale_kind, mask_kind, causal, (value, heads, queries, *mask_strides, *scale_strides)), mask_t, scale_t
+    fusion = Fusion(scale_kind, mask_kind, causal, (value, heads, queries, *mask_strides, *scale_strides))
+    return fusion, mask_t, scale_t
 
 
 # Fused calls by signature (``_signature``), as ``ops`` keeps plain ones: the launch (or None where
@@ -358,7 +359,8 @@ if HAS_CUSTOM_OP:
         schema="(Tensor y, Tensor dy, int dim, ScalarType grad_dtype, bool log, Tensor? scale, float? scale_value, "
                "Tensor? mask, bool causal) -> Tensor")
     torch.library.register_fake(_definition, _op_fake)
-    torch.library.register_fake(_backward_definition, lambda y, dy, dim, grad_dtype, *rest: _op_fake(y, dim, grad_dtype))
+    torch.library.register_fake(_backward_definition,
+                                lambda y, dy, dim, grad_dtype, *rest: _op_fake(y, dim, grad_dtype))
     torch.library.register_autograd(_definition, _op_gradient, setup_context=_op_setup)
     _namespace = getattr(torch.ops, NAMESPACE)
     _fused_op = _namespace.fused_softmax.default

@@ -331,10 +331,10 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
     for start in tl.range(0, n_cols, BLOCK_N):
         cols = start + chunk_cols
         mask = row_mask[:, None] & (cols < n_cols)[None, :]
-        x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, CAST_TY, ACC_FP64, outer, rows, row_mask,
-                        rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
-                        mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                        BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+        x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, CAST_TY, ACC_FP64, outer,
+                        rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
+                        mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                        scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
         new_max = tl.maximum(row_max, tl.max(x, 1))
         new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
         # Rescaled from the previous maximum, not its reference: while that maximum is -inf the

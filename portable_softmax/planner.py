@@ -436,7 +436,6 @@ def dense_form(target: Target, plan: Union[LaunchPlan, KernelConfig], n_rows: in
     division, int32 offsets, no masks): twice-read tiles, and held ones in the directions
     ``Tuning.dense_tiles`` names, where the call has one group of rows that fill their tiles and
     every offset fits in int32 (``narrow``)."""
-    record = target.record
     eligible = plan.reread or _direction(backward) in target.tuning.dense_tiles
     fits = narrow and rows_per_group == n_rows and n_cols == plan.block_n and n_rows % plan.block_m == 0
     return plan.regime == "tile" and eligible and fits
@@ -449,7 +448,6 @@ def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n
     register cap may are passed over. The launcher's resources function compiles each with the
     register cap of ``tile_fit`` where that makes room for every tile at once, as it did
     ``plan``'s."""
-    record = target.record
     best = plan
     for factor in TALLER_TILES:
         config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
