@@ -5,9 +5,12 @@ top-left aligned), as ``softmax(x * scale + mask)`` with the masked positions co
 Every regime's kernels have the fused variants (``kernels._fused_terms``: the mask read in its own
 dtype through its broadcast strides, the scale per row), over the last dimension or any other: one
 read of x and of the mask, one write. A mask or scale whose leading strides do not merge is
-composed from torch operations and the plain kernels, with the same results. A row the bool mask leaves empty
-gives 0 (log_softmax: -inf), as ``torch._masked_softmax``; a row an additive mask makes all -inf
-gives NaN, as the composite does.
+composed from torch operations and the plain kernels, with the same results. A row the bool mask
+leaves empty gives 0 (log_softmax: -inf), as ``torch._masked_softmax``; a row an additive mask
+makes all -inf gives NaN, as the composite does.
+
+Calls are kept by signature (``_signature``), as ``ops`` keeps plain ones: a repeated call is a
+lookup, an allocation and a launch on the call's own tensors.
 
 Under ``torch.compile`` a call is one custom operator, ``portable_softmax::fused_softmax`` (its
 backward ``fused_softmax_backward``), with fake and autograd registrations as ``torch_ops``'
