@@ -174,7 +174,11 @@ def _signature(inputs: tuple[torch.Tensor, ...], dim: int, dtype: Optional[torch
         return None
     device = first.device
     parts: list[Any] = [dim, dtype, log, causal, device, ops._overrides()]
-    parts += [(t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in inputs]
+    for t in inputs:
+        found = _tensor_signature(t, device)
+        if found is None:
+            return None
+        parts.append(found)
     if isinstance(scale, torch.Tensor):
         found = _tensor_signature(scale, device)
         if found is None:
@@ -393,12 +397,12 @@ def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, sc
         return _fused_op(x, dim, out_dtype, log, tensor, value, mask, causal)
     if not kernels or torch._C._functorch.is_functorch_wrapped_tensor(x):
         return _composite(x, dim, out_dtype, log, scale, mask, causal)
-    contiguous = x.contiguous()
+    contiguous, mask_on = x.contiguous(), _on(mask, x)
     with torch.no_grad():
-        call = _kept(_forward_calls, key, "forward", (contiguous,), dim, out_dtype, log, scale, _on(mask, x), causal)
+        call = _kept(_forward_calls, key, "forward", (contiguous,), dim, out_dtype, log, scale, mask_on, causal)
         if call is None:
             return _composite(x, dim, out_dtype, log, scale, mask, causal)
-        y = call((contiguous,), scale, _on(mask, x))
+        y = call((contiguous,), scale, mask_on)
     return _differentiable(x, y, dim, scale, mask, causal, log)
 
 

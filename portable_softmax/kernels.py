@@ -213,6 +213,19 @@ def _fused_input(x, scale, bias, FUSED: tl.constexpr):
 
 
 @_jit
+def _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL: tl.constexpr):
+    """Which of the ``valid`` elements at the rows' columns ``at`` to read: with ``CAUSAL`` those
+    it keeps (j <= i), a predicate of indices alone. A bool mask's values do not skip: every load
+    of x would wait on the mask's, and a sector is read whole whatever a few of its elements are
+    (skipping them, a padding mask keeping 90% read 0.89 of copy forward on the H100)."""
+    reads = valid
+    if CAUSAL:
+        _, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
+        reads = valid & (at <= q[:, None])
+    return reads
+
+
+@_jit
 def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
                 outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
                 mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
@@ -225,13 +238,7 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.conste
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, at, valid, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-    reads = valid
-    if CAUSAL:
-        # Skipped by a predicate of indices alone. A bool mask's values do not skip: every load of
-        # x would wait on the mask's, and a sector is read whole whatever a few of its elements
-        # are (skipping them, a padding mask keeping 90% read 0.89 of copy forward on the H100).
-        _, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
-        reads = valid & (at <= q[:, None])
+    reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
     return _fused_input(x, scale, bias, (SCALE != 0 or MASK != 0) or CAUSAL)
 
@@ -289,12 +296,8 @@ def softmax_forward_tile(
                                    mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N,
                                    SCALE, MASK, CAUSAL)
         # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max. What causal masks is
-        # not read (a causal row reads half of what it holds; _fused_load says why a bool mask's
-        # values do not skip).
-        reads = mask
-        if CAUSAL:
-            _, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
-            reads = mask & (cols <= q[:, None])
+        # not read (a causal row reads half of what it holds).
+        reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
         x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
         x = _fused_input(x, scale, bias, fused)
         row_max = tl.max(x, 1)
