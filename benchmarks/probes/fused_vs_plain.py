@@ -5,7 +5,8 @@ x read; the mask's bytes), as ``bench`` does.
 
     python benchmarks/probes/fused_vs_plain.py [--only NAME ...] [--tuning '{"elements_per_thread": 32}' ...]
 
-Each ``--tuning`` (the CUDA tuning's fields, as JSON) runs the cases again under it.
+Each ``--tuning`` (the CUDA tuning's fields, as JSON; a list is a set of directions) runs the
+cases again under it.
 """
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ def main() -> None:
     for changes in [{}] + args.tuning:
         if changes:
             print(f"tuning {changes}")
-        tuning.TUNING[("cuda", "*")] = dataclasses.replace(CUDA_TUNING, **changes)
+        # JSON lists name sets of directions (split_tickets, split_pipelined, ...).
+        fields = {k: frozenset(v) if isinstance(v, list) else v for k, v in changes.items()}
+        tuning.TUNING[("cuda", "*")] = dataclasses.replace(CUDA_TUNING, **fields)
         run([case for case in bench_cases.cases(fused_only=True)
              if not args.only or any(part in case.name for part in args.only)])
 
