@@ -12,3 +12,6 @@ timeout 120 python3 benchmarks/probes/causal_floor.py 2>&1 | tee "$OUT/causal-fl
 timeout 120 python3 benchmarks/probes/kernel_parts.py 2>&1 | grep -v -i warn | tee "$OUT/kernel-parts.log"
 timeout 300 python3 benchmarks/probes/fused_vs_plain.py --only "temperature per row" "$@" 2>&1 \
   | grep -v -i warn | tee "$OUT/temperature-tunings.log"
+if [ -n "${SWEEP_VARIANTS:-}" ]; then
+  timeout 400 python3 benchmarks/sweep.py bfloat16,float32 "$SWEEP_VARIANTS" 2>&1 | grep -v -i warn | tee "$OUT/sweep.log"
+fi

@@ -15,7 +15,7 @@ from triton.testing import do_bench
 from portable_softmax import device, launch, ops, tuning
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
-          (4096, 151936), (32, 128256), (1, 128256)]
+          (4096, 151936), (256, 151936), (32, 128256), (1, 128256)]
 if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
 
@@ -44,6 +44,10 @@ VARIANTS = {
     "win_bwd": dict(split_windows=frozenset({"backward"})),
     "tile_loop_all": dict(tile_loop_occupancy=tuning.both_directions(1 << 20)),
     "fit80k": dict(split_fit_bytes=81920),
+    # v19: more bytes in flight per unit for the H200's faster memory.
+    "fit128k": dict(split_fit_bytes=131072),
+    "fit192k": dict(split_fit_bytes=196608),
+    "fit256k": dict(split_fit_bytes=262144),
     "noticket": dict(split_tickets=frozenset()),
     "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
     "ticket_all": dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0),

@@ -32,12 +32,46 @@ def causal_copy(x_ptr, y_ptr, n_queries, n_keys, BLOCK: tl.constexpr, READ: tl.c
     tl.store(y_ptr + row * n_keys + cols, x, mask=inside)
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _causal_row(x_ptr, y_ptr, row, query, n_keys, scale, WIDTH: tl.constexpr):
+    """A causal row softmax over its first WIDTH columns (all it keeps), zeros past them."""
+    cols = tl.arange(0, WIDTH)
+    kept = (cols <= query) & (cols < n_keys)
+    x = tl.load(x_ptr + row * n_keys + cols, mask=kept, other=-float("inf")).to(tl.float32)
+    x = tl.where(kept, x * scale, -float("inf"))
+    e = tl.exp2((x - tl.max(x, 0)) * LOG2E)
+    tl.store(y_ptr + row * n_keys + cols, e * (1.0 / tl.sum(e, 0)), mask=cols < n_keys)
+    for start in tl.range(WIDTH, n_keys, WIDTH):
+        tl.store(y_ptr + row * n_keys + start + cols, tl.zeros([WIDTH], tl.float32), mask=start + cols < n_keys)
+
+
+@triton.jit
+def causal_softmax(x_ptr, y_ptr, n_queries, n_keys, scale, BLOCK: tl.constexpr, LADDER: tl.constexpr):
+    """A minimal causal softmax, a program per row: the whole row's tile (LADDER false), or the
+    smallest of BLOCK / 4, BLOCK / 2, BLOCK that holds what the row keeps (the compute of the rest
+    skipped, not only its loads)."""
+    row = tl.program_id(0).to(tl.int64)
+    query = row % n_queries
+    if LADDER:
+        if query < BLOCK // 4:
+            _causal_row(x_ptr, y_ptr, row, query, n_keys, scale, BLOCK // 4)
+        elif query < BLOCK // 2:
+            _causal_row(x_ptr, y_ptr, row, query, n_keys, scale, BLOCK // 2)
+        else:
+            _causal_row(x_ptr, y_ptr, row, query, n_keys, scale, BLOCK)
+    else:
+        _causal_row(x_ptr, y_ptr, row, query, n_keys, scale, BLOCK)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", nargs="+", type=int, default=[4, 32, 4096, 4096])
+    parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
-    print(torch.cuda.get_device_name())
-    x = torch.randn(*args.shape, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(*args.shape, device=args.device, dtype=torch.bfloat16)
     y = torch.empty_like(x)
     rows, keys = x.numel() // x.shape[-1], x.shape[-1]
     moved = x.numel() * x.element_size()
@@ -50,7 +84,7 @@ def main() -> None:
     # Correct first: the causal copy is tril of each (queries, keys) matrix.
     causal_copy[(rows,)](x, y, x.shape[-2], keys, BLOCK=triton.next_power_of_2(keys), READ=True, num_warps=4)
     assert torch.equal(y, torch.tril(x)), "causal copy differs from tril"
-    print(f"copy {copy * 1e3:.1f} us ({copy_rate / 1e9:.0f} GB/s); fractions of copy on the causal count "
+    print(f"copy {copy * 1e3:.1f} us ({copy_rate / 1e6:.0f} GB/s); fractions of copy on the causal count "
           f"(1.5 x {moved / 2**20:.0f} MiB; the fill on 1 x)")
     for warps in (2, 4, 8, 16):
         for read in (True, False):
@@ -59,6 +93,20 @@ def main() -> None:
                      for _ in range(2))
             name = "causal copy" if read else "write only "
             print(f"{name} warps {warps:2d}: {ms * 1e3:7.1f} us  {fraction(ms, 1.5 if read else 1.0)}")
+    reference = torch.softmax(torch.where(torch.ones(keys, keys, dtype=torch.bool, device=x.device).tril(),
+                                          x.double() * 0.125, -float("inf")), -1)
+    for ladder in (False, True):
+        for warps in (4, 8):
+            def call():
+                causal_softmax[(rows,)](x, y, x.shape[-2], keys, 0.125, BLOCK=triton.next_power_of_2(keys),
+                                        LADDER=ladder, num_warps=warps)
+            y.fill_(float("nan"))
+            call()
+            error = ((y.double() - reference).norm() / reference.norm()).item()
+            ms = min(do_bench(call, return_mode="median") for _ in range(2))
+            print(f"minimal causal softmax{' ladder' if ladder else '       '} warps {warps:2d}: {ms * 1e3:7.1f} us  "
+                  f"{fraction(ms, 1.5)}  (error {error:.1e})")
+    del reference
     fill = min(do_bench(lambda: y.fill_(0), return_mode="median") for _ in range(2))
     print(f"torch fill_       : {fill * 1e3:7.1f} us  {fraction(fill, 1.0)}")
     ours = min(do_bench(lambda: ps.softmax(x, -1, causal=True), return_mode="median") for _ in range(2))
