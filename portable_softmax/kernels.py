@@ -269,6 +269,50 @@ def _emptied(out, row_max, LOG: tl.constexpr, MASK: tl.constexpr):
 
 
 @_jit
+def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols, x_base, y_base,
+                  x_col_stride, y_col_stride, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                  mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                  BLOCK_M: tl.constexpr, WIDTH: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+                  REREAD: tl.constexpr, DENSE: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+                  CAUSAL: tl.constexpr, TAIL: tl.constexpr):
+    """A tile's output over its first ``WIDTH`` columns. With ``TAIL`` these hold every column
+    its rows keep (causal rows that end early), and the rest of each row gets what a masked
+    element gives: 0 (log: -inf), or NaN where the row's maximum makes it NaN (a row of -inf or
+    NaN), as the whole-width tile and torch's composite give."""
+    cols = tl.arange(0, WIDTH)[None, :]
+    keep: tl.constexpr = "evict_last" if REREAD else ""
+    # Parenthesised: Triton 3.2 takes no chain of three boolean operators.
+    fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
+    mask = _tile_mask(row_mask, cols, n_cols, WIDTH, DENSE)
+    scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr, scale_value,
+                               n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                               scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, WIDTH, SCALE, MASK, CAUSAL)
+    # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max. What causal masks is
+    # not read (a causal row reads half of what it holds).
+    reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
+    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
+    x = _fused_input(x, scale, bias, fused)
+    row_max = tl.max(x, 1)
+    z = x - row_max[:, None]
+    e = tl.exp2(z * LOG2E)
+    total = tl.sum(e, 1)
+    if REREAD:
+        x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
+                  "evict_first")
+        x = _fused_input(x, scale, bias, fused)
+        z = x - row_max[:, None]
+        e = tl.exp2(z * LOG2E)
+    out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
+    _store(y_ptr, y_base, cols, y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
+    if TAIL:
+        z_tail = -float("inf") - row_max[:, None]
+        tail = _normalized(z_tail, tl.exp2(z_tail * LOG2E), (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
+        tail = _emptied(tail, row_max[:, None], LOG, MASK) + tl.zeros([BLOCK_M, WIDTH], tail.dtype)
+        for start in tl.range(WIDTH, n_cols, WIDTH):
+            _store(y_ptr, y_base, start + cols, y_col_stride, row_mask[:, None] & (start + cols < n_cols), tail)
+
+
+@_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
     x_outer_stride, x_row_stride, x_col_stride, y_outer_stride, y_row_stride, y_col_stride,
@@ -280,38 +324,43 @@ def softmax_forward_tile(
     # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
     # rather than held across the row's sum (see softmax_backward_tile). SCALE, MASK, CAUSAL: the
     # fused variants (_fused_terms); a row the bool mask leaves empty gives 0 (log: -inf).
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    keep: tl.constexpr = "evict_last" if REREAD else ""
-    # Parenthesised: Triton 3.2 takes no chain of three boolean operators.
-    fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
+    # A causal tile computes only as wide as its rows reach (a quarter, a half or the whole
+    # block): skipping the loads of the masked half alone left the kernel bound by its
+    # arithmetic on the H200 (a minimal causal softmax of (4, 32, 4096, 4096) bf16 read 0.84 of
+    # copy whole-width, 0.92 so; its traffic alone, 0.94: NOTES v19).
+    LADDER: tl.constexpr = (CAUSAL and not REREAD) and BLOCK_N >= 256
     start, stop, step, offset = _tile_items(n_tiles, PER_TILE)
     for item in tl.range(start, stop, step):
         tile = offset + item
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, DENSE)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
-        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
-        scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr,
-                                   scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                                   mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N,
-                                   SCALE, MASK, CAUSAL)
-        # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max. What causal masks is
-        # not read (a causal row reads half of what it holds).
-        reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
-        x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
-        x = _fused_input(x, scale, bias, fused)
-        row_max = tl.max(x, 1)
-        z = x - row_max[:, None]
-        e = tl.exp2(z * LOG2E)
-        total = tl.sum(e, 1)
-        if REREAD:
-            x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
-                      "evict_first")
-            x = _fused_input(x, scale, bias, fused)
-            z = x - row_max[:, None]
-            e = tl.exp2(z * LOG2E)
-        out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
-        _store(y_ptr, y_base, cols, y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
+        if LADDER:
+            _, query = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
+            reach = tl.max(tl.where(row_mask, query, 0), 0) + 1
+            if reach <= BLOCK_N // 4:
+                _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols,
+                              x_base, y_base, x_col_stride, y_col_stride, scale_value, n_heads, n_queries,
+                              mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                              scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N // 4, LOG, ACC_FP64, REREAD, DENSE,
+                              SCALE, MASK, CAUSAL, True)
+            elif reach <= BLOCK_N // 2:
+                _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols,
+                              x_base, y_base, x_col_stride, y_col_stride, scale_value, n_heads, n_queries,
+                              mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                              scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N // 2, LOG, ACC_FP64, REREAD, DENSE,
+                              SCALE, MASK, CAUSAL, True)
+            else:
+                _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols,
+                              x_base, y_base, x_col_stride, y_col_stride, scale_value, n_heads, n_queries,
+                              mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                              scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, LOG, ACC_FP64, REREAD, DENSE,
+                              SCALE, MASK, CAUSAL, False)
+        else:
+            _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols, x_base,
+                          y_base, x_col_stride, y_col_stride, scale_value, n_heads, n_queries, mask_a_stride,
+                          mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                          scale_q_stride, BLOCK_M, BLOCK_N, LOG, ACC_FP64, REREAD, DENSE, SCALE, MASK, CAUSAL, False)
 
 
 @_jit
@@ -669,7 +718,8 @@ def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
 
 @_jit
 def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
-              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
+              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr,
+              TICKETED: tl.constexpr):
     """Publish this chunk's partials of the item's rows (``packed``: a [BLOCK_M] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
     the rows, and return the rows' maxima and totals from them all (``_gather_row``; for a tile
@@ -679,10 +729,14 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange and read back with a
     relaxed atomic (``_read_slots``): the slot is the only datum exchanged, and a reader needs
     nothing written before it, so no acquire or release (whose fence would drain this program's
-    output stores) is needed.
+    output stores) is needed. Ticketed rows count arrivals as tiles do (``_gather_tile``): a
+    ticketed program has one item, so its release drains no output stores, and its slots need
+    no emptying, which would otherwise cost a fill before every launch (5 of 96 us of a
+    (256, 151936) fp32 forward on the H200: NOTES v19).
     """
+    COUNTED: tl.constexpr = BLOCK_M > 1 or TICKETED
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
-    if BLOCK_M > 1:
+    if COUNTED:
         tl.store(slots + chunk, packed, mask=row_mask)
     else:
         tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
@@ -691,9 +745,11 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     # kernels make it; its arguments are scalars, so it takes chunks of one row.
     # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
     # (the caller's unpacking then fails: "row_total is not defined").
-    if BLOCK_M > 1:
-        tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
+    if COUNTED:
+        tl.static_assert(STAGES == 1, "split tiles of several rows and ticketed rows are not pipelined")
         row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
+        if BLOCK_M == 1:
+            row_max, total = tl.max(row_max, 0), tl.sum(total, 0)
     elif STAGES > 1:
         row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
                                               CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
@@ -819,8 +875,8 @@ def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOC
     once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
     multiple of CHUNKS). A plain store: no program waits on a round trip to clean up. Ticketed
-    grids leave their slots full (the launch fills them before the next); tiles of several rows
-    count arrivals instead (``_gather_tile``) and leave theirs full."""
+    grids and tiles of several rows count arrivals instead (``_gather_tile``) and leave their
+    slots full."""
     if not TICKETED and BLOCK_M == 1:
         # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
         previous = tile - tl.num_programs(0) // CHUNKS
@@ -912,7 +968,7 @@ def softmax_forward_split(
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
         row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
+                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC, TICKETED)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -965,7 +1021,7 @@ def softmax_backward_split(
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
         _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
-                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
+                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC, TICKETED)
         if BLOCK_M > 1:
             row_sum = row_sum[:, None]
         dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],

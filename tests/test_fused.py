@@ -223,6 +223,28 @@ def test_other_dimensions_and_causal_rectangles(device):
     _compare(ps.softmax(wide, -1, causal=True), _reference(wide, causal=True), torch.float32, device)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_causal_tiles_as_wide_as_their_rows_reach(device, log):
+    """A causal tile computes only as wide as its rows keep (a quarter, a half or the whole
+    block: rows of 1024 keys and 600 queries take all three; with 257 queries a tile of rows
+    ends one past a quarter), and the rest of each row gets what a masked element gives: 0
+    (log: -inf), 0 for a row the bool mask empties, NaN for a row an additive mask makes all
+    -inf, as torch's composite."""
+    function = ps.log_softmax if log else ps.softmax
+    for queries in (600, 257):
+        x = torch.randn(1, 2, queries, 1024, device=device, requires_grad=True)
+        additive = torch.zeros(queries, 1024, device=device)
+        additive[[3, 200, queries - 10]] = -math.inf
+        for kwargs in (dict(causal=True), dict(causal=True, scale=0.5, mask=additive)):
+            expected = _reference(x.detach(), log=log, **kwargs)
+            assert torch.isnan(expected[0, :, 200]).all() == ("mask" in kwargs)
+            _compare(function(x, -1, **kwargs), expected, torch.float32, device)
+    mask = torch.rand(1, 1, queries, 1024, device=device) > 0.1
+    mask[..., [5, 200, queries - 5], :] = False
+    _check_both_directions(x, dict(causal=True, scale=0.5), log, torch.float32, device)
+    _check_both_directions(x, dict(causal=True, mask=mask), log, torch.float32, device)
+
+
 def test_meta_tensors_and_errors():
     x = torch.empty(2, 3, 4, device="meta")
     assert ps.softmax(x, -1, causal=True).shape == x.shape

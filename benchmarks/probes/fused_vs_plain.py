@@ -22,10 +22,24 @@ from portable_softmax import bench_cases, fused, launch, tuning
 from portable_softmax.vendors import CUDA_TUNING
 
 
-def plans_since(before: set) -> list[str]:
-    return [f"{r.plan.regime} {r.plan.block_m}x{r.plan.block_n} c{r.plan.chunks} w{r.plan.num_warps} "
-            f"s{r.plan.num_stages} p{r.plan.programs}{' reread' if r.plan.reread else ''}"
-            f"{' T' if r.plan.ticketed else ''}" for key, r in launch._records.items() if key not in before]
+_built: list = []
+_build_record = launch.build_record
+
+
+def _recording_build(*args, **kwargs):
+    """``launch.build_record``, noting each plan built (plain and fused calls keep their records
+    in their own caches)."""
+    record = _build_record(*args, **kwargs)
+    _built.append(record.plan)
+    return record
+
+
+launch.build_record = _recording_build
+
+
+def plans_since(count: int) -> list[str]:
+    return [f"{p.regime} {p.block_m}x{p.block_n} c{p.chunks} w{p.num_warps} s{p.num_stages} p{p.programs}"
+            f"{' reread' if p.reread else ''}{' T' if p.ticketed else ''}" for p in _built[count:]]
 
 
 def main() -> None:
@@ -62,12 +76,14 @@ def run(cases: list) -> None:
                                                fusion.get("causal", False)), fused_forward),
                 ("plain", lambda: ps.softmax(x, dim), lambda: ps.ops._backward(y, dy, dim, y.dtype, False),
                  2 * moved)):
-            before = set(launch._records)
+            before = len(_built)
             forward(), backward()
             f = forward_bytes / do_bench(forward) / (2 * moved / copy)
             b = 3 * moved / do_bench(backward) / (2 * moved / copy)
             line.append(f"{name} {f:.2f} / {b:.2f} [{'; '.join(plans_since(before))}]")
             launch._records.clear()
+            ps.ops._forward_calls.clear(), ps.ops._backward_calls.clear()
+            fused._forward_calls.clear(), fused._backward_calls.clear()
         print(f"{case.name} {str(case.dtype)[6:]}: " + " | ".join(line), flush=True)
         del x, dy, y, fusion
         torch.cuda.empty_cache()
