@@ -205,10 +205,15 @@ def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, s
 
 
 @_jit
-def _fused_input(x, scale, bias, FUSED: tl.constexpr):
-    """``x * scale + bias``, -inf where the bias is (also for x = +inf, as ``masked_fill``)."""
+def _fused_input(x, scale, bias, FUSED: tl.constexpr, MASK: tl.constexpr):
+    """``x * scale + bias``, -inf where the bias is (also for x = +inf, as ``masked_fill``).
+    Without an additive mask (``MASK`` != 2) the bias is 0 or -inf, and is not added: a causal
+    forward is bound by its arithmetic on the H200 (NOTES v19)."""
     if FUSED:
-        x = tl.where(bias == -float("inf"), -float("inf"), x * scale.to(x.dtype) + bias.to(x.dtype))
+        if MASK == 2:
+            x = tl.where(bias == -float("inf"), -float("inf"), x * scale.to(x.dtype) + bias.to(x.dtype))
+        else:
+            x = tl.where(bias == -float("inf"), -float("inf"), x * scale.to(x.dtype))
     return x
 
 
@@ -240,7 +245,7 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.conste
                                scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
     reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
-    return _fused_input(x, scale, bias, (SCALE != 0 or MASK != 0) or CAUSAL)
+    return _fused_input(x, scale, bias, (SCALE != 0 or MASK != 0) or CAUSAL, MASK)
 
 
 @_jit
@@ -291,7 +296,7 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     # not read (a causal row reads half of what it holds).
     reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
-    x = _fused_input(x, scale, bias, fused)
+    x = _fused_input(x, scale, bias, fused, MASK)
     row_max = tl.max(x, 1)
     z = x - row_max[:, None]
     e = tl.exp2(z * LOG2E)
@@ -299,7 +304,7 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     if REREAD:
         x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
                   "evict_first")
-        x = _fused_input(x, scale, bias, fused)
+        x = _fused_input(x, scale, bias, fused, MASK)
         z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
     out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
@@ -718,8 +723,7 @@ def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
 
 @_jit
 def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
-              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr,
-              TICKETED: tl.constexpr):
+              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
     """Publish this chunk's partials of the item's rows (``packed``: a [BLOCK_M] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
     the rows, and return the rows' maxima and totals from them all (``_gather_row``; for a tile
@@ -729,14 +733,12 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange and read back with a
     relaxed atomic (``_read_slots``): the slot is the only datum exchanged, and a reader needs
     nothing written before it, so no acquire or release (whose fence would drain this program's
-    output stores) is needed. Ticketed rows count arrivals as tiles do (``_gather_tile``): a
-    ticketed program has one item, so its release drains no output stores, and its slots need
-    no emptying, which would otherwise cost a fill before every launch (5 of 96 us of a
-    (256, 151936) fp32 forward on the H200: NOTES v19).
+    output stores) is needed. (Ticketed rows counting arrivals as tiles do, which would spare
+    the fill of their slots before each launch, ran long fp32 rows at 0.80 of copy against 0.90
+    on the H200: NOTES v19.)
     """
-    COUNTED: tl.constexpr = BLOCK_M > 1 or TICKETED
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
-    if COUNTED:
+    if BLOCK_M > 1:
         tl.store(slots + chunk, packed, mask=row_mask)
     else:
         tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
@@ -745,11 +747,9 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     # kernels make it; its arguments are scalars, so it takes chunks of one row.
     # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
     # (the caller's unpacking then fails: "row_total is not defined").
-    if COUNTED:
-        tl.static_assert(STAGES == 1, "split tiles of several rows and ticketed rows are not pipelined")
+    if BLOCK_M > 1:
+        tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
         row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
-        if BLOCK_M == 1:
-            row_max, total = tl.max(row_max, 0), tl.sum(total, 0)
     elif STAGES > 1:
         row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
                                               CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
@@ -875,8 +875,8 @@ def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOC
     once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
     multiple of CHUNKS). A plain store: no program waits on a round trip to clean up. Ticketed
-    grids and tiles of several rows count arrivals instead (``_gather_tile``) and leave their
-    slots full."""
+    grids leave their slots full (the launch fills them before the next); tiles of several rows
+    count arrivals instead (``_gather_tile``) and leave theirs full."""
     if not TICKETED and BLOCK_M == 1:
         # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
         previous = tile - tl.num_programs(0) // CHUNKS
@@ -938,7 +938,7 @@ def softmax_forward_split(
                                            scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
                                            mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
                                            scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-                x = _fused_input(x, scale, bias, True)
+                x = _fused_input(x, scale, bias, True, MASK)
         else:
             x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, y_ptr.dtype.element_ty,
                             False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
@@ -954,7 +954,7 @@ def softmax_forward_split(
                                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                            scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, 2 * ALIGN,
                                            SCALE, MASK, CAUSAL)
-                x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, True), 0)
+                x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, True, MASK), 0)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
@@ -968,7 +968,7 @@ def softmax_forward_split(
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
         row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC, TICKETED)
+                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -1021,7 +1021,7 @@ def softmax_backward_split(
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
         _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
-                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC, TICKETED)
+                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
         if BLOCK_M > 1:
             row_sum = row_sum[:, None]
         dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],

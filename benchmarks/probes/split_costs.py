@@ -133,7 +133,7 @@ def main():
                 launch._resources_cache.clear()
                 # Fresh exchange slots: a variant that does not wait may leave them full.
                 launch._scratch = launch._Scratch()
-                launch._counted_scratch = launch._Scratch()
+                launch._ticket_scratch = launch._Scratch()
                 out.fill_(float("nan"))
                 plan = launch.run_forward(x, out, view, False)
                 err = ((out.double() - reference).norm() / reference.norm()).item()
