@@ -19,8 +19,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from portable_softmax import launch, ops, tuning
-from portable_softmax.vendors import CUDA_TUNING
+from portable_softmax import device, launch, ops, tuning
 
 # (name, shape of the tensor made, the view of it that is the input, dim, dtype)
 CASES = [
@@ -70,6 +69,8 @@ def main() -> int:
 
     dynamo_config.cache_size_limit = 256
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    # The device's own row (by name, architecture or default): each SWEEP setting changes it.
+    device_tuning = tuning.tuning_for(device.device_record("cuda"))
     rows = []
     failures = 0
     for name, shape, view, dim, dtype in CASES:
@@ -108,7 +109,7 @@ def main() -> int:
         for setting in settings:
             label = "ours" if setting is None else f"ours {setting[0]}"
             if setting is not None:
-                tuning.TUNING[("cuda", "*")] = dataclasses.replace(CUDA_TUNING, **setting[1])
+                tuning.TUNING[("cuda", "*")] = dataclasses.replace(device_tuning, **setting[1])
             try:
                 # Several launches each: a race in an exchange shows in some of them.
                 forward_error = max(rel(ours_forward(x, dim), reference) for _ in range(REPEATS))

@@ -109,8 +109,10 @@ def main():
         _use_kernels(os.environ["SWEEP_KERNELS"])
     dtypes = [getattr(torch, d) for d in (sys.argv[1] if len(sys.argv) > 1 else "bfloat16,float32").split(",")]
     chosen = sys.argv[2].split(",") if len(sys.argv) > 2 else list(VARIANTS)
-    backend = device.device_record("cuda").backend
-    base = tuning.TUNING[(backend, "*")]
+    record = device.device_record("cuda")
+    backend = record.backend
+    # The device's own row (by name, architecture or default): variants change it.
+    base = tuning.tuning_for(record)
     print(f"{'variant':>14} {'dtype':>8} {'shape':>12} {'regime':>6} {'fwd':>5} {'bwd':>5}")
     for dtype in dtypes:
         for m, n in SHAPES:

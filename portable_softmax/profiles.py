@@ -41,4 +41,6 @@ def profile_record(name: str) -> DeviceRecord:
     """The normalized record of a recorded chip."""
     profile = load_profile(name)
     target = profile["target"]
-    return get_backend(target["backend"]).normalize(profile["properties"], target["arch"], profile["description"])
+    # Named as the live device is (tuning rows may be keyed by that name), where the profile says.
+    name = profile.get("device_name", profile["description"])
+    return get_backend(target["backend"]).normalize(profile["properties"], target["arch"], name)

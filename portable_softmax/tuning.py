@@ -1,6 +1,7 @@
 """The tuning row in force for a device: each backend brings its own rows (``Backend.tuning``,
 the built-in ones in ``vendors.py`` beside their occupancy rules), and ``TUNING`` sets rows over
-them by ``(backend, arch)`` with ``arch = "*"`` as the backend's default. The defaults
+them by ``(backend, key)``, the key a device name, an architecture, or ``"*"`` for the backend's
+default. The defaults
 (``record.Tuning``) were chosen from the H200 sweep recorded in ``benchmarks/NOTES.md``; a new
 target gets its backend's defaults until someone measures it.
 """
@@ -67,11 +68,17 @@ TUNING = TuningTable({})
 
 
 def tuning_for(record: DeviceRecord) -> Tuning:
-    """The row in force for ``record``: the table's for its architecture or its backend, else the
-    backend's own rows (``Backend(tuning=...)``) for its architecture or its default, else the
-    defaults."""
-    found = TUNING.get((record.backend, record.arch)) or TUNING.get((record.backend, "*"))
-    if found is not None:
-        return found
+    """The row in force for ``record``: the table's for its device name, its architecture or its
+    backend, else the backend's own rows (``Backend(tuning=...)``) for the same three, else the
+    defaults. A row by name serves chips of one architecture that differ in what the planner
+    does not see (the H200 is an H100 with 1.4 times the memory bandwidth)."""
+    keys = (record.name, record.arch, "*")
+    for key in keys:
+        found = TUNING.get((record.backend, key))
+        if found is not None:
+            return found
     own = _own_rows(record.backend)
-    return own.get(record.arch) or own.get("*") or _DEFAULT
+    for key in keys:
+        if key in own:
+            return own[key]
+    return _DEFAULT

@@ -357,8 +357,16 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
                              max_programs=4, tile_waves=1)
 
 
+# The H200: the H100's chip with 1.4 times its memory bandwidth wants more bytes in flight per SM
+# while split programs wait (Little's law). Six 32-KB fp32 chunks per SM instead of five (NOTES
+# v19, two sweeps): fp32 (256, 151936) 0.85 -> 0.89 of copy forward, 4096x262144 0.90 -> 0.95,
+# 32x128256 0.84 -> 0.88; bf16 32x128256 backward 0.87 -> 0.84; the rest level. On the H100 the
+# same row was level or lower (32x128256 0.95 -> 0.92 fp32, 0.89 -> 0.85 bf16): not taken there.
+H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608)
+
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
-                                       cooperative_launch=True, tuning={"*": CUDA_TUNING}))
+                                       cooperative_launch=True,
+                                       tuning={"*": CUDA_TUNING, "NVIDIA H200": H200_TUNING}))
 HIP = register_backend(Backend("hip", "hip", "cuda", _hip_normalize, _hip_occupancy, cooperative_launch=True,
                                       tuning={"*": Tuning()}))
 NPU = register_backend(Backend("npu", "npu", "npu", _npu_normalize, _one_per_unit, tuning={"*": NPU_TUNING}))

@@ -231,6 +231,24 @@ def test_split_grids_are_ticketed_where_the_resident_programs_hold_enough():
     assert not forced.ticketed and forced.programs == 512
 
 
+def test_tuning_rows_by_device_name_then_architecture_then_default(monkeypatch):
+    """The H200 (the H100's sm_90 with 1.4 times the memory bandwidth) has its own CUDA row, found
+    by the device's name; the H100 and A100 take the backend's default. Rows set in TUNING win
+    over the backend's own, by name first."""
+    h100, h200 = profile_record("h100"), profile_record("h200")
+    assert h200.name == "NVIDIA H200" and h200.arch == h100.arch
+    assert tuning_for(h200) == vendors.H200_TUNING != vendors.CUDA_TUNING
+    assert tuning_for(h100) == tuning_for(profile_record("a100")) == vendors.CUDA_TUNING
+    assert tuning_for(h200).split_fit_bytes > tuning_for(h100).split_fit_bytes
+    # The fit follows the row: more programs asked of the H200 on a long-row split.
+    config = select_config(h200, 4096, 262144, "float32")
+    assert len(split_fit(h200, config, 4)) > len(split_fit(h100, select_config(h100, 4096, 262144, "float32"), 4))
+    monkeypatch.setitem(TUNING, ("cuda", "*"), replace(vendors.CUDA_TUNING, split_fit_bytes=1))
+    assert tuning_for(h200).split_fit_bytes == tuning_for(h100).split_fit_bytes == 1
+    monkeypatch.setitem(TUNING, ("cuda", "NVIDIA H200"), replace(vendors.CUDA_TUNING, split_fit_bytes=2))
+    assert tuning_for(h200).split_fit_bytes == 2 and tuning_for(h100).split_fit_bytes == 1
+
+
 def test_split_tickets_only_in_the_directions_the_tuning_table_names(monkeypatch):
     record = profile_record("h200")
     four = KernelResources(registers=128, shared_memory=1024, num_warps=4)

@@ -18,8 +18,7 @@ import torch
 from triton.testing import do_bench
 
 import portable_softmax as ps
-from portable_softmax import bench_cases, fused, launch, tuning
-from portable_softmax.vendors import CUDA_TUNING
+from portable_softmax import bench_cases, device, fused, launch, tuning
 
 
 _built: list = []
@@ -48,12 +47,14 @@ def main() -> None:
     parser.add_argument("--tuning", action="append", default=[], type=json.loads)
     args = parser.parse_args()
     print(torch.cuda.get_device_name())
+    # The device's own row (by name, architecture or default): each --tuning changes it.
+    base = tuning.tuning_for(device.device_record("cuda"))
     for changes in [{}] + args.tuning:
         if changes:
             print(f"tuning {changes}")
         # JSON lists name sets of directions (split_tickets, split_pipelined, ...).
         fields = {k: frozenset(v) if isinstance(v, list) else v for k, v in changes.items()}
-        tuning.TUNING[("cuda", "*")] = dataclasses.replace(CUDA_TUNING, **fields)
+        tuning.TUNING[("cuda", "*")] = dataclasses.replace(base, **fields)
         run([case for case in bench_cases.cases(fused_only=True)
              if not args.only or any(part in case.name for part in args.only)])
 
