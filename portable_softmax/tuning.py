@@ -1,9 +1,8 @@
 """The tuning row in force for a device: each backend brings its own rows (``Backend.tuning``,
 the built-in ones in ``vendors.py`` beside their occupancy rules), and ``TUNING`` sets rows over
 them by ``(backend, key)``, the key a device name, an architecture, or ``"*"`` for the backend's
-default. The defaults
-(``record.Tuning``) were chosen from the H200 sweep recorded in ``benchmarks/NOTES.md``; a new
-target gets its backend's defaults until someone measures it.
+default. The defaults (``record.Tuning``) were chosen from the H200 sweep recorded in
+``benchmarks/NOTES.md``; a new target gets its backend's defaults until someone measures it.
 """
 from __future__ import annotations
 
