@@ -205,15 +205,22 @@ def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, s
 
 
 @_jit
-def _fused_input(x, scale, bias, FUSED: tl.constexpr, MASK: tl.constexpr):
-    """``x * scale + bias``, -inf where the bias is (also for x = +inf, as ``masked_fill``).
-    Without an additive mask (``MASK`` != 2) the bias is 0 or -inf, and is not added: a causal
-    forward is bound by its arithmetic on the H200 (NOTES v19)."""
-    if FUSED:
+def _fused_input(x, scale, bias, reads, SCALE: tl.constexpr, MASK: tl.constexpr, BIASED: tl.constexpr):
+    """``x * scale + bias`` where ``x`` was read (``reads``), -inf elsewhere: padding must stay
+    -inf after a negative scale. ``BIASED``: the bias holds -inf that the load did not apply (a
+    mask, or ``CAUSAL`` where its elements were read); there the result is -inf whatever x is
+    (x = +inf too, as ``masked_fill``). Without a scale or such a bias, x is as loaded (-inf
+    where not read): a causal forward is bound by its arithmetic on the H200 (NOTES v19)."""
+    if (SCALE != 0 or MASK != 0) or BIASED:
+        v = x
+        if SCALE != 0:
+            v = v * scale.to(x.dtype)
         if MASK == 2:
-            x = tl.where(bias == -float("inf"), -float("inf"), x * scale.to(x.dtype) + bias.to(x.dtype))
-        else:
-            x = tl.where(bias == -float("inf"), -float("inf"), x * scale.to(x.dtype))
+            v = v + bias.to(x.dtype)
+        keep = reads
+        if BIASED:
+            keep = keep & (bias != -float("inf"))
+        x = tl.where(keep, v, -float("inf"))
     return x
 
 
@@ -245,7 +252,7 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.conste
                                scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
     reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
-    return _fused_input(x, scale, bias, (SCALE != 0 or MASK != 0) or CAUSAL, MASK)
+    return _fused_input(x, scale, bias, reads, SCALE, MASK, MASK != 0)
 
 
 @_jit
@@ -286,8 +293,6 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     NaN), as the whole-width tile and torch's composite give."""
     cols = tl.arange(0, WIDTH)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
-    # Parenthesised: Triton 3.2 takes no chain of three boolean operators.
-    fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
     mask = _tile_mask(row_mask, cols, n_cols, WIDTH, DENSE)
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
@@ -296,7 +301,7 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     # not read (a causal row reads half of what it holds).
     reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
-    x = _fused_input(x, scale, bias, fused, MASK)
+    x = _fused_input(x, scale, bias, reads, SCALE, MASK, MASK != 0)
     row_max = tl.max(x, 1)
     z = x - row_max[:, None]
     e = tl.exp2(z * LOG2E)
@@ -304,7 +309,7 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     if REREAD:
         x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64,
                   "evict_first")
-        x = _fused_input(x, scale, bias, fused, MASK)
+        x = _fused_input(x, scale, bias, reads, SCALE, MASK, MASK != 0)
         z = x - row_max[:, None]
         e = tl.exp2(z * LOG2E)
     out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)
@@ -938,7 +943,7 @@ def softmax_forward_split(
                                            scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
                                            mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
                                            scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-                x = _fused_input(x, scale, bias, True, MASK)
+                x = _fused_input(x, scale, bias, mask, SCALE, MASK, MASK != 0 or CAUSAL)
         else:
             x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, y_ptr.dtype.element_ty,
                             False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
@@ -954,7 +959,8 @@ def softmax_forward_split(
                                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                            scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, 2 * ALIGN,
                                            SCALE, MASK, CAUSAL)
-                x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, True, MASK), 0)
+                x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, edge_mask[None, :], SCALE, MASK,
+                                             MASK != 0 or CAUSAL), 0)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)

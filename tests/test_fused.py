@@ -92,7 +92,8 @@ def test_fused_variants_match_the_composite(device, shape, dtype, log, variant):
 def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, variant):
     """Each regime's fused kernels (forced on rows of 1001: chunks of 128 where split, rows off
     16-byte boundaries in bf16 where windowed) against the float64 composite, forward and
-    backward, with a row the bool mask leaves empty."""
+    backward, with a row the bool mask leaves empty, and scales of both signs (a negative one
+    must not turn the tile's padding into +inf)."""
     force_regime(monkeypatch, "split" if regime == "windows" else regime, device)
     dtype = torch.float32
     if regime == "windows":
@@ -106,15 +107,21 @@ def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, varian
     if variant == "scale_tensor_bool_mask_causal":
         mask = torch.rand(2, 1, 5, 1001, device=device) > 0.3
         mask[1, 0, 3] = False
-        kwargs = dict(scale=torch.rand(2, 2, 5, 1, device=device) + 0.5, mask=mask, causal=True)
+        kwargs = dict(scale=_signed_scale((2, 2, 5, 1), device), mask=mask, causal=True)
     else:
-        kwargs = dict(scale=0.37, mask=torch.randn(1, 1, 5, 1001, device=device))
+        kwargs = dict(scale=-0.37, mask=torch.randn(1, 1, 5, 1001, device=device))
     _check_both_directions(x, kwargs, log, dtype, device)
     # Both directions ran the forced regime's fused kernels (none composed).
     assert len(plans) == 2 and all(plan is not None for plan in plans)
     assert {regime_of(plan) for plan in plans} == {"split" if regime == "windows" else regime}
     if regime == "windows":
         assert all(plan.align == 8 for plan in plans)
+
+
+def _signed_scale(shape, device) -> torch.Tensor:
+    """Scales of magnitude 0.5-1.5, about half of them negative (a softmin, per row)."""
+    sign = torch.where(torch.rand(shape, device=device) < 0.5, -1.0, 1.0)
+    return (torch.rand(shape, device=device) + 0.5) * sign
 
 
 def _spy_plans(monkeypatch) -> list:
@@ -133,10 +140,10 @@ def _spy_plans(monkeypatch) -> list:
 # Softmax over a dimension that is not the contiguous one: the fused terms at the rows of the
 # strided path, numbered as x.movedim(dim, -1)'s. (shape, dim, arguments on a device.)
 OTHER_DIMS = {
-    # Channels of NCHW: a temperature per pixel, a bool mask per image and channel (one row of
-    # channels masked whole: it gives 0).
+    # Channels of NCHW: a temperature per pixel (of both signs), a bool mask per image and
+    # channel (one row of channels masked whole: it gives 0).
     "channels": ((3, 37, 4, 5), 1, lambda d: dict(
-        scale=torch.rand(3, 1, 4, 5, device=d) + 0.5,
+        scale=_signed_scale((3, 1, 4, 5), d),
         mask=torch.rand(3, 37, 1, 5, device=d).index_fill_(0, torch.tensor([1], device=d), 0) > 0.3)),
     # A column softmax with a mask per column entry and a number scale.
     "column": ((300, 8), 0, lambda d: dict(scale=0.37, mask=torch.rand(300, 1, device=d) > 0.2)),
