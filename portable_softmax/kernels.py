@@ -164,10 +164,13 @@ def _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, a_stride, b_str
     """For the fused variants (``variants.FUSED_SCALARS``): each row's offset in a tensor that
     broadcasts over the input's leading dimensions, seen as (A, n_heads, n_queries) with the
     given strides, and the row's query index (its index along the input's dimension -2)."""
+    # Remainders by multiplication: a 64-bit division is a called routine on NVIDIA (sm_90 SASS),
+    # and each division saved shortens the chain before a ticketed program's first load.
     r = outer * rows_per_outer + rows.to(tl.int64)
-    q = r % n_queries
     rest = r // n_queries
-    return (rest // n_heads) * a_stride + (rest % n_heads) * b_stride + q * q_stride, q
+    q = r - rest * n_queries
+    a = rest // n_heads
+    return a * a_stride + (rest - a * n_heads) * b_stride + q * q_stride, q
 
 
 @_jit
@@ -247,11 +250,13 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, CAST_TY: tl.conste
     at ``x_base``, which are the rows' columns ``at`` (``_fused_terms``; they differ in a split
     window), -inf where masked or not ``valid``; what ``CAUSAL`` masks is not read. Plain calls
     (no fusion) load x alone."""
+    # x's loads first, then the terms: their row indices take 64-bit divisions, which the loads
+    # would otherwise wait behind (only a causal read needs them first).
+    reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
+    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, at, valid, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-    reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
-    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
     return _fused_input(x, scale, bias, reads, SCALE, MASK, MASK != 0)
 
 
@@ -294,13 +299,14 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     cols = tl.arange(0, WIDTH)[None, :]
     keep: tl.constexpr = "evict_last" if REREAD else ""
     mask = _tile_mask(row_mask, cols, n_cols, WIDTH, DENSE)
+    # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max. What causal masks is
+    # not read (a causal row reads half of what it holds). The loads go before the fused terms
+    # (_fused_load).
+    reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
+    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, WIDTH, SCALE, MASK, CAUSAL)
-    # -inf padding adds exp(-inf) = 0 to the sum and cannot win the max. What causal masks is
-    # not read (a causal row reads half of what it holds).
-    reads = _causal_reads(mask, cols, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
-    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
     x = _fused_input(x, scale, bias, reads, SCALE, MASK, MASK != 0)
     row_max = tl.max(x, 1)
     z = x - row_max[:, None]
