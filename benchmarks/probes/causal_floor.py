@@ -111,6 +111,9 @@ def main() -> None:
     print(f"torch fill_       : {fill * 1e3:7.1f} us  {fraction(fill, 1.0)}")
     ours = min(do_bench(lambda: ps.softmax(x, -1, causal=True), return_mode="median") for _ in range(2))
     print(f"ours causal fwd   : {ours * 1e3:7.1f} us  {fraction(ours, 1.5)}")
+    # With the minimal kernels' scale (a multiply and a select per element more than causal alone).
+    scaled = min(do_bench(lambda: ps.softmax(x, -1, causal=True, scale=0.125), return_mode="median") for _ in range(2))
+    print(f"ours causal+scale : {scaled * 1e3:7.1f} us  {fraction(scaled, 1.5)}")
     plain = min(do_bench(lambda: ps.softmax(x, -1), return_mode="median") for _ in range(2))
     print(f"ours plain fwd    : {plain * 1e3:7.1f} us  {fraction(plain, 2.0)}")
 

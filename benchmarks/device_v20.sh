@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# NOTES v20 on one GPU, in steps named as arguments (each call stays under the device's 10 minutes):
+#   tests    the GPU tests of what v20 changed: split tiles that prefetch (test_strided), the fused
+#            variants in every regime (negative scales, causal), the split rows (the exchange's
+#            publish and gather halves)
+#   strided  benchmarks/strided_sweep.py: the strided cases under the prefetch tunings, torch eager
+#            and torch.compile in the same run
+#   fused    the causal floor against ours (benchmarks/probes/causal_floor.py), the fused calls
+#            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
+#            `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled)
+# Usage (device machine, repo root): bash benchmarks/device_v20.sh tests strided | fused
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+run_tests() { timeout 280 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12; }
+for step in "$@"; do
+  case "$step" in
+    tests)
+      run_tests tests/test_strided.py -k cuda > "$OUT/tests-strided.log" &
+      run_tests tests/test_fused.py -k cuda > "$OUT/tests-fused.log" &
+      run_tests tests/test_softmax.py -k "cuda and (ticketed or split or pipelined or persistent)" > "$OUT/tests-split.log" &
+      wait
+      tail -n 12 "$OUT"/tests-*.log ;;
+    strided)
+      timeout 420 python3 benchmarks/strided_sweep.py --out "$OUT" 2>&1 | grep -v -i warn | tee "$OUT/strided.log" ;;
+    fused)
+      timeout 100 python3 benchmarks/probes/causal_floor.py 2>&1 | tee "$OUT/causal-floor.log"
+      for pass in 1 2; do
+        timeout 120 python3 benchmarks/probes/fused_vs_plain.py 2>&1 | grep -v -i warn | tee "$OUT/fused-vs-plain-$pass.log"
+      done
+      timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT" 2>&1 \
+        | grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$" | tee "$OUT/fused.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
