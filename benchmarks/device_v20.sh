@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # NOTES v20 on one GPU, in steps named as arguments (each call stays under the device's 10 minutes):
-#   tests    the GPU tests of what v20 changed: split tiles that prefetch (test_strided), the fused
-#            variants in every regime (negative scales, causal), the split rows (the exchange's
-#            publish and gather halves)
-#   strided  benchmarks/strided_sweep.py: the strided cases under the prefetch tunings, torch eager
+#   tests    the GPU tests of what v20 changed: the fused variants in every regime (negative
+#            scales, causal) in three processes, the strided and split-row tests
+#   strided  benchmarks/strided_sweep.py: the strided cases under its SWEEP tunings, torch eager
 #            and torch.compile in the same run
 #   fused    the causal floor against ours (benchmarks/probes/causal_floor.py), the fused calls
 #            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
@@ -19,7 +18,9 @@ for step in "$@"; do
   case "$step" in
     tests)
       run_tests tests/test_strided.py -k cuda > "$OUT/tests-strided.log" &
-      run_tests tests/test_fused.py -k cuda > "$OUT/tests-fused.log" &
+      run_tests tests/test_fused.py -k "cuda and every_regime" > "$OUT/tests-fused-regimes.log" &
+      run_tests tests/test_fused.py -k "cuda and other_dimensions" > "$OUT/tests-fused-dims.log" &
+      run_tests tests/test_fused.py -k "cuda and not (every_regime or other_dimensions)" > "$OUT/tests-fused-rest.log" &
       run_tests tests/test_softmax.py -k "cuda and (ticketed or split or pipelined or persistent)" > "$OUT/tests-split.log" &
       wait
       tail -n 12 "$OUT"/tests-*.log ;;

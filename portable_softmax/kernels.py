@@ -131,14 +131,7 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
           EVICT: tl.constexpr):
     """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
     ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
-    return _widened(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT),
-                    CAST_TY, ACC_FP64)
-
-
-@_jit
-def _widened(v, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Loaded values ``v`` rounded to ``CAST_TY``, then widened to the accumulation type."""
-    v = _cast(v, CAST_TY)
+    v = _cast(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT), CAST_TY)
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)
@@ -625,19 +618,6 @@ def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
 
 
 @_jit
-def _prefetched(ptr, item, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols, outer_stride, row_stride,
-                col_stride, OTHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                CHUNKS: tl.constexpr):
-    """The chunk of ``item`` of a tile of several rows, as loaded (its own dtype, ``OTHER`` where
-    masked; nothing is read for an item at or past ``stop``): what a prefetching split program
-    holds in registers for its next trip while it waits on its current tile's peers."""
-    _, _, outer, rows, row_mask, cols = _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M,
-                                                    BLOCK_N, CHUNKS)
-    base, _, mask = _split_window(outer, rows, row_mask & (item < stop), cols, n_cols, outer_stride, row_stride, 1)
-    return tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER)
-
-
-@_jit
 def _window_start(base, ALIGN: tl.constexpr):
     """The element offset at or before each row start ``base`` that is a multiple of ``ALIGN``."""
     if ALIGN > 1:
@@ -768,47 +748,19 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     the fill of their slots before each launch, ran long fp32 rows at 0.80 of copy against 0.90
     on the H200: NOTES v19.)
     """
-    _publish(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS)
-    # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
-    # (the caller's unpacking then fails: "row_total is not defined").
-    row_max, total = _gathered(slot_ptr, done_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2, MAXIMA, STAGES,
-                               WAIT_ATOMIC)
-    return row_max, total
-
-
-@_jit
-def _publish(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
-    """The first half of ``_exchange``: store this chunk's partials; a tile of several rows also
-    counts its arrival (``_gather_tile``)."""
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     if BLOCK_M > 1:
         tl.store(slots + chunk, packed, mask=row_mask)
-        # One thread counts for the program: the barrier first makes every thread's stores its
-        # own, which its release then publishes (the grid-wide barrier's pattern).
-        tl.debug_barrier()
-        tl.atomic_add(_tile_counters(done_ptr, tile), 1, sem="release")
     else:
         tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
-
-
-@_jit
-def _tile_counters(done_ptr, tile):
-    """A tile's (arrivals, departures) counters: after the ticket counter at ``done_ptr``."""
-    return done_ptr + 1 + 2 * tile
-
-
-@_jit
-def _gathered(slot_ptr, done_ptr, tile, row_mask, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
-              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
-    """The second half of ``_exchange``: wait for every chunk of the rows and combine them."""
-    slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     # Triton does not software-pipeline a loop that holds another loop, but one that calls a
     # function holding it. The call costs registers (the calling convention), so only pipelined
-    # kernels make it; its arguments are scalars, so it takes chunks of one row. (Tiles of
-    # several rows are not software-pipelined: with STAGES > 1 they prefetch their next chunk
-    # into registers themselves.)
+    # kernels make it; its arguments are scalars, so it takes chunks of one row.
+    # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
+    # (the caller's unpacking then fails: "row_total is not defined").
     if BLOCK_M > 1:
-        row_max, total = _gather_tile(slots, _tile_counters(done_ptr, tile), row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
+        tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
+        row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
     elif STAGES > 1:
         row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
                                               CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
@@ -880,8 +832,7 @@ _gathered_row_called = _jit_call(_gather_row)
 @_jit
 def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr):
     """``_gather_row`` for a tile of rows (``slots``: each row's first slot, [BLOCK_M]; this
-    program's chunk has stored its partials there and counted itself, ``_publish``): the rows'
-    maxima and totals ([BLOCK_M] each).
+    program's chunk has stored its partials there): the rows' maxima and totals ([BLOCK_M] each).
 
     A tile's rows lie side by side in memory (a reduction along a strided dimension), and a wait
     that re-read all their slots ([BLOCK_M, CHUNKS]) on every trip would flood the cache that
@@ -890,6 +841,10 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     itself with release semantics once its partials are stored, waits for all CHUNKS (one word
     per trip, ``_awaited_count``), then reads the slots once. Slots are never emptied; the last
     chunk to leave resets the counters for the next launch."""
+    # One thread counts for the program: the barrier first makes every thread's stores its own,
+    # which its release then publishes (the grid-wide barrier's pattern).
+    tl.debug_barrier()
+    tl.atomic_add(counters, 1, sem="release")
     _awaited_count(counters, CHUNKS)
     tl.debug_barrier()
     peers = tl.arange(0, CHUNKS_P2)
@@ -972,33 +927,17 @@ def softmax_forward_split(
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     # SCALE, MASK, CAUSAL: the fused variants (_fused_terms), at the row's own columns (a
-    # window's less its lead); unpipelined, what CAUSAL masks is not read. STAGES > 1: rows are
-    # software-pipelined by Triton; tiles of several rows, which it does not pipeline, PREFETCH
-    # their next chunk into registers between publishing their partials and waiting for their
-    # peers', so that memory stays busy through the wait (NOTES v20).
+    # window's less its lead); unpipelined, what CAUSAL masks is not read.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
     fused: tl.constexpr = (SCALE != 0 or MASK != 0) or CAUSAL
-    PREFETCH: tl.constexpr = (BLOCK_M > 1 and STAGES > 1) and not TICKETED
-    LOOP_STAGES: tl.constexpr = 1 if BLOCK_M > 1 else STAGES
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    if PREFETCH:
-        x_next = _prefetched(x_ptr, first, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols, x_outer_stride,
-                             x_row_stride, x_col_stride, -float("inf"), BLOCK_M, BLOCK_N, CHUNKS)
-    for item in tl.range(first, stop, step, num_stages=LOOP_STAGES):
+    for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
         y_base = _output_window(_row_starts(outer, rows, y_outer_stride, y_row_stride, False), lead, ALIGN, SHIFTED)
-        if PREFETCH:
-            x = _widened(x_next, y_ptr.dtype.element_ty, False)
-            if fused:
-                scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr,
-                                           scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                                           mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                                           scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-                x = _fused_input(x, scale, bias, mask, SCALE, MASK, MASK != 0 or CAUSAL)
-        elif STAGES > 1:
+        if STAGES > 1:
             # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
             # the load's would be carried.
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
@@ -1040,16 +979,8 @@ def softmax_forward_split(
             e_edge = tl.exp2(z_edge * LOG2E)
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-        if PREFETCH:
-            # After the release that publishes (its fence would wait on these loads), before the wait.
-            _publish(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS)
-            x_next = _prefetched(x_ptr, item + step, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols,
-                                 x_outer_stride, x_row_stride, x_col_stride, -float("inf"), BLOCK_M, BLOCK_N, CHUNKS)
-            row_max, row_total = _gathered(slot_ptr, done_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2, True,
-                                           STAGES, WAIT_ATOMIC)
-        else:
-            row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                           CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
+        row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
+                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -1081,49 +1012,28 @@ def softmax_backward_split(
     CAUSAL: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
-    # STAGES > 1: as the forward's (pipelined rows, or tiles that PREFETCH their next chunks).
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
-    PREFETCH: tl.constexpr = (BLOCK_M > 1 and STAGES > 1) and not TICKETED
-    LOOP_STAGES: tl.constexpr = 1 if BLOCK_M > 1 else STAGES
     chunk_cols = tl.arange(0, BLOCK_N)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    if PREFETCH:
-        y_next = _prefetched(y_ptr, first, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols, y_outer_stride,
-                             y_row_stride, y_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS)
-        dy_next = _prefetched(dy_ptr, first, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols,
-                              dy_outer_stride, dy_row_stride, dy_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS)
-    for item in tl.range(first, stop, step, num_stages=LOOP_STAGES):
+    for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         y_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, y_outer_stride, y_row_stride, ALIGN)
         dy_base = _window_start(_row_starts(outer, rows, dy_outer_stride, dy_row_stride, False), ALIGN)
         dx_base = _output_window(_row_starts(outer, rows, dx_outer_stride, dx_row_stride, False), lead, ALIGN,
                                  SHIFTED)
-        if PREFETCH:
-            y = _widened(y_next, y_ptr.dtype.element_ty, False)
-            dy = _widened(dy_next, dy_ptr.dtype.element_ty, False)
-        else:
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
-            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
-                                         STAGES)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "")
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "")
+        cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS, ALIGN,
+                                     STAGES)
         partial = tl.sum(_grad_terms(y, dy, LOG), 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
-        if PREFETCH:
-            _publish(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS)
-            y_next = _prefetched(y_ptr, item + step, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols,
-                                 y_outer_stride, y_row_stride, y_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS)
-            dy_next = _prefetched(dy_ptr, item + step, stop, tiles_per_outer, rows_per_outer, chunk_cols, n_cols,
-                                  dy_outer_stride, dy_row_stride, dy_col_stride, 0.0, BLOCK_M, BLOCK_N, CHUNKS)
-            _, row_sum = _gathered(slot_ptr, done_ptr, tile, row_mask, BLOCK_M, CHUNKS, CHUNKS_P2, False, STAGES,
-                                   WAIT_ATOMIC)
-        else:
-            _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
-                                   CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
+        _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
+                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
         if BLOCK_M > 1:
             row_sum = row_sum[:, None]
         dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],

@@ -176,13 +176,9 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
     per_thread = _cdiv(config.block_m * config.block_n, lanes) * (2 if backward else 1)
     if config.regime == "loop" or config.reread:
         per_thread = _cdiv(per_thread, 2)
-    prefetch = config.regime == "split" and config.block_m > 1 and config.num_stages > 1
-    if prefetch:
-        # The next chunk, held in registers beside the current one.
-        per_thread *= 2
     registers = min(255, 32 + per_thread) if record.registers_per_unit else 0
     shared = 4 * config.block_m * config.num_warps * (2 if config.regime == "split" else 1)
-    if config.num_stages > 1 and not prefetch:
+    if config.num_stages > 1:
         column = input_bytes if input_bytes is not None else 4 * (2 if backward else 1)
         shared += (config.num_stages - 1) * config.block_m * config.block_n * column
     return KernelResources(registers=registers, shared_memory=shared, num_warps=config.num_warps)
@@ -249,9 +245,8 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
             # Few tiles: narrower chunks put more of the chip to work on each.
             chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
         block_n = next_power_of_2(_cdiv(n_cols, chunks))
-        stages = 2 if _direction(backward) in tuning.strided_prefetch else 1
         return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
-                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps), stages)
+                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
     chunk = max(1, min(tuning.loop_chunk // side, width))
     return KernelConfig("loop", side, chunk, 1, _warps(side * chunk, tuning.elements_per_thread, record, tuning.max_warps))
 
@@ -393,11 +388,7 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
     config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided,
                            causal=causal)
-    # Tiles that prefetch (``Tuning.strided_prefetch``) keep memory busy through their waits on
-    # a persistent grid instead of tickets.
-    prefetch = config.block_m > 1 and config.num_stages > 1
-    if (config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets
-            and not prefetch):
+    if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
         # One item per program: nothing to pipeline.
         ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
         kernel = _resources(resources, target, ticketed, backward, input_bytes)
@@ -529,9 +520,7 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
             programs = forced
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
                   f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
-        if config.num_stages > 1 and config.block_m > 1:
-            reason += "; each program prefetches its next chunk into registers"
-        elif config.num_stages > 1:
+        if config.num_stages > 1:
             reason += f"; pipelined, {config.num_stages} stages"
     else:
         # Twice-read tiles always: torch.compile's backward runs them so, a program per row.

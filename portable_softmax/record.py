@@ -163,11 +163,6 @@ class Tuning:
         strided_split_elements: the elements a split program holds for such tiles (forward;
             halved backward): the tile's rows times its chunk of the reduced dimension. Chunks
             wide enough that reading the exchange slots of all their rows' chunks costs little.
-        strided_prefetch: the directions whose split tiles of such rows run a persistent grid in
-            which each program loads its next chunk into registers while it waits on its current
-            tile's peers (``kernels.softmax_forward_split``'s ``PREFETCH``; ``num_stages`` 2 in
-            the plan), rather than a ticketed grid or one that idles through each wait. Their
-            chunks hold ``strided_split_elements`` each, so a program holds twice that.
         split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
@@ -206,4 +201,3 @@ class Tuning:
     split_wait_atomic: bool = True
     strided_rows: Mapping[int, int] = field(default_factory=lambda: {2: 16, 4: 32, 8: 16})
     strided_split_elements: int = 16384
-    strided_prefetch: frozenset[str] = frozenset()

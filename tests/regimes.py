@@ -10,7 +10,7 @@ from portable_softmax import launch, tuning
 def force_regime(monkeypatch, regime: str, device: str) -> None:
     """Shrink the current backend's tuning so small problems take ``regime``."""
     record = ps.device_info(device)
-    if regime in ("split", "ticketed", "pipelined", "prefetch") and not record["residency_guaranteed"]:
+    if regime in ("split", "ticketed", "pipelined") and not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
@@ -25,10 +25,6 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
              # plan reads through windows, unpipelined) read element by element.
              "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1,
                            "split_pipeline_items": 0, "split_windows": frozenset()},
-             # Tiles of rows side by side (a reduction along a strided dimension) that load their
-             # next chunk while they wait, one program per unit so that each takes several items.
-             "prefetch": {**split, "strided_prefetch": frozenset({"forward", "backward"}),
-                          "split_programs_per_unit": 1, "split_pipeline_items": 0},
              "loop": dict(row_elements=64, loop_chunk=128)}[regime]
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
@@ -39,6 +35,4 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
 def regime_of(plan: launch.LaunchPlan) -> str:
     if plan.ticketed:
         return "ticketed"
-    if plan.regime == "split" and plan.num_stages > 1:
-        return "prefetch" if plan.block_m > 1 else "pipelined"
-    return plan.regime
+    return "pipelined" if plan.regime == "split" and plan.num_stages > 1 else plan.regime

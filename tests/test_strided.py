@@ -14,7 +14,6 @@ from portable_softmax import launch, ops
 from portable_softmax.selfcheck import relative_error, tolerance
 from portable_softmax.targets import plan_launch
 from portable_softmax.profiles import profile_record
-from regimes import force_regime, regime_of
 
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
 
@@ -49,46 +48,6 @@ def test_strided_reductions_match_torch(device, case, dtype, fns):
     torch_x = x.detach().requires_grad_()
     (torch_dx,) = torch.autograd.grad(theirs(torch_x, dim), torch_x, dy)
     assert relative_error(dx, reference_dx) <= tolerance(dtype, relative_error(torch_dx, reference_dx), device)
-
-
-# Split tiles that take one to four items a program on a grid of one program per unit: a column,
-# and channels of NCHW whose rows per image (231) end in a partial tile.
-PREFETCH_CASES = [((4096, 1024), 0), ((2, 4096, 33, 7), 1)]
-
-
-@pytest.mark.parametrize("case", PREFETCH_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-dim{c[1]}")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("fns", FUNCTIONS, ids=["softmax", "log_softmax"])
-def test_split_tiles_that_prefetch_their_next_chunk(device, monkeypatch, case, dtype, fns):
-    """Split tiles on a grid of one program per unit, each loading its next item's chunk while it
-    waits on the current tile's peers (GPUs): every item's values, none from the item before or
-    a wrong one, forward and backward, in several launches (a race shows in some)."""
-    force_regime(monkeypatch, "prefetch", device)
-    plans = []
-    build = launch.build_record
-
-    def spy(*args, **kwargs):
-        record = build(*args, **kwargs)
-        plans.append(record.plan)
-        return record
-    monkeypatch.setattr(launch, "build_record", spy)
-    shape, dim = case
-    ours, theirs = fns
-    for _ in range(3):
-        x = (torch.randn(shape, device=device) * 4).to(dtype).requires_grad_()
-        reference_x = x.detach().double().requires_grad_()
-        reference = theirs(reference_x, dim)
-        y = ours(x, dim)
-        assert relative_error(y, reference) <= tolerance(dtype, relative_error(theirs(x.detach(), dim), reference),
-                                                         device)
-        dy = torch.randn_like(y)
-        (dx,) = torch.autograd.grad(y, x, dy)
-        (reference_dx,) = torch.autograd.grad(reference, reference_x, dy.double())
-        torch_x = x.detach().requires_grad_()
-        (torch_dx,) = torch.autograd.grad(theirs(torch_x, dim), torch_x, dy)
-        assert relative_error(dx, reference_dx) <= tolerance(dtype, relative_error(torch_dx, reference_dx), device)
-    assert {regime_of(plan) for plan in plans} == {"prefetch"}
-    assert all(plan.items > plan.programs for plan in plans)
 
 
 def test_transposed_rows_with_a_contiguous_output(device):
