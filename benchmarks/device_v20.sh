@@ -4,7 +4,8 @@
 #            scales, causal) in three processes, the strided and split-row tests
 #   strided  benchmarks/strided_sweep.py: the strided cases under its SWEEP tunings, torch eager
 #            and torch.compile in the same run
-#   fused    the causal floor against ours (benchmarks/probes/causal_floor.py), the fused calls
+#   fused    the causal floor against ours (benchmarks/probes/causal_floor.py), the per-row
+#            temperature's kernel times (benchmarks/probes/kernel_parts.py), the fused calls
 #            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
 #            `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled)
 # Usage (device machine, repo root): bash benchmarks/device_v20.sh tests strided | fused
@@ -28,6 +29,7 @@ for step in "$@"; do
       timeout 420 python3 benchmarks/strided_sweep.py --out "$OUT" 2>&1 | grep -v -i warn | tee "$OUT/strided.log" ;;
     fused)
       timeout 100 python3 benchmarks/probes/causal_floor.py 2>&1 | tee "$OUT/causal-floor.log"
+      timeout 60 python3 benchmarks/probes/kernel_parts.py 2>&1 | grep -v -i warn | tee "$OUT/kernel-parts.log"
       for pass in 1 2; do
         timeout 120 python3 benchmarks/probes/fused_vs_plain.py 2>&1 | grep -v -i warn | tee "$OUT/fused-vs-plain-$pass.log"
       done
