@@ -8,7 +8,8 @@
 #            temperature's kernel times (benchmarks/probes/kernel_parts.py), the fused calls
 #            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
 #            `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled)
-# Usage (device machine, repo root): bash benchmarks/device_v20.sh tests strided | fused
+#   sweep    benchmarks/sweep.py over the split shapes, variants from SWEEP_VARIANTS (default base)
+# Usage (device machine, repo root): [SWEEP_VARIANTS=base,c4k] bash benchmarks/device_v20.sh tests strided | fused
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -21,7 +22,9 @@ for step in "$@"; do
       run_tests tests/test_strided.py -k cuda > "$OUT/tests-strided.log" &
       run_tests tests/test_fused.py -k "cuda and every_regime" > "$OUT/tests-fused-regimes.log" &
       run_tests tests/test_fused.py -k "cuda and other_dimensions" > "$OUT/tests-fused-dims.log" &
-      run_tests tests/test_fused.py -k "cuda and not (every_regime or other_dimensions)" > "$OUT/tests-fused-rest.log" &
+      run_tests tests/test_fused.py -k "cuda and composite" > "$OUT/tests-fused-composite.log" &
+      run_tests tests/test_fused.py -k "cuda and not (every_regime or other_dimensions or composite)" \
+        > "$OUT/tests-fused-rest.log" &
       run_tests tests/test_softmax.py -k "cuda and (ticketed or split or pipelined or persistent)" > "$OUT/tests-split.log" &
       wait
       tail -n 12 "$OUT"/tests-*.log ;;
@@ -35,6 +38,10 @@ for step in "$@"; do
       done
       timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT" 2>&1 \
         | grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$" | tee "$OUT/fused.log" ;;
+    sweep)
+      # The split shapes under the device's own row and the variants in SWEEP_VARIANTS.
+      SWEEP_SHAPES=16384x32768,4096x262144,4096x151936,256x151936,32x128256,4096x50257 timeout 300 \
+        python3 benchmarks/sweep.py bfloat16,float32 "${SWEEP_VARIANTS:-base}" 2>&1 | grep -v -i warn | tee "$OUT/sweep.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
