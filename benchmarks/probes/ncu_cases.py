@@ -7,7 +7,8 @@ so that ncu profiles only the second call:
         python3 benchmarks/probes/ncu_cases.py CASE
 
 Cases: our forward (bf16 and fp32, the split path), x.clone(), and the backward of ours and of
-torch.compile at a row length where torch.compile leads (NOTES v10).
+torch.compile at a row length where torch.compile leads (NOTES v10); reductions along a strided
+dimension (a column, channels of NCHW; NOTES v20).
 """
 import sys
 
@@ -35,7 +36,26 @@ def cases():
             return lambda: fn(y, dy)
         return lambda: ops._backward(y, dy, 1, y.dtype, False)
 
+    def strided(shape, dim, dtype, backward=False):
+        # A reduction along a strided dimension (issue 18): the forward, or the backward op.
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        if backward:
+            y = torch.softmax(x, dim)
+            dy = torch.randn_like(y)
+            return lambda: ops._backward(y, dy, dim, y.dtype, False)
+        return lambda: ps.softmax(x, dim)
+
+    def clone_of(shape, dtype):
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        return lambda: x.clone()
+
     return {
+        # v20: what long columns and bf16 channel tiles read from DRAM against what they need.
+        "ours_fwd_column_bf16": lambda: strided((32768, 1024), 0, torch.bfloat16),
+        "ours_fwd_column_fp32": lambda: strided((32768, 1024), 0, torch.float32),
+        "ours_fwd_nchw1024_bf16": lambda: strided((64, 1024, 32, 32), 1, torch.bfloat16),
+        "ours_bwd_nchw1024_bf16": lambda: strided((64, 1024, 32, 32), 1, torch.bfloat16, True),
+        "clone_column_bf16": lambda: clone_of((32768, 1024), torch.bfloat16),
         "ours_fwd_bf16_4096x262144": lambda: forward(4096, 262144, torch.bfloat16),
         "ours_fwd_fp32_4096x262144": lambda: forward(4096, 262144, torch.float32),
         "clone_bf16_4096x262144": lambda: clone(4096, 262144, torch.bfloat16),
