@@ -27,8 +27,8 @@ from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
-from portable_softmax.planner import (KernelConfig, LaunchPlan, plan_launch, plan_sharded, split_fit, tile_fit,
-                                      window_align)
+from portable_softmax.planner import (KernelConfig, LaunchPlan, plan_launch, plan_sharded, split_fit, tile_fill,
+                                      tile_fit, window_align)
 from portable_softmax.targets import target_for
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import TUNING
@@ -281,7 +281,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
                                          fused_scalars)
         constexprs = variants.constexprs(config, facts)
         options = variants.options(config, config.num_warps, cooperative)
-        caps = split_fit(target, config, input_bytes)
+        caps = split_fit(target, config, input_bytes) or tile_fill(target, config, input_bytes)
         if caps:
             options = fitted(kernel, args, constexprs, options, caps, reach=False)
         caps = tile_fit(target, config, args[0])

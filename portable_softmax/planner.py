@@ -317,6 +317,22 @@ def split_fit(target: Target, config: KernelConfig, input_bytes: int) -> list[tu
     return [(programs, options) for programs, options in caps if options]
 
 
+def tile_fill(target: Target, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
+    """As ``split_fit``, for tiles held whole (not twice-read): the register caps that would give
+    each unit ``Tuning.tile_fit_bytes`` of tiles at once (a tile reads ``input_bytes`` per
+    element), most programs first. A tile program loads, reduces, then stores: while it reduces
+    and stores, only the unit's other programs keep memory busy. Empty where the tuning does not
+    ask, for other regimes, or where the backend offers no such option."""
+    record = target.record
+    tuning = target.tuning
+    if config.regime != "tile" or config.reread or not tuning.tile_fit_bytes:
+        return []
+    wanted = _cdiv(tuning.tile_fit_bytes, config.block_m * config.block_n * input_bytes)
+    wanted = min(wanted, record.max_programs_per_unit or wanted)
+    caps = [(programs, target.fit_options(record, config.num_warps, programs)) for programs in range(wanted, 0, -1)]
+    return [(programs, options) for programs, options in caps if options]
+
+
 def tile_fit(target: Target, config: KernelConfig, tiles: int) -> list[tuple[int, dict[str, Any]]]:
     """As ``split_fit``, for a grid of a program per tile where ``Tuning.tile_wave_fill`` asks for
     one: the one cap that lets all ``tiles`` of ``config`` be resident at once, with the programs

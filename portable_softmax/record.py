@@ -105,7 +105,10 @@ class Tuning:
             backend's ``fit_options`` (a register cap) are asked for enough, or for as many as a
             cap allows without spilling more than ``split_fit_max_spills``; 0 turns that off.
         split_fit_max_spills: the most spilled 32-bit words per thread (as Triton reports
-            them: local memory / 4) a register cap may cost.
+            them: local memory / 4) a register cap may cost (also for ``tile_fit_bytes``).
+        tile_fit_bytes: as ``split_fit_bytes``, for tiles held whole (``planner.tile_fill``):
+            input bytes per unit wanted in flight from tiles where the compiled kernel holds
+            fewer; 0 turns it off.
         split_min_cols: shortest row worth splitting when there are too few rows to fill the chip.
         split_fill_per_unit: when rows are few, chunks are narrowed (down to split_min_chunk) until
             there are this many programs per unit: few-row shapes are latency-bound.
@@ -178,6 +181,7 @@ class Tuning:
     split_programs_per_unit: int = 16
     split_fit_bytes: int = 98304
     split_fit_max_spills: int = 8
+    tile_fit_bytes: int = 0
     split_min_cols: int = 8192
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
