@@ -8,7 +8,8 @@
 #            temperature's kernel times (benchmarks/probes/kernel_parts.py), the fused calls
 #            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
 #            `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled)
-#   sweep    benchmarks/sweep.py over the split shapes, variants from SWEEP_VARIANTS (default base)
+#   sweep    benchmarks/sweep.py over SWEEP_SHAPES (default: the split shapes), variants from
+#            SWEEP_VARIANTS (default base)
 # Usage (device machine, repo root): [SWEEP_VARIANTS=base,c4k] bash benchmarks/device_v20.sh tests strided | fused
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda
@@ -40,7 +41,7 @@ for step in "$@"; do
         | grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$" | tee "$OUT/fused.log" ;;
     sweep)
       # The split shapes under the device's own row and the variants in SWEEP_VARIANTS.
-      SWEEP_SHAPES=16384x32768,4096x262144,4096x151936,256x151936,32x128256,4096x50257 timeout 300 \
+      SWEEP_SHAPES=${SWEEP_SHAPES:-16384x32768,4096x262144,4096x151936,256x151936,32x128256,4096x50257} timeout 300 \
         python3 benchmarks/sweep.py bfloat16,float32 "${SWEEP_VARIANTS:-base}" 2>&1 | grep -v -i warn | tee "$OUT/sweep.log" ;;
     *) echo "unknown step $step" ;;
   esac

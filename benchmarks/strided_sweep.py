@@ -33,12 +33,10 @@ CASES = [
     ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
-# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. v20: tiles held whole with registers capped for two or three per SM (Nsight Compute, H100: the
-# (64, 1024, 32, 32) bf16 channel tile ran one 16-warp program per SM, 25% occupancy, 45% of its
-# stalls on loads), also at 8 warps.
-SWEEP = [("tilefit64k", {"tile_fit_bytes": 65536}),
-         ("tilefit96k", {"tile_fit_bytes": 98304}),
-         ("tilefit64k w8", {"tile_fit_bytes": 65536, "elements_per_thread": 64})]
+# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. v20: held
+# tiles without their register cap for two 32-KB tiles per SM (the H100 sweep that chose it,
+# results/2026-11-24-h100-v20/run4-strided.log, tried 64K and 96K, and 64K at 8 warps).
+SWEEP = [("notilefit", {"tile_fit_bytes": 0})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")

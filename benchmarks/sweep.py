@@ -48,6 +48,8 @@ VARIANTS = {
     "fit128k": dict(split_fit_bytes=131072),
     "fit192k": dict(split_fit_bytes=196608),
     "fit256k": dict(split_fit_bytes=262144),
+    # v20: held tiles without the register cap for two 32-KB tiles per SM (tile_fit_bytes).
+    "notilefit": dict(tile_fit_bytes=0),
     "noticket": dict(split_tickets=frozenset()),
     "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
     "ticket_all": dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0),
