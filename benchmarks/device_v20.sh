@@ -8,6 +8,8 @@
 #            temperature's kernel times (benchmarks/probes/kernel_parts.py), the fused calls
 #            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
 #            `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled)
+#   tickets  the tests of split rows, graphs and fused regimes, the temperature's kernel times and
+#            the fused bench (ticketed rows that empty their own slots)
 #   sweep    benchmarks/sweep.py over SWEEP_SHAPES (default: the split shapes), variants from
 #            SWEEP_VARIANTS (default base)
 # Usage (device machine, repo root): [SWEEP_VARIANTS=base,c4k] bash benchmarks/device_v20.sh tests strided | fused
@@ -37,6 +39,17 @@ for step in "$@"; do
       for pass in 1 2; do
         timeout 120 python3 benchmarks/probes/fused_vs_plain.py 2>&1 | grep -v -i warn | tee "$OUT/fused-vs-plain-$pass.log"
       done
+      timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT" 2>&1 \
+        | grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$" | tee "$OUT/fused.log" ;;
+    tickets)
+      # Ticketed rows that empty their own slots: the split-row, graph and fused regime tests,
+      # then the temperature's kernel times and the fused bench.
+      run_tests tests/test_softmax.py -k "cuda and (ticketed or split or interleave)" > "$OUT/tests-split.log" &
+      run_tests tests/test_call_path.py -k "cuda and graph" > "$OUT/tests-graph.log" &
+      run_tests tests/test_fused.py -k "cuda and every_regime" > "$OUT/tests-fused-regimes.log" &
+      wait
+      tail -n 12 "$OUT"/tests-*.log
+      timeout 60 python3 benchmarks/probes/kernel_parts.py 2>&1 | grep -v -i warn | tee "$OUT/kernel-parts.log"
       timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT" 2>&1 \
         | grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$" | tee "$OUT/fused.log" ;;
     sweep)
