@@ -9,7 +9,7 @@
 #            against the plain kernels twice (benchmarks/probes/fused_vs_plain.py), and
 #            `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled)
 #   tickets  the tests of split rows, graphs and fused regimes, the temperature's kernel times and
-#            the fused bench (ticketed rows that empty their own slots)
+#            the fused bench (run 4: ticketed rows that emptied their own slots, reverted)
 #   sweep    benchmarks/sweep.py over SWEEP_SHAPES (default: the split shapes), variants from
 #            SWEEP_VARIANTS (default base)
 # Usage (device machine, repo root): [SWEEP_VARIANTS=base,c4k] bash benchmarks/device_v20.sh tests strided | fused
@@ -42,8 +42,8 @@ for step in "$@"; do
       timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT" 2>&1 \
         | grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$" | tee "$OUT/fused.log" ;;
     tickets)
-      # Ticketed rows that empty their own slots: the split-row, graph and fused regime tests,
-      # then the temperature's kernel times and the fused bench.
+      # The split-row, graph and fused regime tests, then the temperature's kernel times and the
+      # fused bench.
       run_tests tests/test_softmax.py -k "cuda and (ticketed or split or interleave)" > "$OUT/tests-split.log" &
       run_tests tests/test_call_path.py -k "cuda and graph" > "$OUT/tests-graph.log" &
       run_tests tests/test_fused.py -k "cuda and every_regime" > "$OUT/tests-fused-regimes.log" &

@@ -894,40 +894,14 @@ def _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.con
 
 
 @_jit
-def _departed(done_ptr, tile, CHUNKS: tl.constexpr, TICKETED: tl.constexpr, BLOCK_M: tl.constexpr):
-    """For a ticketed grid of one-row items, once this program has read its row's slots: count
-    its departure at the row's counter (after the ticket counter at ``done_ptr``) and say whether
-    it was the row's last (``_empty_departed`` then empties the slots). Counted as soon as the
-    slots are read, so that the count's round trip overlaps the output's stores."""
-    last = tile < 0
-    if TICKETED and BLOCK_M == 1:
-        last = tl.atomic_add(done_ptr + 1 + tile, 1, sem="relaxed") == CHUNKS - 1
-    return last
-
-
-@_jit
-def _empty_departed(slot_ptr, done_ptr, tile, last, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-                    TICKETED: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The last program of a ticketed row to leave (``_departed``) empties the row's slots and
-    resets its counter: every peer has read them by then, and the next launch finds the scratch
-    empty with no fill before it (a fill and its launch gap cost 5 us of an 88-us call on the
-    H200, NOTES v20). As ``_empty_last`` does for persistent grids."""
-    if TICKETED and BLOCK_M == 1:
-        peers = tl.arange(0, CHUNKS_P2)
-        tl.store(slot_ptr + tile * CHUNKS + peers, tl.full([CHUNKS_P2], EMPTY_SLOT, tl.int64),
-                 mask=(peers < CHUNKS) & last)
-        tl.store(done_ptr + 1 + tile, 0, mask=last)
-
-
-@_jit
 def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
                     CHUNKS: tl.constexpr, TICKETED: tl.constexpr):
     """Empty this program's slots of the tile it held before ``tile`` (none on its first). Called
     once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
     multiple of CHUNKS). A plain store: no program waits on a round trip to clean up. Ticketed
-    grids count departures instead (``_departed``); tiles of several rows count arrivals
-    (``_gather_tile``) and leave their slots full."""
+    grids leave their slots full (the launch fills them before the next); tiles of several rows
+    count arrivals instead (``_gather_tile``) and leave theirs full."""
     if not TICKETED and BLOCK_M == 1:
         # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
         previous = tile - tl.num_programs(0) // CHUNKS
@@ -941,8 +915,8 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
     """Empty the slots of a program's last tile, which no later publication vouches for: the last
     of its chunks to arrive at the tile's counter empties them all and resets the counter, leaving
     the scratch clean for the next launch (kernel boundaries order the resets before any later
-    read). Nothing for ticketed grids, which empty each row as its last program leaves
-    (``_empty_departed``), nor for tiles of several rows (``_gather_tile``)."""
+    read). Nothing for ticketed grids, whose counter is their ticket (``_split_items``), nor for
+    tiles of several rows (``_gather_tile``)."""
     if not TICKETED and BLOCK_M == 1:
         first, step = tl.program_id(0), tl.num_programs(0)
         tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
@@ -1027,7 +1001,6 @@ def softmax_forward_split(
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
         row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
                                        CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
-        last = _departed(done_ptr, tile, CHUNKS, TICKETED, BLOCK_M)
         # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
         scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
         shift = chunk_max - row_max - tl.log(row_total)
@@ -1043,7 +1016,6 @@ def softmax_forward_split(
                         _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max, LOG,
                                  MASK))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
-        _empty_departed(slot_ptr, done_ptr, tile, last, CHUNKS, CHUNKS_P2, TICKETED, BLOCK_M)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
@@ -1082,7 +1054,6 @@ def softmax_backward_split(
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
         _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
                                CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
-        last = _departed(done_ptr, tile, CHUNKS, TICKETED, BLOCK_M)
         if BLOCK_M > 1:
             row_sum = row_sum[:, None]
         dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
@@ -1098,7 +1069,6 @@ def softmax_backward_split(
                                   BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
             _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
-        _empty_departed(slot_ptr, done_ptr, tile, last, CHUNKS, CHUNKS_P2, TICKETED, BLOCK_M)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 

@@ -154,8 +154,8 @@ class _Scratch:
 
 
 _scratch = _Scratch()
-# Ticketed split launches (a program per item): their counters follow the ticket counter
-# (kernels._departed); every launch leaves its slots empty, as the persistent path's do.
+# Ticketed split launches (a program per item) fill their slots before each launch, so they keep
+# their own: the persistent path's slots must stay empty between launches.
 _ticket_scratch = _Scratch()
 # Split tiles of several rows count arrivals instead (kernels._gather_tile) and leave their slots
 # full: their own, too.
@@ -178,10 +178,11 @@ class LaunchRecord:
         self.scalars, self.constexprs, self.options = scalars, constexprs, options
         self._fallback, self._fallback_record = fallback, None
         self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
-        # Counters: one per tile (rows split one at a time: the last to leave empties the row's
-        # slots), after the ticket counter where ticketed, or the ticket counter and two per tile
+        # Counters: one per tile (rows split one at a time), or the ticket counter and two per tile
         # (tiles of several rows count arrivals and departures: kernels._gather_tile).
-        self._counters = plan.tiles + int(plan.ticketed) if plan.block_m == 1 else 1 + 2 * plan.tiles
+        self._counters = plan.tiles if plan.block_m == 1 else 1 + 2 * plan.tiles
+        # Ticketed grids of one-row items leave their slots full: they are emptied before each launch.
+        self._refill = plan.ticketed and plan.block_m == 1
         # Regimes that fuse take two more tensors: a call that brings none gets its input there.
         self._arity = len(variants.TENSORS["backward" if kernel.fn.__name__.startswith("softmax_backward")
                                            else "forward"])
@@ -207,6 +208,9 @@ class LaunchRecord:
                 if self._fallback_record is None:
                     self._fallback_record = self._fallback(tensors)
                 return self._fallback_record(tensors)
+            if self._refill:
+                # Ticketed programs leave their row's slots full (only the counter resets itself).
+                scratch[0][:self._slots].fill_(-1)
             tensors = (*tensors, *scratch)
         if self._direct is not None:
             self._direct(stream, tensors)

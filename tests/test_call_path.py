@@ -141,8 +141,8 @@ def test_graph_capture_and_replay(device):
     module = getattr(torch, device)
     if not hasattr(module, "CUDAGraph"):
         pytest.skip(f"no graphs on {device}")
-    # A tile, a few-row persistent split, and a ticketed split (on the H100 and H200), whose
-    # replays must each find the slots the last one emptied: nothing fills them in the graph.
+    # A tile, a few-row persistent split, and a ticketed split (on the H100 and H200, whose slots
+    # are filled before each launch: the fill must be captured with it), each replayed three times.
     for shape in [(64, 4096), (4, 131072), (256, 151936)]:
         x = torch.randn(shape, device=device)
         ps.softmax(x, -1)  # built outside the capture

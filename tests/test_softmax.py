@@ -310,9 +310,8 @@ def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
 
 
 def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
-    """Every split launch must leave its slots empty for the next, with no fill between them:
-    ticketed rows by their last program to leave, persistent ones by their last to arrive.
-    Alternating the two (and shapes, which share the scratch) must keep both right."""
+    """Ticketed launches leave their slots full and fill them before each launch; persistent
+    launches need theirs empty. Alternating the two (and shapes) must keep both right."""
     record = ps.device_info(device)
     if not record["residency_guaranteed"]:
         pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
