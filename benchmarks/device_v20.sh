@@ -29,6 +29,7 @@ for step in "$@"; do
       run_tests tests/test_fused.py -k "cuda and not (every_regime or other_dimensions or composite)" \
         > "$OUT/tests-fused-rest.log" &
       run_tests tests/test_softmax.py -k "cuda and (ticketed or split or pipelined or persistent)" > "$OUT/tests-split.log" &
+      run_tests tests/test_call_path.py -k "cuda and graph" > "$OUT/tests-graph.log" &
       wait
       tail -n 12 "$OUT"/tests-*.log ;;
     strided)
