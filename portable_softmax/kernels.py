@@ -257,14 +257,13 @@ def _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CA
 @_jit
 def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, end, n_cols, CAST_TY: tl.constexpr,
                 ACC_FP64: tl.constexpr, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value,
-                n_heads, n_queries,
-                mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
+                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                scale_b_stride, scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
                 MASK: tl.constexpr, CAUSAL: tl.constexpr):
     """The fused input ``x * scale + bias`` at block columns ``cols`` ([1, BLOCK_N]) of the rows
     at ``x_base``, which are the rows' columns ``at`` (``_fused_terms``; they differ in a split
     window), -inf where masked or not ``valid``; what ``CAUSAL`` masks is not read. Plain calls
-    (no fusion) load x alone."""
+    (no fusion) load x alone. ``end`` and ``n_cols``: ``_fused_input``'s."""
     # x's loads first, then the terms: their row indices take 64-bit divisions, which the loads
     # would otherwise wait behind (only a causal read needs them first).
     reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
@@ -415,9 +414,9 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
         cols = start + chunk_cols
         mask = row_mask[:, None] & (cols < n_cols)[None, :]
         x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols,
-                        CAST_TY, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
-                        mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                        scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                        CAST_TY, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value,
+                        n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
+                        scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
         new_max = tl.maximum(row_max, tl.max(x, 1))
         new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
         # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
@@ -453,9 +452,10 @@ def softmax_forward_loop(
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
             x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, start + BLOCK_N,
-                            n_cols, y_ptr.dtype.element_ty, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
-                            n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                            n_cols, y_ptr.dtype.element_ty, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr,
+                            scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
+                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE,
+                            MASK, CAUSAL)
             z = x - ref[:, None]
             out = _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG)
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
@@ -972,9 +972,10 @@ def softmax_forward_split(
                                  MASK != 0 or CAUSAL, CAUSAL)
         else:
             x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, chunk_end, n_cols,
-                            y_ptr.dtype.element_ty, False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value, n_heads,
-                            n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                            scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                            y_ptr.dtype.element_ty, False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr,
+                            scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
+                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE,
+                            MASK, CAUSAL)
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
