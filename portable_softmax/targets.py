@@ -33,6 +33,11 @@ def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> l
     return planner.split_fit(target_for(record), config, input_bytes)
 
 
+def tile_fill(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
+    """``planner.tile_fill`` for ``record``'s target."""
+    return planner.tile_fill(target_for(record), config, input_bytes)
+
+
 def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tuple[int, dict[str, Any]]]:
     """``planner.tile_fit`` for ``record``'s target."""
     return planner.tile_fit(target_for(record), config, tiles)

@@ -343,10 +343,11 @@ _CUDA_DENSE = frozenset({"forward", "backward"})
 # overlaps the pipeline's buffers (NOTES v9).
 _CUDA_WAIT_ATOMIC = False
 
-# Tiles held whole get a register cap for two 32-KB tiles per SM (NOTES v20, H100): the channel
-# tile of (64, 1024, 32, 32) bf16 (16 x 1024, 16 warps, 85 registers) ran one program per SM, 25%
-# occupancy with 45% of its stalls on loads (Nsight Compute); capped at 64 registers, no spills,
-# two: 0.62 -> 0.79 of copy forward. The other strided and contiguous cases level.
+# Tiles held whole get a register cap for two 32-KB tiles per SM (NOTES v20): the channel tile of
+# (64, 1024, 32, 32) bf16 (16 x 1024, 16 warps, 85 registers) ran one program per SM, 25%
+# occupancy with 45% of its stalls on loads (Nsight Compute, H100); capped at 64 registers, no
+# spills, two: 0.62 -> 0.79 of copy forward on the H100, 0.48 -> 0.64 on the H200. The other
+# strided cases and contiguous tiles of 1024-16384 level on both.
 _CUDA_TILE_FIT_BYTES = 65536
 
 # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows

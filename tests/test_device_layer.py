@@ -1,13 +1,15 @@
 """Device layer and planner over recorded chips: no hardware needed."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import portable_softmax
 from portable_softmax import vendors
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import window_align
-from portable_softmax.targets import plan_launch, select_config, split_fit
+from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING, replace, tuning_for
@@ -158,6 +160,28 @@ def test_split_register_caps_from_the_most_programs_down():
     assert split_fit(h100, select_config(h100, 32768, 256, "bfloat16"), 2) == []
     mi300x = profile_record("mi300x")
     assert split_fit(mi300x, select_config(mi300x, 4096, 262144, "bfloat16"), 2) == []
+
+
+def test_tile_register_caps_for_the_bytes_a_unit_wants():
+    """Held tiles get caps as split chunks do, from the programs that hold the tuning's
+    ``tile_fit_bytes`` down (the H100's 16 x 1024 bf16 channel tile: two, at 64 registers, NOTES
+    v20); none for twice-read tiles, split chunks, a tuning that asks for none, or a compiler
+    with no cap."""
+    h100 = profile_record("h100")
+    config = select_config(h100, 65536, 1024, "bfloat16", strided=True, rows_per_group=1024)
+    assert (config.regime, config.block_m, config.block_n, config.num_warps) == ("tile", 16, 1024, 16)
+    caps = tile_fill(h100, config, 2)
+    wanted = -(-tuning_for(h100).tile_fit_bytes // (config.block_m * config.block_n * 2))
+    assert wanted == 2 and [programs for programs, _ in caps] == [2, 1]
+    assert caps[0][1] == {"maxnreg": 64}
+    occupancy = vendors.CUDA.occupancy
+    for programs, options in caps:
+        assert occupancy(h100, KernelResources(options["maxnreg"], 0, config.num_warps)) >= programs
+    assert tile_fill(h100, dataclasses.replace(config, reread=True), 2) == []
+    assert tile_fill(h100, select_config(h100, 4096, 262144, "bfloat16"), 2) == []
+    mi300x = profile_record("mi300x")
+    assert tile_fill(mi300x, select_config(mi300x, 65536, 1024, "bfloat16", strided=True, rows_per_group=1024),
+                     2) == []
 
 
 def test_unsafe_forced_program_count_is_refused():
