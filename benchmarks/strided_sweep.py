@@ -37,6 +37,14 @@ CASES = [
 # tiles without their register cap for two 32-KB tiles per SM (the H100 sweep that chose it,
 # results/2026-11-24-h100-v20/run4-strided.log, tried 64K and 96K, and 64K at 8 warps).
 SWEEP = [("notilefit", {"tile_fit_bytes": 0})]
+# v21: split tiles capped for 3 and 4 programs per SM whatever the cap spills (their 8-warp
+# kernels spill from 96 registers down: does occupancy buy more than the spills cost?).
+# Measured (H200 run 2): slower everywhere (column fp32 0.64 -> 0.50 and 0.41). Then ticketed
+# grids for every split tile (bf16 tiles of 16 rows hold 64 KB a unit, under split_ticket_bytes,
+# and run persistent grids that load, wait and store in step), also at 8K elements a program.
+SWEEP = [("ticket_all", {"split_ticket_bytes": 0}),
+         ("ticket_all_8k", {"split_ticket_bytes": 0, "strided_split_elements": 8192}),
+         ("e8k", {"strided_split_elements": 8192})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")

@@ -50,6 +50,10 @@ VARIANTS = {
     "fit256k": dict(split_fit_bytes=262144),
     # v20: held tiles without the register cap for two 32-KB tiles per SM (tile_fit_bytes).
     "notilefit": dict(tile_fit_bytes=0),
+    # v21: forward chunks of 4096 for float32 only (the H200's per-row temperature; the backward
+    # and bfloat16 keep theirs): in every split grid (run 1), then in ticketed grids only.
+    "fwd4k32": dict(ticket_chunk={("forward", 4): 4096}),
+    "noticketchunk": dict(ticket_chunk={}),
     "noticket": dict(split_tickets=frozenset()),
     "ticket_bwd": dict(split_tickets=frozenset({"forward", "backward"})),
     "ticket_all": dict(split_tickets=frozenset({"forward", "backward"}), split_ticket_bytes=0),

@@ -44,7 +44,7 @@ from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
                                       input_bytes_per_column, next_power_of_2)
-from portable_softmax.targets import dense_form, plan_launch, select_config, target_for
+from portable_softmax.targets import dense_form, plan_launch, select_config, target_for, ticketed_forms
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
@@ -344,7 +344,9 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
         found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":
         if case.direction in tuning_for(record).split_tickets:
-            found.append(("ticketed", dataclasses.replace(primary, ticketed=True, num_stages=1)))
+            forms = ticketed_forms(record, primary, case.cols, case.backward, case.input_bytes)
+            found += [("ticketed" if form.block_n == primary.block_n else "ticketed, narrower", form)
+                      for form in forms]
         if primary.num_stages > 1:
             found.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
         found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
@@ -555,8 +557,11 @@ def compile_variant(spec: dict[str, Any]) -> dict[str, Any]:
         result.update(wait_loop_check(backend, compiled))
     if backend == "cuda":
         usage = cubin_resources(compiled.asm["cubin"], name)
-        # As the driver reports them: n_regs, and n_spills = local bytes / 4.
-        result.update(registers=usage["REG"], spills=usage.get("LOCAL", 0) // 4, static_shared=usage.get("SHARED", 0),
+        # As the driver reports them: n_regs, and n_spills = local bytes / 4, which count the
+        # stack frame, where ptxas spills (an H200 read 24, 52, 70 spills for STACK 96, 208, 280
+        # bytes and LOCAL 0: benchmarks/probes/spill_count.py, NOTES v21).
+        local = usage.get("LOCAL", 0) + usage.get("STACK", 0)
+        result.update(registers=usage["REG"], spills=local // 4, static_shared=usage.get("SHARED", 0),
                       detail={k.lower(): v for k, v in usage.items() if k in ("REG", "STACK", "SHARED", "LOCAL")})
     else:
         usage = amdgcn_resources(compiled.asm["amdgcn"])

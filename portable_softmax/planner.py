@@ -405,11 +405,11 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
                            allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided,
                            causal=causal)
     if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
-        # One item per program: nothing to pipeline.
-        ticketed = dataclasses.replace(config, ticketed=True, num_stages=1)
-        kernel = _resources(resources, target, ticketed, backward, input_bytes)
-        if _ticket_fits(target, ticketed, kernel, n_rows, rows_per_group, input_bytes):
-            config = ticketed
+        for ticketed in ticketed_forms(target, config, n_cols, backward, input_bytes):
+            kernel = _resources(resources, target, ticketed, backward, input_bytes)
+            if _ticket_fits(target, ticketed, kernel, n_rows, rows_per_group, input_bytes):
+                config = ticketed
+                break
     if not config.ticketed:
         kernel = _resources(resources, target, config, backward, input_bytes)
     plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
@@ -437,6 +437,23 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = dataclasses.replace(plan, per_tile=True, occupancy=target.occupancy(record, kernel))
     return plan
+
+
+def ticketed_forms(target: Target, config: KernelConfig, n_cols: int, backward: bool,
+                   input_bytes: int) -> list[KernelConfig]:
+    """The ticketed forms of a split ``config``, in the order ``plan_launch`` tries them: each
+    unpipelined (a program takes one item: nothing to pipeline); for one-row items first with
+    chunks no wider than ``Tuning.ticket_chunk`` gives for the direction and the bytes a column
+    reads (an aligned window's chunks cover its ``align - 1`` extra columns, as
+    ``select_config`` counts them), then with the config's own."""
+    tuning = target.tuning
+    own = dataclasses.replace(config, ticketed=True, num_stages=1)
+    widest = tuning.ticket_chunk.get((_direction(backward), input_bytes), config.block_n)
+    span = n_cols + (config.align - 1 if config.align > 1 else 0)
+    if config.block_m > 1 or widest >= config.block_n or _cdiv(span, widest) > MAX_SPLIT_CHUNKS:
+        return [own]
+    warps = _warps(widest, tuning.split_elements_per_thread, target.record, tuning.max_warps)
+    return [dataclasses.replace(own, block_n=widest, chunks=_cdiv(span, widest), num_warps=warps), own]
 
 
 def _no_split_note(record: DeviceRecord) -> str:

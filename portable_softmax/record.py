@@ -138,6 +138,9 @@ class Tuning:
             programs stepping through rows together. Taken where the resident programs hold
             ``split_ticket_bytes`` of input per unit or more and the items fill
             ``split_ticket_waves`` resident grids.
+        ticket_chunk: per (direction, bytes a column reads, as ``reread_cols``), the widest
+            chunk of a ticketed split grid of one-row items, where narrower than the planned one
+            (``planner.ticketed_forms``): more, shorter programs, each started wherever one ends.
         split_pipelined: the directions whose persistent split grids are software-pipelined:
             each program copies its next items' chunks into ``split_stages`` - 1 shared-memory
             buffers while it waits on its current row's peers, so that memory stays busy without
@@ -195,6 +198,7 @@ class Tuning:
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})
     split_ticket_bytes: int = 131072
     split_ticket_waves: int = 2
+    ticket_chunk: Mapping[tuple[str, int], int] = field(default_factory=dict)
     split_pipelined: frozenset[str] = frozenset()
     split_stages: int = 3
     split_pipeline_items: int = 2

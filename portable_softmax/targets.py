@@ -43,6 +43,12 @@ def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tup
     return planner.tile_fit(target_for(record), config, tiles)
 
 
+def ticketed_forms(record: DeviceRecord, config: KernelConfig, n_cols: int, backward: bool,
+                   input_bytes: int) -> list[KernelConfig]:
+    """``planner.ticketed_forms`` for ``record``'s target."""
+    return planner.ticketed_forms(target_for(record), config, n_cols, backward, input_bytes)
+
+
 def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,
                rows_per_group: int, narrow: bool, backward: bool) -> bool:
     """``planner.dense_form`` for ``record``'s target."""

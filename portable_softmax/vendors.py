@@ -369,7 +369,11 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 # v19, two sweeps): fp32 (256, 151936) 0.85 -> 0.89 of copy forward, 4096x262144 0.90 -> 0.95,
 # 32x128256 0.84 -> 0.88; bf16 32x128256 backward 0.87 -> 0.84; the rest level. On the H100 the
 # same row was level or lower (32x128256 0.95 -> 0.92 fp32, 0.89 -> 0.85 bf16): not taken there.
-H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608)
+#
+# Ticketed float32 forward grids in chunks of 4096 (NOTES v21, two passes): the per-row
+# temperature's (256, 151936) 0.88 -> 0.91 of copy; the rest of the ticketed float32 rows level
+# (0.94-0.97). In persistent grids too, 32x128256 lost (0.93 -> 0.86): ticketed grids only.
+H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096})
 
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
                                        cooperative_launch=True,

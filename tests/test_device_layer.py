@@ -9,7 +9,7 @@ import portable_softmax
 from portable_softmax import vendors
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import window_align
-from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill
+from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill, ticketed_forms
 from portable_softmax.profiles import load_profile, profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING, replace, tuning_for
@@ -182,6 +182,23 @@ def test_tile_register_caps_for_the_bytes_a_unit_wants():
     mi300x = profile_record("mi300x")
     assert tile_fill(mi300x, select_config(mi300x, 65536, 1024, "bfloat16", strided=True, rows_per_group=1024),
                      2) == []
+
+
+def test_ticketed_float32_forward_chunks_of_the_h200_row():
+    """The H200's row narrows ticketed float32 forward grids to chunks of 4096 (NOTES v21); its
+    persistent grids, its backward and bfloat16 keep theirs, and the H100 (no such row) keeps
+    8192. Fails with ``ticket_chunk`` empty or applied to every grid."""
+    h200, h100 = profile_record("h200"), profile_record("h100")
+    plan = plan_launch(h200, 256, 151936, "float32")
+    assert plan.ticketed and (plan.block_n, plan.chunks, plan.num_warps) == (4096, 38, 2)
+    assert not plan_launch(h200, 256, 151936, "bfloat16").ticketed
+    persistent = plan_launch(h200, 32, 128256, "float32")
+    assert not persistent.ticketed and persistent.block_n == 8192
+    assert plan_launch(h100, 256, 151936, "float32").block_n == 8192
+    forms = ticketed_forms(h200, select_config(h200, 256, 151936, "float32"), 151936, False, 4)
+    assert [(form.block_n, form.chunks, form.num_stages) for form in forms] == [(4096, 38, 1), (8192, 19, 1)]
+    forms = ticketed_forms(h200, select_config(h200, 256, 151936, "bfloat16"), 151936, False, 2)
+    assert [(form.block_n, form.ticketed, form.num_stages) for form in forms] == [(8192, True, 1)]
 
 
 def test_unsafe_forced_program_count_is_refused():
