@@ -33,15 +33,14 @@ CASES = [
     ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
-# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. v20: held
-# tiles without their register cap for two 32-KB tiles per SM (the H100 sweep that chose it,
-# results/2026-11-24-h100-v20/run4-strided.log, tried 64K and 96K, and 64K at 8 warps).
-SWEEP = [("notilefit", {"tile_fit_bytes": 0})]
-# v21: split tiles capped for 3 and 4 programs per SM whatever the cap spills (their 8-warp
-# kernels spill from 96 registers down: does occupancy buy more than the spills cost?).
-# Measured (H200 run 2): slower everywhere (column fp32 0.64 -> 0.50 and 0.41). Then ticketed
-# grids for every split tile (bf16 tiles of 16 rows hold 64 KB a unit, under split_ticket_bytes,
-# and run persistent grids that load, wait and store in step), also at 8K elements a program.
+# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. Earlier sweeps
+# (NOTES): v20 held tiles without their register cap ("notilefit": {"tile_fit_bytes": 0}); v21 run
+# 2 split tiles capped for 3 and 4 programs per SM whatever the cap spills (split_fit_bytes 196608
+# and 262144 with split_fit_max_spills 256: slower everywhere); run 6 software-pipelined
+# persistent split tiles (a tuning field and kernel branch since removed: slower everywhere).
+# v21 run 5: ticketed grids for every split tile (bf16 tiles of 16 rows hold 64 KB a unit, under
+# split_ticket_bytes, and run persistent grids that load, wait and store in step), also at 8K
+# elements a program.
 SWEEP = [("ticket_all", {"split_ticket_bytes": 0}),
          ("ticket_all_8k", {"split_ticket_bytes": 0, "strided_split_elements": 8192}),
          ("e8k", {"strided_split_elements": 8192})]
