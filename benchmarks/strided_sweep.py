@@ -33,17 +33,16 @@ CASES = [
     ("contiguous (4096,50257) bf16", (4096, 50257), None, -1, torch.bfloat16),
     ("contiguous (32768,1024) fp32", (32768, 1024), None, -1, torch.float32),
 ]
-# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes. Earlier sweeps
-# (NOTES): v20 held tiles without their register cap ("notilefit": {"tile_fit_bytes": 0}); v21 run
-# 2 split tiles capped for 3 and 4 programs per SM whatever the cap spills (split_fit_bytes 196608
-# and 262144 with split_fit_max_spills 256: slower everywhere); run 6 software-pipelined
-# persistent split tiles (a tuning field and kernel branch since removed: slower everywhere).
-# v21 run 5: ticketed grids for every split tile (bf16 tiles of 16 rows hold 64 KB a unit, under
-# split_ticket_bytes, and run persistent grids that load, wait and store in step), also at 8K
-# elements a program.
-SWEEP = [("ticket_all", {"split_ticket_bytes": 0}),
-         ("ticket_all_8k", {"split_ticket_bytes": 0, "strided_split_elements": 8192}),
-         ("e8k", {"strided_split_elements": 8192})]
+# Tunings tried beside the default ("ours"): a label and the CUDA tuning's changes ("split": False
+# plans without the split path). Earlier sweeps (NOTES v20-v21): held tiles without their register
+# cap ("notilefit": {"tile_fit_bytes": 0}); split tiles capped for 3 and 4 programs per SM whatever
+# the caps spill (split_fit_bytes 196608 and 262144, split_fit_max_spills 256: slower everywhere);
+# 8K elements a program (lower); float32 tiles of 16 rows (strided_rows {4: 16}: lower); the loop
+# regime (lower everywhere). Kernel variants built and removed: software-pipelined split tiles,
+# and tiles of two chunks trading partials through slots per reader (both slower). Kept here:
+# ticketed grids for every split tile (bf16 tiles of 16 rows run persistent grids; +0.02-0.04 on
+# the H200, not taken) and the loop regime, as the yardsticks of the next attempt.
+SWEEP = [("ticket_all", {"split_ticket_bytes": 0}), ("loop", {"split": False})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")
@@ -80,6 +79,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     # The device's own row (by name, architecture or default): each SWEEP setting changes it.
     device_tuning = tuning.tuning_for(device.device_record("cuda"))
+    planned = launch.plan_launch
     rows = []
     failures = 0
     for name, shape, view, dim, dtype in CASES:
@@ -117,8 +117,13 @@ def main() -> int:
         settings = [None] + ([] if args.quick or not any(k in name for k in SWEPT) else SWEEP)
         for setting in settings:
             label = "ours" if setting is None else f"ours {setting[0]}"
+            allow_split = True
             if setting is not None:
-                tuning.TUNING[("cuda", "*")] = dataclasses.replace(device_tuning, **setting[1])
+                changes = dict(setting[1])
+                allow_split = changes.pop("split", True)
+                tuning.TUNING[("cuda", "*")] = dataclasses.replace(device_tuning, **changes)
+            if not allow_split:
+                launch.plan_launch = lambda *a, **k: planned(*a, **{**k, "allow_split": False})
             try:
                 # Several launches each: a race in an exchange shows in some of them.
                 forward_error = max(rel(ours_forward(x, dim), reference) for _ in range(REPEATS))
@@ -137,6 +142,7 @@ def main() -> int:
                 failures += 1
             finally:
                 tuning.TUNING.pop(("cuda", "*"), None)
+                launch.plan_launch = planned
         rows.append(entry)
         print(json.dumps(entry), flush=True)
         del x, y_torch, dy, reference, reference_dx
