@@ -4,11 +4,14 @@
 #            chunks of 4096 for float32 only (variants in SWEEP_VARIANTS), two passes in
 #            opposite orders
 #   strided  benchmarks/strided_sweep.py: the strided cases under its SWEEP tunings, torch eager
-#            and torch.compile in the same run
+#            and torch.compile in the same run (STRIDED_ONLY: the cases whose names hold one of
+#            these words)
 #   spills   benchmarks/probes/spill_count.py: the driver's spill count against cuobjdump's fields
 #   tests    the GPU tests of split rows, strided reductions, the fused regimes and graphs
 #   fused    `portable-softmax bench --cases fused` (ours, torch's composite eager and compiled),
 #            and the fused calls against the plain kernels (benchmarks/probes/fused_vs_plain.py)
+#   validate `portable-softmax validate` (its checks include the fused variants and a channel
+#            softmax with a mask and a scale)
 # Usage (device machine, repo root): bash benchmarks/device_v21.sh chunks strided spills
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda
@@ -41,6 +44,8 @@ for step in "$@"; do
       timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT" 2>&1 | quiet \
         | tee "$OUT/fused.log"
       timeout 120 python3 benchmarks/probes/fused_vs_plain.py --only temperature 2>&1 | quiet | tee "$OUT/fused-vs-plain.log" ;;
+    validate)
+      timeout 300 python3 -m portable_softmax validate --out "$OUT/validate" 2>&1 | quiet | tail -40 | tee "$OUT/validate.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
