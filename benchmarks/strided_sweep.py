@@ -37,12 +37,14 @@ CASES = [
 # plans without the split path). Earlier sweeps (NOTES v20-v21): held tiles without their register
 # cap ("notilefit": {"tile_fit_bytes": 0}); split tiles capped for 3 and 4 programs per SM whatever
 # the caps spill (split_fit_bytes 196608 and 262144, split_fit_max_spills 256: slower everywhere);
-# 8K elements a program (lower); float32 tiles of 16 rows (strided_rows {4: 16}: lower); the loop
-# regime (lower everywhere). Kernel variants built and removed: software-pipelined split tiles,
-# and tiles of two chunks trading partials through slots per reader (both slower). Kept here:
-# ticketed grids for every split tile (bf16 tiles of 16 rows run persistent grids; +0.02-0.04 on
-# the H200, not taken) and the loop regime, as the yardsticks of the next attempt.
-SWEEP = [("ticket_all", {"split_ticket_bytes": 0}), ("loop", {"split": False})]
+# 8K elements a program (lower); float32 tiles of 16 rows (strided_rows {4: 16}: lower); ticketed
+# grids for every split tile (split_ticket_bytes 0: +0.02-0.04 for bf16 columns on the H200, not
+# taken); the loop regime (lower everywhere). Kernel variants built and removed: software-pipelined
+# split tiles, and tiles of two chunks trading partials through slots per reader (both slower).
+# v21 run 16 (H200): split tiles of wider rows where they have few chunks (Tuning.strided_split_rows
+# and strided_split_slots): the bf16 backward of 1024 channels gained (0.62 -> 0.74 at 64 rows);
+# wider forward tiles lost. Taken for the bf16 backward; run 17 checks it against none on the H100.
+SWEEP = [("nowide", {"strided_split_rows": {}})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")

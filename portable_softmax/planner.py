@@ -238,17 +238,34 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
         return KernelConfig("tile", block_m, width, 1,
                             _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
     if _can_split(record, dtype, allow_split):
-        chunks = _cdiv(n_cols, max(1, tuning.strided_split_elements // inputs // side))
-        tiles = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, side)
-        wanted = _cdiv(record.compute_units * tuning.split_fill_per_unit, tiles)
-        if chunks < wanted:
-            # Few tiles: narrower chunks put more of the chip to work on each.
-            chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
-        block_n = next_power_of_2(_cdiv(n_cols, chunks))
-        return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
-                            _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
+        config = _strided_split(target, n_rows, n_cols, rows_per_group, side, inputs)
+        # Wider tiles, up to the tuning's rows, while a program's exchange slots stay few.
+        widest = min(next_power_of_2(rows_per_group),
+                     tuning.strided_split_rows.get((_direction(backward), element), side))
+        while config.block_m < widest:
+            wider = _strided_split(target, n_rows, n_cols, rows_per_group, 2 * config.block_m, inputs)
+            if wider.block_m * wider.chunks > tuning.strided_split_slots:
+                break
+            config = wider
+        return config
     chunk = max(1, min(tuning.loop_chunk // side, width))
     return KernelConfig("loop", side, chunk, 1, _warps(side * chunk, tuning.elements_per_thread, record, tuning.max_warps))
+
+
+def _strided_split(target: Target, n_rows: int, n_cols: int, rows_per_group: int, side: int,
+                   inputs: int) -> KernelConfig:
+    """Split tiles of ``side`` adjacent rows (``_strided_config``)."""
+    record = target.record
+    tuning = target.tuning
+    chunks = _cdiv(n_cols, max(1, tuning.strided_split_elements // inputs // side))
+    tiles = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, side)
+    wanted = _cdiv(record.compute_units * tuning.split_fill_per_unit, tiles)
+    if chunks < wanted:
+        # Few tiles: narrower chunks put more of the chip to work on each.
+        chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
+    block_n = next_power_of_2(_cdiv(n_cols, chunks))
+    return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
+                        _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
 
 
 def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool,

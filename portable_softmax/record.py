@@ -169,6 +169,12 @@ class Tuning:
         strided_split_elements: the elements a split program holds for such tiles (forward;
             halved backward): the tile's rows times its chunk of the reduced dimension. Chunks
             wide enough that reading the exchange slots of all their rows' chunks costs little.
+        strided_split_rows: by (direction, bytes of an input element), the most adjacent rows a
+            split tile spans instead of ``strided_rows``: doubled while each program is left at
+            most ``strided_split_slots`` exchange slots to read (tile rows x chunks). Wider
+            pieces of each line per load where the tile has few chunks, whose slots grow with
+            the rows.
+        strided_split_slots: see ``strided_split_rows``.
         split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
@@ -209,3 +215,5 @@ class Tuning:
     split_wait_atomic: bool = True
     strided_rows: Mapping[int, int] = field(default_factory=lambda: {2: 16, 4: 32, 8: 16})
     strided_split_elements: int = 16384
+    strided_split_rows: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    strided_split_slots: int = 0

@@ -350,11 +350,19 @@ _CUDA_WAIT_ATOMIC = False
 # strided cases and contiguous tiles of 1024-16384 level on both.
 _CUDA_TILE_FIT_BYTES = 65536
 
+# Split tiles of bf16 (and fp16) backward rows up to 64 rows wide (128-byte pieces of each line)
+# where a program then reads at most 512 exchange slots (NOTES v21): the 1024-channel NCHW
+# backward 0.62 -> 0.74 of copy on the H200; wider forward tiles lost (1000 channels fp32 0.79 ->
+# 0.74, the transposed bf16 forward 0.46 -> 0.33), and long columns keep 16 rows (their chunks
+# are many).
+_CUDA_STRIDED_SPLIT_ROWS = {("backward", 2): 64}
+
 # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
 # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
 CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
                       tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
-                      split_wait_atomic=_CUDA_WAIT_ATOMIC, tile_fit_bytes=_CUDA_TILE_FIT_BYTES)
+                      split_wait_atomic=_CUDA_WAIT_ATOMIC, tile_fit_bytes=_CUDA_TILE_FIT_BYTES,
+                      strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core.
 NPU_TUNING = replace(Tuning(), tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,

@@ -201,6 +201,20 @@ def test_ticketed_float32_forward_chunks_of_the_h200_row():
     assert [(form.block_n, form.ticketed, form.num_stages) for form in forms] == [(8192, True, 1)]
 
 
+def test_wide_bf16_backward_split_tiles_where_their_chunks_are_few():
+    """CUDA's row widens bf16 backward split tiles to 64 rows while a program reads at most 512
+    exchange slots (NOTES v21): the 1024-channel NCHW backward, not the long column (whose
+    chunks are many), not the forward, not float32. Fails with ``strided_split_rows`` empty."""
+    h100 = profile_record("h100")
+    nchw = dict(rows_per_group=1024, strided=True)
+    wide = plan_launch(h100, 64 * 1024, 1024, "bfloat16", backward=True, **nchw)
+    assert (wide.regime, wide.block_m, wide.chunks) == ("split", 64, 8)
+    assert wide.block_m * wide.chunks <= tuning_for(h100).strided_split_slots
+    assert plan_launch(h100, 1024, 32768, "bfloat16", backward=True, strided=True).block_m == 16
+    assert plan_launch(h100, 64 * 1024, 1024, "float32", backward=True, **nchw).block_m == 32
+    assert plan_launch(h100, 64 * 1024, 1024, "bfloat16", **nchw).block_m == 16
+
+
 def test_unsafe_forced_program_count_is_refused():
     h100 = profile_record("h100")
     plan = plan_launch(h100, 4096, 262144, "float32")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, ops
+from portable_softmax import launch, ops, tuning
+from portable_softmax.device import device_record
 from portable_softmax.selfcheck import relative_error, tolerance
 from portable_softmax.targets import plan_launch
 from portable_softmax.profiles import profile_record
@@ -48,6 +49,35 @@ def test_strided_reductions_match_torch(device, case, dtype, fns):
     torch_x = x.detach().requires_grad_()
     (torch_dx,) = torch.autograd.grad(theirs(torch_x, dim), torch_x, dy)
     assert relative_error(dx, reference_dx) <= tolerance(dtype, relative_error(torch_dx, reference_dx), device)
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=["softmax", "log_softmax"])
+def test_wide_backward_split_tiles_match_torch(device, fns):
+    """bf16 backward split tiles as wide as ``Tuning.strided_split_rows`` lets them be where their
+    chunks are few (64 rows of 128 bytes on CUDA): 1000 channels of 33 x 31 pixels (a last chunk
+    partly past the end, a last tile partly filled), three launches with fresh inputs."""
+    record = ps.device_info(device)
+    if not record["residency_guaranteed"]:
+        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
+    wide = tuning.tuning_for(device_record(device)).strided_split_rows.get(("backward", 2))
+    if not wide:
+        pytest.skip("this device's tuning asks for no wider backward tiles")
+    shape = (8, 1000, 33, 31)
+    y = torch.empty(shape, device=device, dtype=torch.bfloat16)
+    plan = launch.build_record("backward", (y, y, y), ops.row_view(shape, 1, y, y, y), False, False).plan
+    assert plan.regime == "split" and plan.block_m == wide, plan
+    ours, theirs = fns
+    for _ in range(3):
+        x = (torch.randn(shape, device=device) * 4).to(torch.bfloat16).requires_grad_()
+        y = ours(x, 1)
+        dy = torch.randn_like(y)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        reference_x = x.detach().double().requires_grad_()
+        (reference_dx,) = torch.autograd.grad(theirs(reference_x, 1), reference_x, dy.double())
+        torch_x = x.detach().requires_grad_()
+        (torch_dx,) = torch.autograd.grad(theirs(torch_x, 1), torch_x, dy)
+        assert relative_error(dx, reference_dx) <= tolerance(torch.bfloat16, relative_error(torch_dx, reference_dx),
+                                                             device)
 
 
 def test_transposed_rows_with_a_contiguous_output(device):
