@@ -44,8 +44,8 @@ CASES = [
 # v21 run 16 (H200): split tiles of wider rows where they have few chunks (Tuning.strided_split_rows
 # and strided_split_slots): the bf16 backward of 1024 channels gained (0.62 -> 0.74 at 64 rows);
 # wider forward tiles lost. Taken for the bf16 backward; run 17 checks it against none on the H100.
-# Run 18: bf16 tiles of 32 rows everywhere (strided_rows {2: 32}): the 1024-channel forward then
-# splits 32 x 512 in two chunks instead of holding 16 x 1024 whole.
+# Run 18 (H200): bf16 tiles of 32 rows everywhere (strided_rows {2: 32}): the 1024-channel forward
+# then splits 32 x 512 in two chunks instead of holding 16 x 1024 whole: 0.64 -> 0.56, not taken.
 SWEEP = [("nowide", {"strided_split_rows": {}}), ("rows32bf16", {"strided_rows": {2: 32, 4: 32, 8: 16}})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
