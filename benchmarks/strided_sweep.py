@@ -46,7 +46,10 @@ CASES = [
 # wider forward tiles lost. Taken for the bf16 backward; run 17 checks it against none on the H100.
 # Run 18 (H200): bf16 tiles of 32 rows everywhere (strided_rows {2: 32}): the 1024-channel forward
 # then splits 32 x 512 in two chunks instead of holding 16 x 1024 whole: 0.64 -> 0.56, not taken.
-SWEEP = [("nowide", {"strided_split_rows": {}}), ("rows32bf16", {"strided_rows": {2: 32, 4: 32, 8: 16}})]
+# Run 19: the 1024-channel bf16 forward split as the backward now is, 64 rows x 128 in 8 chunks
+# (strided_rows {2: 64} at 8K elements a program), and 32 x 256 in 4.
+SWEEP = [("fwd64x128", {"strided_rows": {2: 64, 4: 32, 8: 16}, "strided_split_elements": 8192}),
+         ("fwd32x256", {"strided_rows": {2: 32, 4: 32, 8: 16}, "strided_split_elements": 8192})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")
