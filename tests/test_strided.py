@@ -136,6 +136,40 @@ def test_sliced_rows_with_a_contiguous_output(device, log):
     assert relative_error(dx, expected) < 2e-2
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_shifted_outputs_stay_inside_their_rows(device, log):
+    """Rows whose inputs start at other offsets from 16-byte boundaries than the output's (a
+    row stride of 50259, a contiguous output of 50257): the output is written unaligned, whole
+    chunks without a mask and the rows' first and last chunks with one. Poisoned guards before
+    and after the output, and its rows, must hold torch's result and nothing more, both ways."""
+    rows, length = 5, 50257
+    x = (torch.randn(rows, 50259, device=device, dtype=torch.bfloat16) * 4)[:, :length]
+    dy = torch.randn(rows, 50259, device=device, dtype=torch.bfloat16)[:, :length]
+    guard = 8  # 16 bytes: the output's pointer stays aligned
+    function = torch.log_softmax if log else torch.softmax
+    backward = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+    for direction in ("forward", "backward"):
+        buffer = torch.full((rows * length + 2 * guard,), float("nan"), device=device, dtype=torch.bfloat16)
+        out = buffer[guard:guard + rows * length].view(rows, length)
+        if direction == "forward":
+            record = launch.build_record("forward", (x, out), ops.row_view((rows, length), 1, x, out), log, False)
+            reference = function(x.double(), -1)
+            theirs = function(x, -1)
+        else:
+            # y laid out as dy (a softmax's own result would be contiguous): the inputs share windows.
+            y = torch.empty(rows, 50259, device=device, dtype=torch.bfloat16)[:, :length]
+            y.copy_(function(x.float() / 2, -1))
+            record = launch.build_record("backward", (y, dy, out), ops.row_view((rows, length), 1, y, dy, out),
+                                         log, False)
+            reference = backward(dy.double(), y.double(), 1, torch.float64)
+            theirs = backward(dy, y, 1, torch.bfloat16)
+        record((x, out) if direction == "forward" else (y, dy, out))
+        if device == "cuda":  # read through windows in chunks, written shifted (the interpreter holds tiles)
+            assert record.plan.regime == "split" and record.plan.align > 1 and record.plan.chunks > 2, record.plan
+        assert torch.isnan(buffer[:guard]).all() and torch.isnan(buffer[-guard:]).all(), direction
+        assert relative_error(out, reference) <= tolerance(torch.bfloat16, relative_error(theirs, reference), device)
+
+
 def test_windows_follow_the_inputs_where_only_the_output_is_shifted():
     from portable_softmax.planner import window_align
 
