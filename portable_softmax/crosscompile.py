@@ -43,7 +43,7 @@ from portable_softmax import variants
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
-                                      input_bytes_per_column, next_power_of_2)
+                                      input_bytes_per_column, next_power_of_2, window_align)
 from portable_softmax.targets import dense_form, plan_launch, select_config, target_for, ticketed_forms
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -57,6 +57,10 @@ DEFAULT_STRIDED_SHAPES = ((1024, 32768),)
 # Rows sharded across ranks (``distributed.py``): rows x the local slice's length (a vocabulary of
 # 151936 over 2 ranks).
 DEFAULT_SHARDED_SHAPES = ((8192, 75968),)
+# Rows sliced from a padded vocabulary (rows x length; the inputs' rows at a stride padded to
+# SLICED_PADDING elements, the output contiguous, so written unaligned: SHIFTED).
+DEFAULT_SLICED_SHAPES = ((4096, 50257),)
+SLICED_PADDING = 64
 # The fused variants (``fused.py``: scale, mask, causal), as rows x keys: attention rows in tiles
 # and a vocabulary of logits (split, or the loop where residency is not promised). Each compiles
 # the heaviest form, ``FUSED_FORM``: a per-row scale tensor, a bool mask and causal; the strided
@@ -186,7 +190,8 @@ class Case:
     """One problem: a contiguous [rows, cols] tensor, softmax over the last dimension; or with
     ``strided`` a contiguous [cols, rows] one, softmax over the first (rows side by side); with
     ``sharded`` a rank's contiguous slice of rows sharded across ranks (``distributed.py``); with
-    ``fused`` the fused variants (``_fused_scalars``)."""
+    ``fused`` the fused variants (``_fused_scalars``); with ``sliced`` rows sliced from a padded
+    [rows, cols rounded up to SLICED_PADDING] input, the output contiguous."""
 
     rows: int
     cols: int
@@ -196,6 +201,7 @@ class Case:
     strided: bool = False
     sharded: bool = False
     fused: bool = False
+    sliced: bool = False
 
     @property
     def direction(self) -> str:
@@ -203,14 +209,40 @@ class Case:
 
     @property
     def align(self) -> int:
-        return 1 if self.strided else contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
+        if self.strided:
+            return 1
+        if self.sliced:
+            return self._sliced_windows()[0]
+        return contiguous_align(self.rows, self.cols, DTYPE_BYTES[self.dtype])
+
+    @property
+    def shifted(self) -> bool:
+        """Whether the output is written at the inputs' windows, unaligned (``CallFacts.shifted``)."""
+        return self.sliced and self._sliced_windows()[1]
+
+    def _sliced_windows(self) -> tuple[int, bool]:
+        # As launch.py picks them: windows that follow the inputs where none fits the output too.
+        window = (1, self.rows, self.cols, self.tensor_strides, [DTYPE_BYTES[self.dtype]] * len(self.tensor_strides),
+                  True)
+        shifted = window_align(*window) == 1 and window_align(*window, shifted_output=True) > 1
+        return window_align(*window, shifted_output=shifted), shifted
 
     @property
     def strides(self) -> tuple[int, int, int]:
-        """Each tensor's (outer, row, column) strides."""
+        """The (outer, row, column) strides of every tensor (of the inputs where ``sliced``)."""
         if self.strided:
             return (0, 1 if self.rows > 1 else 0, self.rows)
+        if self.sliced:
+            return (0, -(-self.cols // SLICED_PADDING) * SLICED_PADDING if self.rows > 1 else 0, 1)
         return (0, self.cols if self.rows > 1 else 0, 1)
+
+    @property
+    def tensor_strides(self) -> list[tuple[int, int, int]]:
+        """Each tensor's strides, the output's last: contiguous where ``sliced``."""
+        tensors = len(variants.TENSORS[self.direction])
+        if self.sliced:
+            return [self.strides] * (tensors - 1) + [(0, self.cols if self.rows > 1 else 0, 1)]
+        return [self.strides] * tensors
 
     @property
     def causal(self) -> bool:
@@ -239,6 +271,8 @@ class Case:
             over = f"{over} sharded"
         if self.fused:
             over = f"{over} fused"
+        if self.sliced:
+            over = f"{over} sliced"
         return f"{over} {self.dtype} {self.direction} {function}"
 
 
@@ -271,10 +305,9 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
     """The kernel, its non-constexpr arguments as (type, divisible by 16 or constant value) pairs,
     and its constexprs, as the launch would pass them for ``case`` (both from ``variants``).
 
-    The row view of ``case``'s tensors: one group (outer stride 0), ``Case.strides``; pointers
-    16-byte aligned.
+    The row view of ``case``'s tensors: one group (outer stride 0), ``Case.tensor_strides``;
+    pointers 16-byte aligned.
     """
-    tensors = len(variants.TENSORS[case.direction])
     pointer = POINTER_TYPES[case.dtype]
     # The fused variants' mask and scale: the input stands in where the call is not fused.
     types = {"mask": "*i1"} if case.fused else {}
@@ -283,8 +316,8 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
     if config.regime == "split":
         args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
     form = {**FUSED_FORM, "causal": case.causal} if case.fused else {}
-    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic, **form)
-    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, [case.strides] * tensors,
+    facts = variants.CallFacts(case.log, case.dtype == "float64", wait_atomic, case.shifted, **form)
+    for value in variants.scalar_arguments(config, 1, case.rows, case.cols, case.tensor_strides,
                                            _fused_scalars(case)):
         if isinstance(value, float):  # Triton specialises no float
             args.append(("fp32", False))
@@ -745,13 +778,15 @@ def compile_all(specs: Sequence[dict[str, Any]], *, jobs: int = 2, timeout: floa
 def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: Iterable[bool],
               strided_shapes: Iterable[tuple[int, int]] = (),
               sharded_shapes: Iterable[tuple[int, int]] = (),
-              fused_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
+              fused_shapes: Iterable[tuple[int, int]] = (),
+              sliced_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
     """Every case of the shapes, dtypes and logs, both directions; the strided shapes also fused
     where any shape is fused."""
     strided_shapes, fused_shapes = list(strided_shapes), list(fused_shapes)
     forms = ([(shape, {}) for shape in shapes] + [(shape, {"strided": True}) for shape in strided_shapes]
              + [(shape, {"sharded": True}) for shape in sharded_shapes]
              + [(shape, {"fused": True}) for shape in fused_shapes]
+             + [(shape, {"sliced": True}) for shape in sliced_shapes]
              + [(shape, {"strided": True, "fused": True}) for shape in strided_shapes if fused_shapes])
     return [Case(rows, cols, dtype, backward, log, **form) for (rows, cols), form in forms for dtype in dtypes
             for log in logs for backward in (False, True)]
@@ -1057,6 +1092,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows x keys of the fused variants (a scale tensor, a bool mask, causal); repeat for "
                              f"several (default: {' '.join(f'{r}x{c}' for r, c in DEFAULT_FUSED_SHAPES)}, unless "
                              "--shape is given)")
+    parser.add_argument("--sliced-shape", type=_shape, action="append",
+                        help=f"rows x length of rows sliced from a vocabulary padded to {SLICED_PADDING}, written "
+                             "contiguous (unaligned); repeat for several (default: "
+                             f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_SLICED_SHAPES)}, unless --shape is given)")
     parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
                         help=f"repeat for several (default: {' '.join(DEFAULT_DTYPES)})")
     parser.add_argument("--log", action="store_true", help="also compile the log_softmax (LOG=True) variants")
@@ -1073,7 +1112,9 @@ def run_command(args: argparse.Namespace) -> int:
     strided = args.strided_shape or (() if args.shape else DEFAULT_STRIDED_SHAPES)
     sharded = args.sharded_shape or (() if args.shape else DEFAULT_SHARDED_SHAPES)
     fused = args.fused_shape or (() if args.shape else DEFAULT_FUSED_SHAPES)
-    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided, sharded, fused)
+    sliced = args.sliced_shape or (() if args.shape else DEFAULT_SLICED_SHAPES)
+    cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided, sharded, fused,
+                      sliced)
     show = getattr(args, "verbose", False) or sys.stderr.isatty()
     report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
                  progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)

@@ -31,6 +31,9 @@ SHARDED = (64, 75968)
 # The fused variants (a scale tensor, a bool mask, causal): rows in tiles, split rows (pipelined on
 # cuda) and odd rows split in windows (and their loop fallback).
 FUSED = [(64, 2048), SPLIT_ROW, ODD_SPLIT_ROW]
+# The odd long row sliced from a padded vocabulary: windows follow the input, the contiguous
+# output is written unaligned (SHIFTED).
+SLICED = ODD_SPLIT_ROW
 TARGETS = ("cuda:90", "hip:gfx942")
 
 
@@ -47,7 +50,7 @@ def report(missing):
     if not available:
         pytest.skip(f"no target's toolchain here: {missing}")
     cases = crosscompile.cases_for([SMALL_TILE, MANY_TILES, SPLIT_ROW, ODD_SPLIT_ROW, LONG_SPLIT_ROW], ["bfloat16"],
-                                   [False], [STRIDED_SPLIT], [SHARDED], FUSED)
+                                   [False], [STRIDED_SPLIT], [SHARDED], FUSED, [SLICED])
     result = crosscompile.run([crosscompile.parse_target(t) for t in available], cases, jobs=2, timeout=300)
     return {t["target"]: t for t in result["targets"]}, result
 
@@ -97,6 +100,16 @@ def test_odd_rows_compile_windowed_split_kernels(target):
     """The window code runs only where the split path does (GPUs): here it is at least built."""
     windowed = {v["kernel"] for v in target["variants"] if v["constexprs"].get("ALIGN", 1) == 8 and v["status"] == "ok"}
     assert windowed == {"softmax_forward_split", "softmax_backward_split"}
+
+
+def test_sliced_rows_compile_shifted_split_kernels(target):
+    """Rows sliced from a padded vocabulary, written contiguous: the split kernels' unaligned
+    output (``kernels._window_store``, both branches) is built in both directions, in windows."""
+    shifted = {v["kernel"] for v in target["variants"] if v["constexprs"].get("SHIFTED") and v["status"] == "ok"
+               and v["constexprs"]["ALIGN"] == 8}
+    assert shifted == {"softmax_forward_split", "softmax_backward_split"}
+    plans = [p for p in target["plans"] if "sliced" in p["case"] and "note" not in p]
+    assert plans and not any(p["problems"] for p in plans), plans
 
 
 def test_strided_rows_compile_split_kernels_of_several_rows(target):
