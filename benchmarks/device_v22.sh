@@ -6,6 +6,9 @@
 #            the order new, base, new
 #   strided  benchmarks/strided_sweep.py --quick over every strided case (STRIDED_ONLY: the cases
 #            whose names hold one of these words)
+#   combine  benchmarks/strided_sweep.py with its SWEEP settings (split tiles of 64 rows) over the
+#            split strided cases, for the working tree and for ab_base/ (as in sliced); run 9 had
+#            the tree's tiles combine their partials in the last chunk to arrive (since removed)
 #   tests    the GPU tests of split rows, strided reductions and sliced rows, the fused regimes
 #   real     `portable-softmax bench --cases real` (ours, torch eager, torch.compile)
 #   validate `portable-softmax validate`
@@ -27,6 +30,14 @@ for step in "$@"; do
         PYTHONPATH="$path:$PWD" timeout 200 python3 benchmarks/strided_sweep.py --quick --out "$OUT/sliced-$side" \
           --only sliced "contiguous (4096" 2>&1 | quiet | grep -E "^\| (sliced|contiguous)" | sed "s/^/$side /" \
           | tee -a "$OUT/sliced.log"
+      done ;;
+    combine)
+      for side in new base; do
+        path="$PWD"; [ "$side" = base ] && path="$PWD/ab_base"
+        echo "== $side"
+        PYTHONPATH="$path:$PWD" timeout 280 python3 benchmarks/strided_sweep.py --out "$OUT/combine-$side" \
+          --only column transposed "NCHW (8" "NCHW (64" 2>&1 | quiet | grep -E "^\| .*\| ours|failures" \
+          | sed "s/^/$side /" | tee -a "$OUT/combine.log"
       done ;;
     strided)
       PYTHONPATH="$PWD" timeout 480 python3 benchmarks/strided_sweep.py --quick --out "$OUT" \

@@ -48,9 +48,16 @@ CASES = [
 # then splits 32 x 512 in two chunks instead of holding 16 x 1024 whole: 0.64 -> 0.56, not taken.
 # Run 19 (H200): the 1024-channel bf16 forward split as the backward now is, 64 rows x 128 in 8
 # chunks (strided_rows {2: 64} at 8K elements a program), and 32 x 256 in 4: 0.64 -> 0.47 and
-# 0.50 (the held 16 x 1024 tile stays).
-SWEEP = [("fwd64x128", {"strided_rows": {2: 64, 4: 32, 8: 16}, "strided_split_elements": 8192}),
-         ("fwd32x256", {"strided_rows": {2: 32, 4: 32, 8: 16}, "strided_split_elements": 8192})]
+# 0.50 (the held 16 x 1024 tile stays): settings "fwd64x128" {"strided_rows": {2: 64, 4: 32, 8: 16},
+# "strided_split_elements": 8192} and "fwd32x256" (strided_rows {2: 32, ...}, 8192).
+# v22 run 9 (H200): split tiles of 64 rows wherever they split (bf16 only, then every dtype), their
+# exchange slots unbounded, with and without an exchange in which the last chunk to arrive combines
+# the partials once for all (built, measured, removed: slower in every case, NOTES v22). The wide
+# tiles lost with either exchange (column bf16 0.41 -> 0.21-0.23, transposed 0.46 -> 0.27-0.29).
+WIDE = {(direction, element): 64 for direction in ("forward", "backward") for element in (2, 4)}
+SWEEP = [("wide64bf16", {"strided_split_rows": {k: v for k, v in WIDE.items() if k[1] == 2},
+                         "strided_split_slots": 1 << 30}),
+         ("wide64", {"strided_split_rows": WIDE, "strided_split_slots": 1 << 30})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")
