@@ -11,14 +11,20 @@ chunk of the output. Forward: x read twice, y written (3 passes, at most 2/3 of 
 backward: y and dy read twice, dx written (5 passes, at most 3/5). The library's split tiles,
 torch eager and torch.compile in the same run.
 
-    python benchmarks/probes/two_launch.py
+    python benchmarks/probes/two_launch.py [--rows N]
+
+``--rows N``: tiles span N adjacent rows (``Tuning.strided_rows`` for every element size) instead
+of the device's row (16 for bf16, 32 for fp32): the streamed kernels', and the split tiles' too.
 """
 from __future__ import annotations
+
+import argparse
+import dataclasses
 
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import launch, ops
+from portable_softmax import device, launch, ops, tuning
 
 # (name, shape made, view of it that is the input, dim, dtype)
 CASES = [
@@ -62,8 +68,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int)
+    args = parser.parse_args()
     torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), flush=True)
+    print(torch.cuda.get_device_name(), f"streamed tiles of {args.rows or 'the default'} rows", flush=True)
+    if args.rows:
+        own = tuning.tuning_for(device.device_record("cuda"))
+        tuning.TUNING[("cuda", "*")] = dataclasses.replace(own, strided_rows={2: args.rows, 4: args.rows,
+                                                                             8: args.rows})
     print("| case | copy TB/s | ours split tiles | torch | compile | " +
           " | ".join(f"two launches R={r}" for r in CHUNK_COUNTS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(CHUNK_COUNTS))
