@@ -50,14 +50,16 @@ CASES = [
 # chunks (strided_rows {2: 64} at 8K elements a program), and 32 x 256 in 4: 0.64 -> 0.47 and
 # 0.50 (the held 16 x 1024 tile stays): settings "fwd64x128" {"strided_rows": {2: 64, 4: 32, 8: 16},
 # "strided_split_elements": 8192} and "fwd32x256" (strided_rows {2: 32, ...}, 8192).
-# v22 run 9 (H200): split tiles of 64 rows wherever they split (bf16 only, then every dtype), their
-# exchange slots unbounded, with and without an exchange in which the last chunk to arrive combines
+# v22 run 9 (H200): split tiles of 64 rows wherever they split (settings "wide64bf16", "wide64":
+# strided_split_rows 64 for bf16, then every dtype, strided_split_slots 1 << 30), their exchange
+# slots unbounded, with and without an exchange in which the last chunk to arrive combines
 # the partials once for all (built, measured, removed: slower in every case, NOTES v22). The wide
 # tiles lost with either exchange (column bf16 0.41 -> 0.21-0.23, transposed 0.46 -> 0.27-0.29).
-WIDE = {(direction, element): 64 for direction in ("forward", "backward") for element in (2, 4)}
-SWEEP = [("wide64bf16", {"strided_split_rows": {k: v for k, v in WIDE.items() if k[1] == 2},
-                         "strided_split_slots": 1 << 30}),
-         ("wide64", {"strided_split_rows": WIDE, "strided_split_slots": 1 << 30})]
+# Run 10 (H100): where torch.compile leads (the bf16 column's backward, 0.52 against 0.60):
+# ticketed split tiles everywhere (split_ticket_bytes 0), twice the elements a program holds, both.
+SWEEP = [("ticketed", {"split_ticket_bytes": 0}),
+         ("32k", {"strided_split_elements": 32768}),
+         ("ticketed32k", {"split_ticket_bytes": 0, "strided_split_elements": 32768})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")

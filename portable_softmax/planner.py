@@ -517,15 +517,18 @@ def _ticket_fits(target: Target, config: KernelConfig, kernel: KernelResources, 
     """Whether a split launch gives each item a program that takes it by ticket (``config``,
     compiled as ``kernel``), rather than running a persistent grid. ``plan_launch`` asks in the
     directions ``Tuning.split_tickets`` names, with no forced grid size; it is yes where the
-    ticketed programs resident on a unit hold ``split_ticket_bytes`` of input or more, and the
-    items fill ``split_ticket_waves`` resident grids (few-row shapes keep the persistent grid,
-    which needs no scratch reset before each launch)."""
+    ticketed programs resident on a unit hold ``split_ticket_bytes`` of input or more, or the
+    items are tiles of several rows in ``strided_ticket_chunks`` chunks or more, and the items
+    fill ``split_ticket_waves`` resident grids (few-row shapes keep the persistent grid, which
+    needs no scratch reset before each launch)."""
     record = target.record
     tuning = target.tuning
     per_unit = min(target.occupancy(record, kernel), tuning.split_programs_per_unit)
     items = _tiles(config, n_rows, rows_per_group) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
-    return (config.chunks <= _domain_resident(record, per_unit) and held >= tuning.split_ticket_bytes
+    many_chunks = config.block_m > 1 and 0 < tuning.strided_ticket_chunks <= config.chunks
+    return (config.chunks <= _domain_resident(record, per_unit)
+            and (held >= tuning.split_ticket_bytes or many_chunks)
             and items >= tuning.split_ticket_waves * record.compute_units * per_unit)
 
 

@@ -175,6 +175,10 @@ class Tuning:
             pieces of each line per load where the tile has few chunks, whose slots grow with
             the rows.
         strided_split_slots: see ``strided_split_rows``.
+        strided_ticket_chunks: split tiles of several rows with at least this many chunks take
+            their items by ticket (``planner._ticket_fits``) whatever they hold per unit (0:
+            none). A persistent program waits on its tile's peers before its next item; a
+            program per item leaves the unit to the next while its peers arrive.
         split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
@@ -217,3 +221,4 @@ class Tuning:
     strided_split_elements: int = 16384
     strided_split_rows: Mapping[tuple[str, int], int] = field(default_factory=dict)
     strided_split_slots: int = 0
+    strided_ticket_chunks: int = 0

@@ -357,12 +357,19 @@ _CUDA_TILE_FIT_BYTES = 65536
 # are many).
 _CUDA_STRIDED_SPLIT_ROWS = {("backward", 2): 64}
 
+# Split tiles of 16 chunks or more by ticket (NOTES v22): the bf16 column of (32768, 1024), 16-row
+# tiles of 32 and 64 chunks that hold 64 KB a unit (persistent under split_ticket_bytes), 0.49 /
+# 0.52 -> 0.53 / 0.58 of copy on the H100 (0.40 / 0.45 -> 0.43 / 0.49 on the H200, v21). Fewer
+# chunks keep their grid: the 1024-channel NCHW backward (8 chunks) fell 0.85 -> 0.82 ticketed.
+_CUDA_STRIDED_TICKET_CHUNKS = 16
+
 # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
 # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
 CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
                       tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
                       split_wait_atomic=_CUDA_WAIT_ATOMIC, tile_fit_bytes=_CUDA_TILE_FIT_BYTES,
-                      strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512)
+                      strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512,
+                      strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core.
 NPU_TUNING = replace(Tuning(), tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,

@@ -215,6 +215,22 @@ def test_wide_bf16_backward_split_tiles_where_their_chunks_are_few():
     assert plan_launch(h100, 64 * 1024, 1024, "bfloat16", **nchw).block_m == 16
 
 
+def test_strided_split_tiles_of_many_chunks_take_tickets():
+    """CUDA's row tickets split tiles of 16 chunks or more (NOTES v22): the bf16 column of (32768,
+    1024) in both directions, which hold too little a unit for ``split_ticket_bytes``; not the
+    1024-channel NCHW backward (8 chunks) nor the transposed forward (4). Fails with
+    ``strided_ticket_chunks`` unset."""
+    h100 = profile_record("h100")
+    assert tuning_for(h100).strided_ticket_chunks == 16
+    for backward in (False, True):
+        column = plan_launch(h100, 1024, 32768, "bfloat16", backward=backward, strided=True)
+        assert column.regime == "split" and column.block_m == 16 and column.chunks >= 16 and column.ticketed
+    nchw = plan_launch(h100, 64 * 1024, 1024, "bfloat16", backward=True, rows_per_group=1024, strided=True)
+    assert nchw.regime == "split" and nchw.chunks < 16 and not nchw.ticketed
+    transposed = plan_launch(h100, 8192, 4096, "bfloat16", strided=True)
+    assert transposed.regime == "split" and transposed.chunks < 16 and not transposed.ticketed
+
+
 def test_unsafe_forced_program_count_is_refused():
     h100 = profile_record("h100")
     plan = plan_launch(h100, 4096, 262144, "float32")
