@@ -43,7 +43,7 @@ from portable_softmax import variants
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
-                                      input_bytes_per_column, next_power_of_2, window_align)
+                                      call_windows, input_bytes_per_column, next_power_of_2)
 from portable_softmax.targets import dense_form, plan_launch, select_config, target_for, ticketed_forms
 from portable_softmax.profiles import load_profile, profile_names
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -221,11 +221,8 @@ class Case:
         return self.sliced and self._sliced_windows()[1]
 
     def _sliced_windows(self) -> tuple[int, bool]:
-        # As launch.py picks them: windows that follow the inputs where none fits the output too.
-        window = (1, self.rows, self.cols, self.tensor_strides, [DTYPE_BYTES[self.dtype]] * len(self.tensor_strides),
-                  True)
-        shifted = window_align(*window) == 1 and window_align(*window, shifted_output=True) > 1
-        return window_align(*window, shifted_output=shifted), shifted
+        return call_windows(1, self.rows, self.cols, self.tensor_strides,
+                            [DTYPE_BYTES[self.dtype]] * len(self.tensor_strides), True)
 
     @property
     def strides(self) -> tuple[int, int, int]:

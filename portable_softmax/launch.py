@@ -27,8 +27,8 @@ from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
-from portable_softmax.planner import (KernelConfig, LaunchPlan, plan_launch, plan_sharded, split_fit, tile_fill,
-                                      tile_fit, window_align)
+from portable_softmax.planner import (KernelConfig, LaunchPlan, call_windows, plan_launch, plan_sharded, split_fit,
+                                      tile_fill, tile_fit)
 from portable_softmax.targets import target_for
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import TUNING
@@ -253,13 +253,8 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     # The data's inputs (a fused call's mask and scale follow the output).
     input_bytes = sum(t.element_size() for t in tensors[:arity - 1])
     data = tensors[:arity]
-    window = (view.n_outer, view.rows_per_outer, view.n_cols, view.strides, [t.element_size() for t in data],
-              all(t.data_ptr() % 16 == 0 for t in data))
-    align = window_align(*window)
-    # Inputs that share windows but an output that does not (rows sliced from a padded
-    # vocabulary, written contiguous): windows follow the inputs.
-    shifted = align == 1 and window_align(*window, shifted_output=True) > 1
-    align = window_align(*window, shifted_output=shifted)
+    align, shifted = call_windows(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
+                                  [t.element_size() for t in data], all(t.data_ptr() % 16 == 0 for t in data))
     facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
                                *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
     fused_scalars = fusion.scalars if fusion else variants.NO_FUSION

@@ -133,6 +133,19 @@ def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequen
     return align
 
 
+def call_windows(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequence[tuple[int, int, int]],
+                 element_sizes: Sequence[int], pointers_aligned: bool) -> tuple[int, bool]:
+    """A call's ``ALIGN`` and whether its output is shifted (``variants.CallFacts.shifted``):
+    windows that fit every tensor, else, where the inputs share windows but the output does not
+    (rows sliced from a padded vocabulary, written contiguous), windows that follow the inputs."""
+    window = (n_outer, rows_per_outer, n_cols, strides, element_sizes, pointers_aligned)
+    align = window_align(*window)
+    if align > 1:
+        return align, False
+    shifted = window_align(*window, shifted_output=True)
+    return shifted, shifted > 1
+
+
 def contiguous_align(rows: int, cols: int, element_size: int) -> int:
     """``window_align`` for contiguous [rows, cols] tensors of one element size."""
     return window_align(1, rows, cols, [(0, cols, 1)], [element_size], True)
