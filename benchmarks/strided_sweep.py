@@ -57,9 +57,13 @@ CASES = [
 # tiles lost with either exchange (column bf16 0.41 -> 0.21-0.23, transposed 0.46 -> 0.27-0.29).
 # Run 10 (H100): where torch.compile leads (the bf16 column's backward, 0.52 against 0.60):
 # ticketed split tiles everywhere (split_ticket_bytes 0), twice the elements a program holds, both.
-SWEEP = [("ticketed", {"split_ticket_bytes": 0}),
-         ("32k", {"strided_split_elements": 32768}),
-         ("ticketed32k", {"split_ticket_bytes": 0, "strided_split_elements": 32768})]
+# (ticketed tiles of 16 chunks or more were taken: Tuning.strided_ticket_chunks.)
+# v23 (H100): wider tiles at more exchange slots than the 512 in force: the bf16 column backward
+# at 32 rows x 64 chunks (2048 slots), and the bf16 forward widened the same way.
+SWEEP = [("slots2048", {"strided_split_slots": 2048}),
+         ("slots2048fwd", {"strided_split_slots": 2048,
+                           "strided_split_rows": {("forward", 2): 32, ("backward", 2): 64}}),
+         ("slots4096", {"strided_split_slots": 4096})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")
