@@ -25,6 +25,7 @@ from portable_softmax import device, launch, ops, tuning
 CASES = [
     ("column (32768,1024) fp32 dim0", (32768, 1024), None, 0, torch.float32),
     ("column (32768,1024) bf16 dim0", (32768, 1024), None, 0, torch.bfloat16),
+    ("column (16384,2048) bf16 dim0", (16384, 2048), None, 0, torch.bfloat16),
     ("transposed (4096,8192).t() bf16", (4096, 8192), lambda t: t.t(), -1, torch.bfloat16),
     ("NCHW (16,21,512,512) fp32 dim1", (16, 21, 512, 512), None, 1, torch.float32),
     ("NCHW (64,1024,32,32) bf16 dim1", (64, 1024, 32, 32), None, 1, torch.bfloat16),
@@ -60,10 +61,11 @@ CASES = [
 # (ticketed tiles of 16 chunks or more were taken: Tuning.strided_ticket_chunks.)
 # v23 (H100): wider tiles at more exchange slots than the 512 in force: the bf16 column backward
 # at 32 rows x 64 chunks (2048 slots), and the bf16 forward widened the same way.
-SWEEP = [("slots2048", {"strided_split_slots": 2048}),
-         ("slots2048fwd", {"strided_split_slots": 2048,
-                           "strided_split_rows": {("forward", 2): 32, ("backward", 2): 64}}),
-         ("slots4096", {"strided_split_slots": 4096})]
+# (Slower everywhere, or level: NOTES v23.) Then the sliced regime (two launches), which the H200's
+# row takes for long bf16 columns: against none ("noslices") and for every dtype ("slices").
+SWEEP = [("noslices", {"strided_slices": {}}),
+         ("slices", {"strided_slices": {(direction, element): 16384 for direction in ("forward", "backward")
+                                        for element in (2, 4)}})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")

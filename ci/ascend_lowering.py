@@ -51,9 +51,11 @@ PLANS = {
 }
 
 
-# Rows sharded across ranks (``portable_softmax.distributed``): a long slice streamed in chunks, and
-# short ones in tiles of rows (the loop regime's shapes), every phase.
-SHARDED_PLANS = [(1, 8192), (8, 1024)]
+# The streamed kernels of rows cut into parts, every phase: rows sharded across ranks
+# (``portable_softmax.distributed``; a long slice streamed in chunks, short ones in tiles of rows,
+# the loop regime's shapes) and the sliced regime's tiles (128 bytes of adjacent bf16 and fp32
+# rows: long reductions along a strided dimension, where Ascend's loop tiles would be few).
+SHARDED_PLANS = [(1, 8192), (8, 1024), (64, 128), (32, 256)]
 
 
 def lowering_jobs():
@@ -87,7 +89,7 @@ def lowering_jobs():
     for phase in variants.SHARDED_PHASES:
         for block_m, block_n in SHARDED_PLANS:
             for log in (False,) if phase == "forward_partials" else (False, True):
-                config = types.SimpleNamespace(block_m=block_m, block_n=block_n)
+                config = types.SimpleNamespace(regime="loop", block_m=block_m, block_n=block_n, chunks=1)
                 yield (variants.sharded_kernel_name(phase), phase, f"M={block_m} N={block_n} LOG={int(log)}",
                        variants.sharded_constexprs(phase, config, log, False, 2))
 

@@ -166,13 +166,15 @@ def target_record(target: Target) -> tuple[DeviceRecord, str, Optional[str]]:
     name = target.profile or TARGET_PROFILES.get(target.name) or _nearest_profile(target)
     profile = load_profile(name)
     properties = dict(profile["properties"])
-    description = profile["description"]
+    # Named as the live device is, where the profile says: tuning rows may be keyed by that name
+    # (the H200's), as ``profiles.profile_record`` names it.
+    description = profile.get("device_name", profile["description"])
     recorded = profile["target"]
     note = None
     if str(recorded["arch"]) != str(target.arch):
         note = (f"synthetic record: no recorded {target.name} chip; {name}'s recorded properties "
                 f"({recorded['backend']}:{recorded['arch']}) with the architecture replaced by {target.arch}")
-        description = f"synthetic {target.name}, from {name} ({description})"
+        description = f"synthetic {target.name}, from {name} ({profile['description']})"
         if target.backend == "hip":
             properties["arch"] = target.arch
         properties["warpSize"] = target.warp_size
@@ -285,12 +287,14 @@ def _int_type(value: int) -> str:
 
 
 def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str, tuple, dict]:
-    """``launch_arguments`` for the ``phase`` kernel of rows sharded across ranks: the partials
-    are float32 (float64 with float64 data), indexed by row."""
+    """``launch_arguments`` for the ``phase`` kernel of rows sharded across ranks, or of a sliced
+    config (``planner._sliced_config``: the same kernels): the partials are float32 (float64 with
+    float64 data), indexed by part and row."""
     pointer = POINTER_TYPES[case.dtype]
     stats = POINTER_TYPES["float64" if case.dtype == "float64" else "float32"]
     args: list[tuple[str, Any]] = [(stats if t == "stats" else pointer, True) for t in variants.SHARDED_TENSORS[phase]]
-    strides = [case.strides] * len(variants.sharded_row_tensors(phase))
+    names = variants.TENSORS[case.direction]
+    strides = [case.tensor_strides[names.index(t)] for t in variants.sharded_row_tensors(phase)]
     for value in variants.sharded_scalar_arguments(phase, config, 1, case.rows, case.cols, strides, SHARDED_RANKS):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
@@ -340,7 +344,8 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     """``planned_configs``, and where the record rules the split path out (no residency: HIP
     until its wait loops are shown to read memory), the split configurations a record with
     residency would plan: every split kernel is compiled and checked on every target. For
-    sharded rows, the planned configuration of each phase of the direction (the role names it)."""
+    sharded rows, the planned configuration of each phase of the direction (the role names it),
+    as for a sliced configuration."""
     if case.sharded:
         plan = plan_sharded(target_for(record), case.rows, case.cols, case.plan_dtype, backward=case.backward,
                             rows_per_group=case.rows, input_bytes=case.input_bytes)
@@ -350,7 +355,14 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         waiting = dataclasses.replace(record, residency_guaranteed=True)
         found += [(f"{role}, unplanned", config) for role, config in planned_configs(waiting, case)
                   if config.regime == "split"]
-    return found
+    # A sliced config runs two kernels: the role names the phase.
+    phased: list[tuple[str, KernelConfig]] = []
+    for role, config in found:
+        if config.regime != variants.SLICED:
+            phased.append((role, config))
+        elif not any(c == config for _, c in phased):
+            phased += [(phase, config) for phase in variants.phases(case.direction)]
+    return phased
 
 
 def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
@@ -361,7 +373,7 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
     better (``Tuning.tile_wave_fill``), and the dense form of each tile that the plan would take
     (``planner.dense_form``), each also in its form for a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
-                  input_bytes=case.input_bytes, strided=case.strided, causal=case.causal)
+                  input_bytes=case.input_bytes, strided=case.strided, causal=case.causal, sliceable=not case.fused)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
     if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
@@ -394,8 +406,8 @@ def _options(target: Target, config: KernelConfig) -> dict[str, Any]:
 def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, case: Case,
                  role: str = "") -> dict[str, Any]:
     """Everything a worker needs to compile one variant (plain data: it crosses a process); for
-    sharded rows ``role`` is the phase (``case_configs``)."""
-    if case.sharded:
+    sharded rows and sliced configs ``role`` is the phase (``case_configs``)."""
+    if case.sharded or config.regime == variants.SLICED:
         kernel, args, constexprs = sharded_arguments(config, case, role)
     else:
         kernel, args, constexprs = launch_arguments(config, case, tuning_for(record).split_wait_atomic)

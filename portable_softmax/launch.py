@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -227,6 +227,45 @@ class LaunchRecord:
         return self.plan
 
 
+class SlicedRecord:
+    """The two launches of a sliced plan (``planner._sliced_config``): each slice's partials into
+    a buffer of [slices, rows] partials, then each slice's output from all of its row's partials
+    (the streamed kernels of sharded rows, ``variants.phases``). Each phase is a ``LaunchRecord``
+    of its own; the partials are allocated per call from torch's caching allocator (graph capture
+    takes them from its pool)."""
+
+    def __init__(self, direction: str, phases: tuple[LaunchRecord, LaunchRecord], plan: LaunchPlan,
+                 stats_shape: tuple[int, ...], stats_dtype: torch.dtype) -> None:
+        self.plan = plan
+        self._partials, self._normalize = phases
+        self._inputs = len(variants.TENSORS[direction]) - 1
+        self._stats_shape, self._stats_dtype = stats_shape, stats_dtype
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
+        inputs, output = tensors[:self._inputs], tensors[self._inputs]
+        stats = torch.empty(self._stats_shape, dtype=self._stats_dtype, device=output.device)
+        self._partials((*inputs, stats))
+        self._normalize((*inputs, stats, output))
+        return self.plan
+
+
+def _sliced_record(direction: str, module: Any, backend: Backend, device: torch.device, plan: LaunchPlan,
+                   view: RowView, log: bool, acc_fp64: bool) -> SlicedRecord:
+    names = variants.TENSORS[direction]
+    phases = []
+    for phase in variants.phases(direction):
+        kernel = getattr(module, variants.sharded_kernel_name(phase))
+        strides = [view.strides[names.index(t)] for t in variants.sharded_row_tensors(phase)]
+        scalars = variants.sharded_scalar_arguments(phase, plan.config, view.n_outer, view.rows_per_outer,
+                                                    view.n_cols, strides, 1)
+        constexprs = variants.sharded_constexprs(phase, plan.config, log, acc_fp64, 1)
+        phases.append(LaunchRecord(kernel, backend, device, plan, scalars, constexprs,
+                                   {"num_warps": plan.num_warps, "num_stages": 1}, None))
+    # Forward partials are (maximum, sum) pairs; backward ones, sums.
+    shape = (plan.chunks, view.n_rows, 2) if direction == "forward" else (plan.chunks, view.n_rows)
+    return SlicedRecord(direction, (phases[0], phases[1]), plan, shape, torch.float64 if acc_fp64 else torch.float32)
+
+
 @dataclass(frozen=True)
 class Fusion:
     """A fused call's variant (``variants.CallFacts``' scale, mask, causal) and the values of
@@ -239,7 +278,7 @@ class Fusion:
 
 
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
-                 allow_split: bool = True, fusion: Optional[Fusion] = None) -> LaunchRecord:
+                 allow_split: bool = True, fusion: Optional[Fusion] = None) -> Union[LaunchRecord, SlicedRecord]:
     """Plan and prepare the launch of ``tensors`` (inputs, then output; with ``fusion`` then the
     mask and scale tensors, the input standing in for an absent one) over ``view``."""
     device = tensors[0].device
@@ -314,9 +353,11 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     plan = plan_launch(target, view.n_rows, view.n_cols, dtype_name, backward=backward,
                        rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
                        allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow,
-                       strided=view.strided, causal=bool(fusion and fusion.causal))
-    kernel, args, constexprs, options = arguments(plan.config)
+                       strided=view.strided, causal=bool(fusion and fusion.causal), sliceable=fusion is None)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
+    if plan.regime == variants.SLICED:
+        return _sliced_record(direction, module, backend, device, plan, view, log, acc_fp64)
+    kernel, args, constexprs, options = arguments(plan.config)
     fallback = None
     if plan.regime == "split":
         # The same call without the split path, for a graph capture that cannot grow the scratch;
@@ -328,7 +369,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
 
 # Launch records by call signature; bounded so that a stream of distinct shapes cannot grow it
 # forever. Any change to the tuning table empties it (``TUNING.on_change``): records hold plans.
-_records: dict[tuple, LaunchRecord] = {}
+_records: dict[tuple, Union[LaunchRecord, SlicedRecord]] = {}
 _RECORDS_LIMIT = 4096
 TUNING.on_change(_records.clear)
 

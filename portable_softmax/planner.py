@@ -11,6 +11,9 @@ Three regimes (see ``kernels.py``):
   (every program waits on the others) also ``record.cooperative_launch``, and a ticketed row
   (only its chunks wait on each other) must fit one residency domain.
 * ``loop``: stream the row twice; never waits on another program, so it is always safe.
+* ``sliced``: a long reduction along a strided dimension cut into slices, in two launches (each
+  slice's partials, then each slice's output from all of its row's partials: the streamed
+  kernels of sharded rows, ``variants.phases``); no program waits on another either.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from portable_softmax.tuning import Tuning
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MAX_SPLIT_CHUNKS = 1024
+# A sliced row's normalize phase reads the partials of all its slices at once, [rows, slices].
+MAX_SLICES = 64
 # The widest vector load, and the divisibility Triton specialises integer arguments on.
 VECTOR_BYTES = 16
 TRITON_DIVISIBILITY = 16
@@ -199,19 +204,21 @@ def estimate_resources(record: DeviceRecord, config: KernelConfig, backward: boo
 
 def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,
                   rows_per_group: Optional[int] = None, allow_split: bool = True, align: int = 1,
-                  input_bytes: Optional[int] = None, strided: bool = False, causal: bool = False) -> KernelConfig:
+                  input_bytes: Optional[int] = None, strided: bool = False, causal: bool = False,
+                  sliceable: bool = True) -> KernelConfig:
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks. ``input_bytes``, ``strided`` and
-    ``causal``: as ``plan_launch`` takes them.
+    columns wider than the row, needs no more or wider chunks. ``input_bytes``, ``strided``,
+    ``causal`` and ``sliceable``: as ``plan_launch`` takes them.
     """
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     if strided:
         rows_per_group = n_rows if rows_per_group is None else rows_per_group
-        return _strided_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes)
+        return _strided_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes,
+                               sliceable)
     plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes,
                           causal)
     if align == 1 or plain.regime != "split" or _direction(backward) not in target.tuning.split_windows:
@@ -234,12 +241,15 @@ def _can_split(record: DeviceRecord, dtype: str, allow_split: bool) -> bool:
 
 
 def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool, rows_per_group: int,
-                    allow_split: bool, input_bytes: int) -> KernelConfig:
+                    allow_split: bool, input_bytes: int, sliceable: bool = True) -> KernelConfig:
     """The configuration for rows that lie side by side in memory, reduced along a strided
     dimension: every tile spans ``Tuning.strided_rows`` adjacent rows, so that its loads read
     whole sectors of the contiguous dimension, and as much of the reduced one as a program holds
     (``_row_limit``): the whole row (tile), else chunks of it held at once by several programs
-    (split, ``Tuning.strided_split_elements``), else streamed twice (loop)."""
+    (split, ``Tuning.strided_split_elements``), else (``sliceable``: the sliced kernels fuse
+    nothing) slices streamed in two launches (sliced, ``_sliced_config``), else streamed twice
+    by a program per tile (loop). Where the tuning row names the direction and element size in
+    ``strided_slices``, rows at least that long are sliced rather than split."""
     record = target.record
     tuning = target.tuning
     width = next_power_of_2(n_cols)
@@ -250,6 +260,10 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
         block_m = max(side, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         return KernelConfig("tile", block_m, width, 1,
                             _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
+    sliced = _sliced_config(target, n_rows, n_cols, rows_per_group, element) if sliceable else None
+    sliced_from = tuning.strided_slices.get((_direction(backward), element))
+    if sliced is not None and sliced_from is not None and n_cols >= sliced_from:
+        return sliced
     if _can_split(record, dtype, allow_split):
         config = _strided_split(target, n_rows, n_cols, rows_per_group, side, inputs)
         # Wider tiles, up to the tuning's rows, while a program's exchange slots stay few.
@@ -261,8 +275,31 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
                 break
             config = wider
         return config
+    if sliced is not None:
+        return sliced
     chunk = max(1, min(tuning.loop_chunk // side, width))
     return KernelConfig("loop", side, chunk, 1, _warps(side * chunk, tuning.elements_per_thread, record, tuning.max_warps))
+
+
+def _sliced_config(target: Target, n_rows: int, n_cols: int, rows_per_group: int,
+                   element: int) -> Optional[KernelConfig]:
+    """Slices of strided rows (``_strided_config``): tiles of 128 bytes of adjacent rows, rows cut
+    into slices of ``Tuning.slice_elements`` (at most ``MAX_SLICES``) until the tiles' slices give
+    ``slice_programs_per_unit`` programs a unit; None where that leaves fewer than two slices (a
+    loop program per tile then streams as much)."""
+    record = target.record
+    tuning = target.tuning
+    side = min(next_power_of_2(rows_per_group), max(1, VECTOR_BYTES * 8 // element))
+    tiles = _cdiv(n_rows, max(rows_per_group, 1)) * _cdiv(rows_per_group, side)
+    slices = min(MAX_SLICES, _cdiv(n_cols, tuning.slice_elements),
+                 _cdiv(record.compute_units * tuning.slice_programs_per_unit, tiles))
+    if slices < 2:
+        return None
+    # Equal slices, none of them empty.
+    slices = _cdiv(n_cols, _cdiv(n_cols, slices))
+    step = max(1, min(tuning.slice_tile_elements // side, next_power_of_2(_cdiv(n_cols, slices))))
+    return KernelConfig("sliced", side, step, slices,
+                        _warps(side * step, tuning.split_elements_per_thread, record, tuning.max_warps))
 
 
 def _strided_split(target: Target, n_rows: int, n_cols: int, rows_per_group: int, side: int,
@@ -400,8 +437,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
                 rows_per_group: Optional[int] = None, resources: ResourceSource = None,
                 programs: Optional[int] = None, allow_split: bool = True, align: int = 1,
                 input_bytes: Optional[int] = None, narrow: bool = False, strided: bool = False,
-                causal: bool = False) -> LaunchPlan:
-    """Plan one launch.
+                causal: bool = False, sliceable: bool = True) -> LaunchPlan:
+    """Plan one launch (for the sliced regime, both of its launches: one program per item each).
 
     Args:
         record: the device.
@@ -421,6 +458,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
             (``_strided_config``).
         causal: a fused causal call (``fused.py``), whose forward reads only the kept part of
             each row: tiles get warps for what they read.
+        sliceable: the call may take the sliced regime (``_strided_config``), whose kernels fuse
+            nothing.
 
     Returns:
         The plan. Raises ValueError if ``programs`` would break the split path's residency.
@@ -433,7 +472,11 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
     config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                            allow_split=allow_split, align=align, input_bytes=input_bytes, strided=strided,
-                           causal=causal)
+                           causal=causal, sliceable=sliceable)
+    if config.regime == "sliced":
+        # Two launches of a program per item, compiled per phase: nothing to size from resources.
+        return _size(target, config, estimate_resources(record, config, backward, input_bytes), n_rows,
+                     rows_per_group, programs, backward)
     if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
         for ticketed in ticketed_forms(target, config, n_cols, backward, input_bytes):
             kernel = _resources(resources, target, ticketed, backward, input_bytes)
@@ -450,7 +493,7 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
     if plan is None:
         config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align, input_bytes=input_bytes, strided=strided,
-                               causal=causal)
+                               causal=causal, sliceable=sliceable)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
     if (programs is None and plan.regime == "tile" and not plan.reread
@@ -568,6 +611,10 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         programs = items
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "
                   f"ticket; {per_unit} programs/unit resident (occupancy {occupancy})")
+    elif config.regime == "sliced":
+        programs = min(items if forced is None else forced, cap)
+        reason = (f"{note}sliced: rows of {config.chunks} slices, {config.block_m} rows x {config.block_n} a step; "
+                  f"two launches (partials, then normalize), no program waits on another")
     elif config.regime == "split":
         if not record.cooperative_launch:
             # Every program waits on the others: safe only where the driver refuses a grid

@@ -179,6 +179,16 @@ class Tuning:
             their items by ticket (``planner._ticket_fits``) whatever they hold per unit (0:
             none). A persistent program waits on its tile's peers before its next item; a
             program per item leaves the unit to the next while its peers arrive.
+        strided_slices: by (direction, bytes of an input element), the shortest reduced length
+            of a reduction along a strided dimension that is cut into slices (the ``sliced``
+            regime: two launches, the slices' partials then their normalization, no program
+            waiting on another) rather than held in split tiles where the split path is open.
+            Where it is closed (no residency, float64) long strided rows are always sliced when
+            their tiles are too few to fill the chip; a loop program per tile otherwise.
+        slice_elements: the reduced elements a slice holds (a program streams), at most
+            ``MAX_SLICES`` slices a row; a slice's program reads ``slice_tile_elements`` at a step
+            (128 bytes of adjacent rows by the rest), with ``split_elements_per_thread`` each.
+        slice_programs_per_unit: slices are cut until the programs fill this many per unit.
         split_wait_atomic: the split kernels re-read their peers' exchange slots in the wait loop
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
@@ -222,3 +232,7 @@ class Tuning:
     strided_split_rows: Mapping[tuple[str, int], int] = field(default_factory=dict)
     strided_split_slots: int = 0
     strided_ticket_chunks: int = 0
+    strided_slices: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    slice_elements: int = 1024
+    slice_tile_elements: int = 8192
+    slice_programs_per_unit: int = 4

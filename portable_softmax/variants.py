@@ -142,9 +142,14 @@ def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]
     return values
 
 
-# Rows sharded across ranks (``distributed.py``): the kernels of each phase, their tensors in
-# argument order (``stats``: the partials, indexed by row; the others: row views with (outer,
-# row, column) strides), and a count after ``COUNTS`` (the ranks whose partials are combined).
+# The streamed kernels of rows cut into parts, in two launches (``kernels.py``): rows sharded
+# across ranks (``distributed.py``), and the ``sliced`` regime (long reductions along a strided
+# dimension cut into slices; ``planner._strided_config``). The kernels of each phase, their
+# tensors in argument order (``stats``: the partials, indexed by part and row; the others: row
+# views with (outer, row, column) strides), and counts after ``COUNTS``: the slices and the
+# columns each holds (one slice of the whole row for sharded rows), and where partials are
+# combined, the parts whose partials are read (the ranks, or the slices).
+SLICED = "sliced"
 SHARDED_PHASES = ("forward_partials", "forward_normalize", "backward_partials", "backward_normalize")
 SHARDED_TENSORS = {
     "forward_partials": ("x", "stats"),
@@ -152,7 +157,15 @@ SHARDED_TENSORS = {
     "backward_partials": ("y", "dy", "stats"),
     "backward_normalize": ("y", "dy", "stats", "dx"),
 }
-SHARDED_COUNTS = {"forward_normalize": ("n_ranks",)}
+SLICE_COUNTS = ("n_slices", "slice_cols")
+COMBINED_PHASES = ("forward_normalize", "backward_normalize")
+
+
+def phases(direction: str) -> tuple[str, str]:
+    """The two phases of ``direction``, in launch order."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"no phases for {direction!r}")
+    return f"{direction}_partials", f"{direction}_normalize"
 
 
 def sharded_kernel_name(phase: str) -> str:
@@ -168,23 +181,38 @@ def sharded_row_tensors(phase: str) -> tuple[str, ...]:
 
 def sharded_parameter_names(phase: str) -> tuple[str, ...]:
     names = [f"{t}_ptr" for t in SHARDED_TENSORS[phase]]
-    names += ["n_tiles", *COUNTS[1:], *SHARDED_COUNTS.get(phase, ())]
+    names += ["n_tiles", *COUNTS[1:], *SLICE_COUNTS, *(("n_ranks",) if phase in COMBINED_PHASES else ())]
     names += [f"{t}_{axis}_stride" for t in sharded_row_tensors(phase) for axis in ("outer", "row", "col")]
     return tuple(names)
+
+
+def _parts(config: Config, ranks: int) -> int:
+    """The parts whose partials a normalize phase combines: a sliced config's slices, else ``ranks``."""
+    return config.chunks if config.regime == SLICED else ranks
 
 
 def sharded_constexprs(phase: str, config: Config, log: bool, acc_fp64: bool, ranks: int) -> dict[str, Any]:
     values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "ACC_FP64": acc_fp64}
     if phase != "forward_partials":
         values["LOG"] = log
-    if phase == "forward_normalize":
-        values["RANKS_P2"] = 1 << max(ranks - 1, 0).bit_length()
+    if phase in COMBINED_PHASES:
+        values["RANKS_P2"] = 1 << max(_parts(config, ranks) - 1, 0).bit_length()
     return values
+
+
+def slice_columns(config: Config, n_cols: int) -> int:
+    """The columns each slice of a row holds: a sliced config cuts rows into ``chunks`` slices,
+    every other config takes the row whole."""
+    return -(-n_cols // config.chunks) if config.regime == SLICED else n_cols
 
 
 def sharded_scalar_arguments(phase: str, config: Config, n_outer: int, rows_per_outer: int, n_cols: int,
                              strides: Sequence[tuple[int, int, int]], ranks: int) -> tuple[int, ...]:
-    """The integer arguments after the tensors: counts, ranks where combined, each row view's strides."""
+    """The integer arguments after the tensors: counts, the slices, the parts combined where they
+    are, each row view's strides. ``ranks``: the ranks whose partials a sharded normalize phase
+    combines (the backward's are all-reduced first: 1); a sliced config combines its slices."""
     per_outer, total = tiles(config, n_outer, rows_per_outer)
-    extra = (ranks,) if phase in SHARDED_COUNTS else ()
-    return (total, per_outer, rows_per_outer, n_cols, *extra, *(s for triple in strides for s in triple))
+    cols = slice_columns(config, n_cols)
+    counts = (-(-n_cols // cols) if n_cols else 1, cols)
+    extra = (_parts(config, ranks),) if phase in COMBINED_PHASES else ()
+    return (total, per_outer, rows_per_outer, n_cols, *counts, *extra, *(s for triple in strides for s in triple))

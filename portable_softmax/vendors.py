@@ -388,7 +388,15 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 # Ticketed float32 forward grids in chunks of 4096 (NOTES v21, two passes): the per-row
 # temperature's (256, 151936) 0.88 -> 0.91 of copy; the rest of the ticketed float32 rows level
 # (0.94-0.97). In persistent grids too, 32x128256 lost (0.93 -> 0.86): ticketed grids only.
-H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096})
+#
+# Long bf16 and fp16 reductions along a strided dimension in slices, two launches, rather than
+# held in split tiles (NOTES v23, probe and library): the column softmax of (32768, 1024) bf16
+# 0.42 / 0.49 -> SLICED_H200 of copy; split tiles are latency-bound at the H200's bandwidth.
+# float32 columns and the H100 keep their split tiles (0.65 / 0.62 and 0.75 / 0.71 against
+# 0.60 / 0.60 and 0.61 / 0.58 sliced).
+_H200_STRIDED_SLICES = {("forward", 2): 16384, ("backward", 2): 16384}
+H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
+                      strided_slices=_H200_STRIDED_SLICES)
 
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
                                        cooperative_launch=True,

@@ -1,9 +1,9 @@
 """Reductions along a strided dimension (rows side by side in memory): column softmax, channels of
 NCHW tensors, transposed inputs. Their tiles span adjacent rows (``planner._strided_config``) in
-every regime: a whole row per tile, chunks of tiles split across co-resident programs (GPUs), or
-streamed twice (the interpreter, Ascend, and GPUs where the split grid does not fit). Results
-against torch in float64, forward and backward; the plans are checked to be what the test means
-to exercise."""
+every regime: a whole row per tile, chunks of tiles split across co-resident programs (GPUs),
+slices streamed in two launches (the interpreter, AMD and Ascend, which promise no residency, and
+long bf16 columns on the H200), or streamed twice by a program per tile. Results against torch in
+float64, forward and backward; the plans are checked to be what the test means to exercise."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +19,7 @@ from portable_softmax.profiles import profile_record
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
 
 # (shape, dim): a column softmax (a tile on the interpreter, split on GPUs), one too long for the
-# interpreter's tiles (the loop), channels of an NCHW tensor, and a row of one element per tile.
+# interpreter's tiles (sliced there), channels of an NCHW tensor, and a row of one element per tile.
 CASES = [((4096, 160), 0), ((70000, 3), 0), ((5, 21, 17, 19), 1), ((1, 300), 0)]
 
 
@@ -98,19 +98,85 @@ def test_strided_tiles_span_adjacent_rows(device):
             regime, block_m = _planned_regime(x, dim, backward)
             assert block_m > 1, (shape, dim, backward, regime)
     if device == "cpu":
-        assert _planned_regime(torch.randn(70000, 3), 0)[0] == "loop"
+        assert _planned_regime(torch.randn(70000, 3), 0)[0] == "sliced"
 
 
-@pytest.mark.parametrize("profile", ["h100", "mi300x", "ascend910b"])
+@pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])
 def test_strided_plans_on_recorded_chips(profile):
-    """A column softmax of (32768, 1024): split tiles of 128 bytes of adjacent rows where the
-    chip promises residency, streamed tiles of them where not; never a tile of one row."""
+    """A column softmax of (32768, 1024): split tiles of adjacent rows where the chip promises
+    residency, slices of 128 bytes of them in two launches where not, and for bf16 on the H200
+    (``Tuning.strided_slices``); never a tile of one row. Fails with the H200's row unset."""
     record = profile_record(profile)
     for element, backward in [(4, False), (2, False), (2, True)]:
         plan = plan_launch(record, 1024, 32768, "float32", backward=backward, strided=True,
                            input_bytes=element * (2 if backward else 1))
         assert plan.block_m * element >= 32, plan
-        assert plan.regime == ("split" if record.residency_guaranteed else "loop"), plan
+        sliced = not record.residency_guaranteed or (profile == "h200" and element == 2)
+        assert plan.regime == ("sliced" if sliced else "split"), plan
+        if sliced:
+            assert plan.block_m * element == 128 and plan.chunks > 1 and plan.programs == plan.items, plan
+        # Fused calls keep what fuses (the sliced kernels fuse nothing).
+        unsliced = plan_launch(record, 1024, 32768, "float32", backward=backward, strided=True,
+                               input_bytes=element * (2 if backward else 1), sliceable=False)
+        assert unsliced.regime == ("split" if record.residency_guaranteed else "loop"), unsliced
+    # Shorter columns than the H200's row names keep their split tiles.
+    short = plan_launch(record, 1024, 8192, "float32", strided=True, input_bytes=2)
+    assert short.regime == ("split" if record.residency_guaranteed else "sliced"), short
+
+
+def _finite_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """``relative_error`` over the finite part of ``reference``, whose infinities ``ours`` holds
+    too (log_softmax of -inf)."""
+    infinite = torch.isinf(reference)
+    assert torch.equal(torch.isinf(ours).cpu(), infinite.cpu())
+    return relative_error(ours.masked_fill(infinite, 0), reference.masked_fill(infinite, 0))
+
+
+# (shape, dim): a column whose slices are not all full (5000 = 5 x 1000), channels of NCHW tensors
+# (several groups of rows), a column of as many rows as one tile holds.
+SLICED_CASES = [((5000, 37), 0), ((2, 5000, 3, 7), 1), ((4100, 64), 0)]
+
+
+@pytest.mark.parametrize("case", SLICED_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-dim{c[1]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_sliced_reductions_match_torch(device, case, dtype, log):
+    """The sliced regime on every device (a tuning row that slices every strided row that is
+    long enough): outputs poisoned first, rows holding -inf and large values, forward and the
+    backward op against torch in float64, two launches each with fresh inputs."""
+    if dtype == torch.float64 and device not in ("cpu", "cuda"):
+        pytest.skip("float64 on this device")
+    shape, dim = case
+    record = device_record(device)
+    own = tuning.tuning_for(record)
+    element = torch.tensor([], dtype=dtype).element_size()
+    # Slices of 512 until 64 programs a unit: several, the last one short, on every device.
+    tuning.TUNING[(record.backend, "*")] = tuning.replace(
+        own, strided_slices={("forward", element): 1, ("backward", element): 1}, slice_elements=512,
+        slice_programs_per_unit=64)
+    try:
+        function = torch.log_softmax if log else torch.softmax
+        backward = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+        for _ in range(2):
+            x = (torch.randn(shape, device=device) * 4).to(dtype)
+            x.select(dim, 7).fill_(-float("inf"))  # a -inf in every row
+            x.select(dim, 11).mul_(30)
+            y = torch.full(shape, float("nan"), device=device, dtype=dtype)
+            view = ops.row_view(shape, dim, x, y)
+            assert launch.run_forward(x, y, view, log).regime == "sliced"
+            reference = function(x.double(), dim)
+            error = _finite_error(y, reference)
+            assert error <= tolerance(dtype, _finite_error(function(x, dim), reference), device)
+            dy = torch.randn(shape, device=device).to(dtype)
+            y_torch = function(x, dim)
+            dx = torch.full(shape, float("nan"), device=device, dtype=dtype)
+            plan = launch.run_backward(y_torch, dy, dx, ops.row_view(shape, dim, y_torch, dy, dx), log)
+            assert plan.regime == "sliced"
+            expected = backward(dy.double(), y_torch.double(), dim, torch.float64)
+            theirs = backward(dy, y_torch, dim, dtype)
+            assert relative_error(dx, expected) <= tolerance(dtype, relative_error(theirs, expected), device)
+    finally:
+        tuning.TUNING.pop((record.backend, "*"), None)
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
