@@ -557,7 +557,7 @@ def _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, n_cols, y_col_stride, d
         else:
             acc += tl.sum(_grad_terms(y, dy, LOG), 1)
     if PER_ELEMENT:
-        return tl.sum(acc, 1)
+        acc = tl.sum(acc, 1)
     return acc
 
 
