@@ -59,10 +59,11 @@ CASES = [
 # Run 10 (H100): where torch.compile leads (the bf16 column's backward, 0.52 against 0.60):
 # ticketed split tiles everywhere (split_ticket_bytes 0), twice the elements a program holds, both.
 # (ticketed tiles of 16 chunks or more were taken: Tuning.strided_ticket_chunks.)
-# v23 (H100): wider tiles at more exchange slots than the 512 in force: the bf16 column backward
-# at 32 rows x 64 chunks (2048 slots), and the bf16 forward widened the same way.
-# (Slower everywhere, or level: NOTES v23.) Then the sliced regime (two launches), which the H200's
-# row takes for long bf16 columns: against none ("noslices") and for every dtype ("slices").
+# v23 run 1 (H100): wider tiles at more exchange slots than the 512 in force ("slots2048",
+# "slots2048fwd" with bf16 forward tiles of 32 rows, "slots4096"): level or slower (the bf16
+# column's backward 0.59 -> 0.38 at 4096). Runs 4-5 (H200): the sliced regime (two launches),
+# which the H200's row takes for long bf16 columns, against none ("noslices") and for every dtype
+# ("slices").
 SWEEP = [("noslices", {"strided_slices": {}}),
          ("slices", {"strided_slices": {(direction, element): 16384 for direction in ("forward", "backward")
                                         for element in (2, 4)}})]

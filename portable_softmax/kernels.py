@@ -537,7 +537,8 @@ def _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, n_cols, y_col_stride, d
                PER_ELEMENT: tl.constexpr):
     """One streamed pass over rows: the row sums of ``_grad_terms``. ``PER_ELEMENT``: summed per
     element of the block and across it once at the end, so that the loop holds no reduction
-    across threads (the sliced backward's partials: 0.53 -> SLICED_BWD of copy on the H200)."""
+    across threads (the sliced backward's partials: the bf16 column of (32768, 1024) 0.53 -> 0.57 of
+    copy on the H200)."""
     if PER_ELEMENT:
         if ACC_FP64:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float64)

@@ -390,10 +390,11 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 # (0.94-0.97). In persistent grids too, 32x128256 lost (0.93 -> 0.86): ticketed grids only.
 #
 # Long bf16 and fp16 reductions along a strided dimension in slices, two launches, rather than
-# held in split tiles (NOTES v23, probe and library): the column softmax of (32768, 1024) bf16
-# 0.42 / 0.49 -> SLICED_H200 of copy; split tiles are latency-bound at the H200's bandwidth.
-# float32 columns and the H100 keep their split tiles (0.65 / 0.62 and 0.75 / 0.71 against
-# 0.60 / 0.60 and 0.61 / 0.58 sliced).
+# held in split tiles (NOTES v23, same run): the column softmax of (32768, 1024) bf16 0.43 / 0.49
+# -> 0.51 / 0.57 of copy forward / backward, of (16384, 2048) 0.43 / 0.52 -> 0.51 / 0.56; split
+# tiles wait on their peers, which the H200's bandwidth makes costlier. float32 columns keep
+# their split tiles (0.65 / 0.62 against 0.55 / 0.40 sliced), and so does the H100, where the
+# probe read bf16 slices no faster (0.48 / 0.57 against 0.52 / 0.57 split).
 _H200_STRIDED_SLICES = {("forward", 2): 16384, ("backward", 2): 16384}
 H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
                       strided_slices=_H200_STRIDED_SLICES)
