@@ -64,17 +64,13 @@ CASES = [
 # column's backward 0.59 -> 0.38 at 4096). Runs 4-5 (H200): the sliced regime (two launches),
 # which the H200's row takes for long bf16 columns, against none ("noslices") and for every dtype
 # ("slices").
-# Run 6 (H200): the sliced regime's own settings (slice length, elements a step, warps, programs a
-# unit) over the bf16 columns, and fp32 columns sliced at 16K elements a step.
-_EVERY_DTYPE = {(direction, element): 16384 for direction in ("forward", "backward") for element in (2, 4)}
-SWEEP = [("noslices", {"strided_slices": {}}),
-         ("s512", {"slice_elements": 512}),
-         ("s2048", {"slice_elements": 2048}),
-         ("t4k", {"slice_tile_elements": 4096}),
-         ("t16k", {"slice_tile_elements": 16384}),
-         ("w8", {"split_elements_per_thread": 32}),
-         ("s512u8", {"slice_elements": 512, "slice_programs_per_unit": 8}),
-         ("fp32t16k", {"strided_slices": _EVERY_DTYPE, "slice_tile_elements": 16384})]
+# Run 6 (H200): the sliced regime's own settings (slice length "s512" "s2048", elements a step
+# "t4k" "t16k", warps "w8", programs a unit "s512u8") over the bf16 columns, and fp32 columns
+# sliced at 16K elements a step ("fp32t16k"): the defaults led. Run 8: every strided row of 1024
+# or more sliced (the transposed input, the channels of NCHW tensors), in slices of 1024 and 256.
+_FROM_1024 = {(direction, element): 1024 for direction in ("forward", "backward") for element in (2, 4)}
+SWEEP = [("sliced", {"strided_slices": _FROM_1024}),
+         ("sliced256", {"strided_slices": _FROM_1024, "slice_elements": 256})]
 # Cases the sweep's settings change (reductions along a strided dimension, and contiguous tiles
 # as a check).
 SWEPT = ("column", "transposed", "NCHW", "contiguous (32768")
