@@ -394,8 +394,10 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 # -> 0.51 / 0.57 of copy forward / backward, of (16384, 2048) 0.43 / 0.52 -> 0.51 / 0.56; split
 # tiles wait on their peers, which the H200's bandwidth makes costlier. float32 columns keep
 # their split tiles (0.65 / 0.62 against 0.55 / 0.40 sliced), and so does the H100, where the
-# probe read bf16 slices no faster (0.48 / 0.57 against 0.52 / 0.57 split).
-_H200_STRIDED_SLICES = {("forward", 2): 16384, ("backward", 2): 16384}
+# probe read bf16 slices no faster (0.48 / 0.57 against 0.52 / 0.57 split). The bf16 forward
+# from 4096 (run 8): the transposed (4096, 8192) input's 0.46 -> 0.51 (four slices; its backward
+# holds whole rows); slices of 256 lost there (0.31).
+_H200_STRIDED_SLICES = {("forward", 2): 4096, ("backward", 2): 16384}
 H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
                       strided_slices=_H200_STRIDED_SLICES)
 
