@@ -119,9 +119,12 @@ def test_strided_plans_on_recorded_chips(profile):
         unsliced = plan_launch(record, 1024, 32768, "float32", backward=backward, strided=True,
                                input_bytes=element * (2 if backward else 1), sliceable=False)
         assert unsliced.regime == ("split" if record.residency_guaranteed else "loop"), unsliced
-    # Shorter columns than the H200's row names keep their split tiles.
-    short = plan_launch(record, 1024, 8192, "float32", strided=True, input_bytes=2)
-    assert short.regime == ("split" if record.residency_guaranteed else "sliced"), short
+    # Shorter rows than the H200's row names keep their split tiles: bf16 forward rows from 4096,
+    # backward from 16384.
+    for cols, backward in [(2048, False), (8192, True)]:
+        short = plan_launch(record, 1024, cols, "float32", strided=True, backward=backward,
+                            input_bytes=2 * (2 if backward else 1))
+        assert short.regime == ("split" if record.residency_guaranteed else "sliced"), short
 
 
 def _finite_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
