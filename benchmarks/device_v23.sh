@@ -5,6 +5,8 @@
 #            and for every dtype) over the columns, the transposed input and the NCHW cases
 #   tests    the GPU tests of strided reductions (the sliced regime's among them), split rows and
 #            the fused regimes
+#   final    benchmarks/strided_sweep.py --quick over every case (the default tuning, torch eager
+#            and torch.compile)
 #   validate `portable-softmax validate`
 # Usage (device machine, repo root): bash benchmarks/device_v23.sh sweep tests
 set -uo pipefail
@@ -27,9 +29,12 @@ for step in "$@"; do
       run_tests tests/test_softmax.py -k "cuda and (ticketed or split or pipelined or persistent)" > "$OUT/tests-split.log" &
       wait
       tail -n 12 "$OUT"/tests-*.log ;;
+    final)
+      timeout 400 python3 benchmarks/strided_sweep.py --quick --out "$OUT/final" 2>&1 | quiet \
+        | grep -E "^\||failures" | tee "$OUT/final.log" ;;
     validate)
-      timeout 300 python3 -m portable_softmax validate --out "$OUT/validate" 2>&1 | quiet | tail -40 \
-        | tee "$OUT/validate.log" ;;
+      timeout 300 python3 -m portable_softmax validate --out "$OUT/validate" 2>&1 | quiet > "$OUT/validate.log"
+      grep -E "PASS|FAIL|passed|failed" "$OUT/validate.log" | head -20 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -363,13 +363,20 @@ _CUDA_STRIDED_SPLIT_ROWS = {("backward", 2): 64}
 # chunks keep their grid: the 1024-channel NCHW backward (8 chunks) fell 0.85 -> 0.82 ticketed.
 _CUDA_STRIDED_TICKET_CHUNKS = 16
 
+# bf16 and fp16 forward reductions along a strided dimension from 4096 long in slices, two
+# launches (NOTES v23, H100 run 3, one pass): the (32768, 1024) column 0.53 -> 0.56 of copy,
+# (16384, 2048) 0.56 -> 0.60, the transposed (4096, 8192) input 0.56 -> 0.58. Their backward keeps
+# the split tiles there (0.58 -> 0.57, 0.62 -> 0.59 sliced), and so does float32 (0.75 / 0.71 ->
+# 0.59 / 0.45). Other CUDA chips take this row unmeasured.
+_CUDA_STRIDED_SLICES = {("forward", 2): 4096}
+
 # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
 # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
 CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
                       tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
                       split_wait_atomic=_CUDA_WAIT_ATOMIC, tile_fit_bytes=_CUDA_TILE_FIT_BYTES,
                       strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512,
-                      strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS)
+                      strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core.
 NPU_TUNING = replace(Tuning(), tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
@@ -393,10 +400,9 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 # held in split tiles (NOTES v23, same run): the column softmax of (32768, 1024) bf16 0.43 / 0.49
 # -> 0.51 / 0.57 of copy forward / backward, of (16384, 2048) 0.43 / 0.52 -> 0.51 / 0.56; split
 # tiles wait on their peers, which the H200's bandwidth makes costlier. float32 columns keep
-# their split tiles (0.65 / 0.62 against 0.55 / 0.40 sliced), and so does the H100, where the
-# probe read bf16 slices no faster (0.48 / 0.57 against 0.52 / 0.57 split). The bf16 forward
-# from 4096 (run 8): the transposed (4096, 8192) input's 0.46 -> 0.51 (four slices; its backward
-# holds whole rows); slices of 256 lost there (0.31).
+# their split tiles (0.65 / 0.62 against 0.55 / 0.40 sliced); the H100 slices only the bf16
+# forward (above). The bf16 forward from 4096 (run 8): the transposed (4096, 8192) input's
+# 0.46 -> 0.51 (four slices; its backward holds whole rows); slices of 256 lost there (0.31).
 _H200_STRIDED_SLICES = {("forward", 2): 4096, ("backward", 2): 16384}
 H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
                       strided_slices=_H200_STRIDED_SLICES)

@@ -218,16 +218,17 @@ def test_wide_bf16_backward_split_tiles_where_their_chunks_are_few():
 def test_strided_split_tiles_of_many_chunks_take_tickets():
     """CUDA's row tickets split tiles of 16 chunks or more (NOTES v22): the bf16 column of (32768,
     1024) in both directions, which hold too little a unit for ``split_ticket_bytes``; not the
-    1024-channel NCHW backward (8 chunks) nor the transposed forward (4). Fails with
-    ``strided_ticket_chunks`` unset."""
+    1024-channel NCHW backward (8 chunks) nor the transposed forward (4). The bf16 forward of these
+    rows is sliced there (``strided_slices``) unless the call is fused: planned as a fused call.
+    Fails with ``strided_ticket_chunks`` unset."""
     h100 = profile_record("h100")
     assert tuning_for(h100).strided_ticket_chunks == 16
     for backward in (False, True):
-        column = plan_launch(h100, 1024, 32768, "bfloat16", backward=backward, strided=True)
+        column = plan_launch(h100, 1024, 32768, "bfloat16", backward=backward, strided=True, sliceable=False)
         assert column.regime == "split" and column.block_m == 16 and column.chunks >= 16 and column.ticketed
     nchw = plan_launch(h100, 64 * 1024, 1024, "bfloat16", backward=True, rows_per_group=1024, strided=True)
     assert nchw.regime == "split" and nchw.chunks < 16 and not nchw.ticketed
-    transposed = plan_launch(h100, 8192, 4096, "bfloat16", strided=True)
+    transposed = plan_launch(h100, 8192, 4096, "bfloat16", strided=True, sliceable=False)
     assert transposed.regime == "split" and transposed.chunks < 16 and not transposed.ticketed
 
 
