@@ -136,9 +136,9 @@ def _finite_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return relative_error(ours.masked_fill(infinite, 0), reference.masked_fill(infinite, 0))
 
 
-# (shape, dim), each longer than the interpreter's bf16 tiles hold: a column whose slices are not all
-# full (slices of 512), channels of NCHW tensors
-# (several groups of rows), a column of as many rows as one tile holds.
+# (shape, dim), each longer than the interpreter's bf16 tiles hold: a column whose slices are not
+# all full (slices of 512), channels of NCHW tensors (several groups of rows), a column of as many
+# rows as one tile holds.
 SLICED_CASES = [((4500, 37), 0), ((2, 4500, 3, 7), 1), ((4100, 64), 0)]
 
 
