@@ -293,8 +293,7 @@ def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str
     pointer = POINTER_TYPES[case.dtype]
     stats = POINTER_TYPES["float64" if case.dtype == "float64" else "float32"]
     args: list[tuple[str, Any]] = [(stats if t == "stats" else pointer, True) for t in variants.SHARDED_TENSORS[phase]]
-    names = variants.TENSORS[case.direction]
-    strides = [case.tensor_strides[names.index(t)] for t in variants.sharded_row_tensors(phase)]
+    strides = variants.phase_strides(case.direction, phase, case.tensor_strides)
     for value in variants.sharded_scalar_arguments(phase, config, 1, case.rows, case.cols, strides, SHARDED_RANKS):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))

@@ -1139,16 +1139,24 @@ def _stat_rows(outer, rows, rows_per_outer):
 
 
 @_jit
+def _part_rows(part, outer, rows, n_tiles, tiles_per_outer, rows_per_outer):
+    """Where part ``part``'s partials of ``rows`` lie among all parts' ([parts, rows of the view],
+    in partials, int64)."""
+    all_rows = n_tiles // tiles_per_outer * rows_per_outer
+    return part.to(tl.int64) * all_rows + _stat_rows(outer, rows, rows_per_outer)
+
+
+@_jit
 def _part_item(item, n_tiles, tiles_per_outer, rows_per_outer, n_cols, slice_cols, BLOCK_M: tl.constexpr):
     """Item ``item``'s tile (group, rows, which exist), its slice, the slice's first column and
-    its length, and the rows' partials index (``_stat_rows``) among all parts'."""
+    its length, and where the slice's partials of the rows lie (``_part_rows``)."""
     tile = item % n_tiles
     part = item // n_tiles
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
     first = part * slice_cols
     length = tl.minimum(slice_cols, n_cols - first)
-    all_rows = n_tiles // tiles_per_outer * rows_per_outer
-    return outer, rows, row_mask, first, length, part.to(tl.int64) * all_rows + _stat_rows(outer, rows, rows_per_outer)
+    return outer, rows, row_mask, first, length, _part_rows(part, outer, rows, n_tiles, tiles_per_outer,
+                                                            rows_per_outer)
 
 
 @_jit
@@ -1163,8 +1171,7 @@ def _parts_read(stats_ptr, outer, rows, row_mask, n_tiles, tiles_per_outer, rows
     """Where every part's partials of the tile's rows lie ([BLOCK_M, RANKS_P2], in units of
     ``WIDTH`` values), and which exist."""
     ranks = tl.arange(0, RANKS_P2)
-    all_rows = n_tiles // tiles_per_outer * rows_per_outer
-    where = (ranks[None, :].to(tl.int64) * all_rows + _stat_rows(outer, rows, rows_per_outer)[:, None]) * WIDTH
+    where = _part_rows(ranks[None, :], outer, rows[:, None], n_tiles, tiles_per_outer, rows_per_outer) * WIDTH
     return stats_ptr + where, row_mask[:, None] & (ranks < n_ranks)[None, :]
 
 

@@ -251,11 +251,10 @@ class SlicedRecord:
 
 def _sliced_record(direction: str, module: Any, backend: Backend, device: torch.device, plan: LaunchPlan,
                    view: RowView, log: bool, acc_fp64: bool) -> SlicedRecord:
-    names = variants.TENSORS[direction]
     phases = []
     for phase in variants.phases(direction):
         kernel = getattr(module, variants.sharded_kernel_name(phase))
-        strides = [view.strides[names.index(t)] for t in variants.sharded_row_tensors(phase)]
+        strides = variants.phase_strides(direction, phase, view.strides)
         scalars = variants.sharded_scalar_arguments(phase, plan.config, view.n_outer, view.rows_per_outer,
                                                     view.n_cols, strides, 1)
         constexprs = variants.sharded_constexprs(phase, plan.config, log, acc_fp64, 1)

@@ -3,7 +3,7 @@ compiled kernel's resource use and the problem size. No torch, no driver calls, 
 global table: every recorded chip can be planned for on a machine without it (``targets`` gathers
 a record's target).
 
-Three regimes (see ``kernels.py``):
+Four regimes (see ``kernels.py``):
 
 * ``tile``: rows short enough for one program; several short rows share a tile.
 * ``split``: a long row, or too few rows to fill the chip, cut into chunks held by co-resident

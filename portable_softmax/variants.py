@@ -179,6 +179,14 @@ def sharded_row_tensors(phase: str) -> tuple[str, ...]:
     return tuple(t for t in SHARDED_TENSORS[phase] if t != "stats")
 
 
+def phase_strides(direction: str, phase: str, strides: Sequence[tuple[int, int, int]]
+                  ) -> list[tuple[int, int, int]]:
+    """The row tensors' strides of ``phase`` (``sharded_row_tensors``), from ``strides`` of the
+    direction's tensors in ``TENSORS`` order."""
+    names = TENSORS[direction]
+    return [strides[names.index(t)] for t in sharded_row_tensors(phase)]
+
+
 def sharded_parameter_names(phase: str) -> tuple[str, ...]:
     names = [f"{t}_ptr" for t in SHARDED_TENSORS[phase]]
     names += ["n_tiles", *COUNTS[1:], *SLICE_COUNTS, *(("n_ranks",) if phase in COMBINED_PHASES else ())]
