@@ -2,10 +2,9 @@
 fraction of x.clone() bandwidth on the shapes that matter, in one run (METHOD.md: one call, many
 variants). The copy is timed before and after a shape's variants and the faster kept, as ``bench``
 does: a first copy into freshly allocated memory runs slow. Usage: python3 benchmarks/sweep.py
-[bfloat16,float32] [variant,...]; ``SWEEP_KERNELS=path`` runs the kernels of that file (a probe's
-variant of kernels.py) instead of the library's."""
+[bfloat16,float32] [variant,...]; ``SWEEP_KERNELS=folder`` runs the kernels of that copy of the
+kernel package (a probe's variant, ``probes/kernel_variant.py``) instead of the library's."""
 import dataclasses
-import importlib.util
 import os
 import sys
 
@@ -13,6 +12,7 @@ import torch
 from triton.testing import do_bench
 
 from portable_softmax import device, launch, ops, tuning
+from probes.kernel_variant import load_kernels
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
           (4096, 151936), (256, 151936), (32, 128256), (1, 128256)]
@@ -103,10 +103,8 @@ def _marks(plan) -> str:
     return "".join(f" {mark}" for mark in ("reread", "per_tile") if getattr(plan, mark, False))
 
 
-def _use_kernels(path: str) -> None:
-    spec = importlib.util.spec_from_file_location("portable_softmax_sweep_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _use_kernels(folder: str) -> None:
+    module = load_kernels(folder, "portable_softmax_sweep_kernels")
     launch._kernel_module = lambda backend: module
 
 

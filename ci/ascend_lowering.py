@@ -34,7 +34,7 @@ from triton.compiler.compiler import ASTSource, make_backend
 from triton._C.libtriton import ir
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS_PY = ROOT / "portable_softmax" / "kernels.py"
+KERNELS_DIR = ROOT / "portable_softmax" / "kernels"
 VARIANTS_PY = ROOT / "portable_softmax" / "variants.py"
 # The stage that needs CANN (bishengir-compile); everything before it is run.
 CANN_STAGES = ("npubin",)
@@ -94,10 +94,15 @@ def lowering_jobs():
                        variants.sharded_constexprs(phase, config, log, False, 2))
 
 
-def load_module(name, path):
-    """One file of the package alone: the package's __init__ imports torch, which this venv need
-    not have. kernels.py and variants.py (the table of kernel variants) import neither."""
-    spec = importlib.util.spec_from_file_location(name, path)
+def load_module(name, path, package=False):
+    """One file (or with ``package``, one folder's package) of the package alone: the package's
+    __init__ imports torch, which this venv need not have. The kernels package and variants.py
+    (the table of kernel variants) import neither."""
+    if package:
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -125,7 +130,7 @@ def source_for(fn, kernel, dtype, constexprs):
     tensors, names = kernel_parameters(kernel)
     declared = [p.name for p in fn.params if not p.is_constexpr]
     if list(names) != declared:
-        raise RuntimeError(f"{fn.__name__}: kernels.py declares {declared}, the variant table {list(names)}")
+        raise RuntimeError(f"{fn.__name__}: the kernels declare {declared}, the variant table {list(names)}")
     signature, hints = {}, {}
     for i, param in enumerate(fn.params):
         if param.is_constexpr:
@@ -198,7 +203,7 @@ def main(argv=None):
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    kernels = load_module("portable_softmax_kernels", KERNELS_PY)
+    kernels = load_module("portable_softmax_kernels", KERNELS_DIR, package=True)
     target = GPUTarget("npu", args.arch, 0)
     backend = make_backend(target)
     # max_warps = 1 on npu (tuning table); num_warps does not reach the Linalg stage anyway.

@@ -466,18 +466,18 @@ def cubin_sass(cubin: bytes) -> str:
 
 
 def wait_source_lines() -> tuple[str, ...]:
-    """``kernels.py:N`` of each of the split kernels' wait loops (the ``while`` in
-    ``kernels._awaited_slots`` and ``kernels._awaited_count``), which the machine code's line
+    """``exchange.py:N`` of each of the split kernels' wait loops (the ``while`` in
+    ``kernels.exchange._awaited_slots`` and ``_awaited_count``), which the machine code's line
     information names."""
     import inspect
 
-    from portable_softmax import kernels
+    from portable_softmax.kernels import exchange
 
     found = []
-    for function in (kernels._awaited_slots.fn, kernels._awaited_count.fn):
+    for function in (exchange._awaited_slots.fn, exchange._awaited_count.fn):
         lines, first = inspect.getsourcelines(function)
         offset = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
-        found.append(f"{os.path.basename(kernels.__file__)}:{first + offset}")
+        found.append(f"{os.path.basename(inspect.getsourcefile(function))}:{first + offset}")
     return tuple(found)
 
 

@@ -2,7 +2,7 @@
 (bool: keep where True; floating: added after the scaling) and ``causal=`` (SDPA's ``is_causal``,
 top-left aligned), as ``softmax(x * scale + mask)`` with the masked positions constants.
 
-Every regime's kernels have the fused variants (``kernels._fused_terms``: the mask read in its own
+Every regime's kernels have the fused variants (``kernels.fused._fused_terms``: the mask read in its own
 dtype through its broadcast strides, the scale per row), over the last dimension or any other: one
 read of x and of the mask, one write. A mask or scale whose leading strides do not merge is
 composed from torch operations and the plain kernels, with the same results. A row the bool mask

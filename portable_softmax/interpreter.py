@@ -5,8 +5,8 @@ Triton decides between compiling and interpreting when a function is decorated, 
 ``tl.sum``, ...) is decorated once, when triton is imported. So that CPU tensors work without the
 user setting anything, and GPU tensors keep working in the same process:
 
-* ``kernels.py`` is loaded a second time as ``portable_softmax.kernels_interpreted``, decorated
-  with the interpreter's ``InterpretedFunction``;
+* the ``kernels`` package is loaded a second time as ``portable_softmax.kernels_interpreted``,
+  decorated with the interpreter's ``InterpretedFunction`` (``kernels/jit.py``);
 * that copy sees ``triton.language`` through :func:`interpreted_language`, a view in which the
   standard library's jit functions are interpreted ones;
 * :func:`restored_language` undoes the interpreter's patches of ``triton.language`` after each
@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import os
+import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -88,15 +90,25 @@ _kernels: Any = None
 
 
 def interpreted_kernels() -> types.ModuleType:
-    """The kernel module, decorated for the interpreter (loaded once, on first CPU use)."""
+    """The kernel package, decorated for the interpreter (loaded once, on first CPU use)."""
     global _kernels
     with _LAUNCH_LOCK:
         if _kernels is None:
-            # The file, found without importing the compiled module (which imports nothing from here).
-            source = importlib.util.find_spec("portable_softmax.kernels").origin
-            spec = importlib.util.spec_from_file_location("portable_softmax.kernels_interpreted", source)
+            # The package's files, found without importing the compiled package (which imports
+            # nothing from here); registered first, so that its modules' relative imports load
+            # the interpreted copies of their siblings.
+            folder = importlib.util.find_spec("portable_softmax.kernels").submodule_search_locations
+            name = "portable_softmax.kernels_interpreted"
+            spec = importlib.util.spec_from_file_location(name, os.path.join(folder[0], "__init__.py"),
+                                                          submodule_search_locations=list(folder))
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                for loaded in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                    del sys.modules[loaded]
+                raise
             _kernels = module
         return _kernels
 

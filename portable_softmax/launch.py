@@ -40,7 +40,7 @@ PROGRAMS_ENV = "PORTABLE_SOFTMAX_PROGRAMS"
 
 @dataclass(frozen=True)
 class RowView:
-    """How the tensors of one call map onto rows (see ``kernels.py``): groups of rows, and for
+    """How the tensors of one call map onto rows (see ``kernels``): groups of rows, and for
     each tensor its (outer, row, column) strides in elements."""
 
     n_outer: int
@@ -157,7 +157,7 @@ _scratch = _Scratch()
 # Ticketed split launches (a program per item) fill their slots before each launch, so they keep
 # their own: the persistent path's slots must stay empty between launches.
 _ticket_scratch = _Scratch()
-# Split tiles of several rows count arrivals instead (kernels._gather_tile) and leave their slots
+# Split tiles of several rows count arrivals instead (kernels.exchange._gather_tile) and leave their slots
 # full: their own, too.
 _counted_scratch = _Scratch()
 
@@ -179,7 +179,7 @@ class LaunchRecord:
         self._fallback, self._fallback_record = fallback, None
         self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
         # Counters: one per tile (rows split one at a time), or the ticket counter and two per tile
-        # (tiles of several rows count arrivals and departures: kernels._gather_tile).
+        # (tiles of several rows count arrivals and departures: kernels.exchange._gather_tile).
         self._counters = plan.tiles if plan.block_m == 1 else 1 + 2 * plan.tiles
         # Ticketed grids of one-row items leave their slots full: they are emptied before each launch.
         self._refill = plan.ticketed and plan.block_m == 1

@@ -161,7 +161,7 @@ _NV_SOURCE = re.compile(r'//## File "(?:[^"]*/)?([^"/]+)", line (\d+)(?: inlined
 def amdgcn_loops(asm: str) -> list[Loop]:
     """Natural loops of the first function in AMDGCN assembly text (Triton emits one kernel per
     module, with any called function after it). Source lines come from ``.loc`` comments
-    (``kernels.py:380:9 @[ kernels.py:478:5 ]``: the line and where it was inlined)."""
+    (``exchange.py:380:9 @[ split.py:478:5 ]``: the line and where it was inlined)."""
     instructions: list[_Instruction] = []
     labels: tuple[str, ...] = ()
     lines: tuple[str, ...] = ()
@@ -232,7 +232,7 @@ def sass_loops(sass: str) -> list[Loop]:
 
 
 def wait_loops(loops: list[Loop], source_line: str) -> list[Loop]:
-    """The loops with code from ``source_line`` (``kernels.py:N``, the wait's ``while``), that
+    """The loops with code from ``source_line`` (``exchange.py:N``, the wait's ``while``), that
     hold no other such loop."""
     found = [loop for loop in loops if source_line in loop.lines]
     return [loop for loop in found if not any(other.blocks < loop.blocks for other in found)]

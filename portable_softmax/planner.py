@@ -3,7 +3,7 @@ compiled kernel's resource use and the problem size. No torch, no driver calls, 
 global table: every recorded chip can be planned for on a machine without it (``targets`` gathers
 a record's target).
 
-Four regimes (see ``kernels.py``):
+Four regimes (see ``kernels``):
 
 * ``tile``: rows short enough for one program; several short rows share a tile.
 * ``split``: a long row, or too few rows to fill the chip, cut into chunks held by co-resident
@@ -62,7 +62,7 @@ class KernelConfig:
     num_stages: int = 1
     # The kernels' ALIGN: 1, or the elements in 16 bytes when rows are read in aligned windows.
     align: int = 1
-    # The split kernels' TICKETED: a program per item, items taken by ticket (kernels._split_items).
+    # The split kernels' TICKETED: a program per item, items taken by ticket (kernels.split._split_items).
     ticketed: bool = False
     # The tile kernels' REREAD: the inputs read twice rather than held.
     reread: bool = False
@@ -114,7 +114,7 @@ ResourceSource = Union[KernelResources, Callable[[KernelConfig], KernelResources
 def window_align(n_outer: int, rows_per_outer: int, n_cols: int, strides: Sequence[tuple[int, int, int]],
                  element_sizes: Sequence[int], pointers_aligned: bool, shifted_output: bool = False) -> int:
     """The ``ALIGN`` constexpr of the tile and split kernels: the elements in 16 bytes if rows
-    should be read through aligned windows (``kernels.py``), else 1.
+    should be read through aligned windows (``kernels/windows.py``), else 1.
 
     Triton proves a row start 16-byte aligned only from strides that are multiples of 16
     elements, and a row's end mask constant over 16 bytes only from a length that is a multiple

@@ -130,10 +130,10 @@ class Tuning:
         loop_chunk: chunk width of the streaming (two-read) path.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
-            16-byte boundaries through aligned windows (``kernels.py``) rather than one element
+            16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
             per instruction.
         split_tickets: the directions whose split path may give each item a program that takes
-            it by ticket (``kernels._split_items``) instead of running a persistent grid: the
+            it by ticket (``kernels.split._split_items``) instead of running a persistent grid: the
             hardware then starts a program wherever one ends, rather than a fixed group of
             programs stepping through rows together. Taken where the resident programs hold
             ``split_ticket_bytes`` of input per unit or more and the items fill

@@ -1,6 +1,6 @@
-"""The kernel variants, declared once: which kernel of ``kernels.py`` a configuration runs, the
+"""The kernel variants, declared once: which kernel of ``kernels`` a configuration runs, the
 order and meaning of its arguments, and its constexprs. The launch (``launch.py``), the compile
-report (``crosscompile.py``) and the Ascend lowering (``ci/ascend_lowering.py``) all read this
+report (``crosscompile``) and the Ascend lowering (``ci/ascend_lowering.py``) all read this
 table, so that a new constexpr or argument is written here and nowhere else.
 
 Plain data and arithmetic: no torch, no Triton (the Ascend lowering loads this file into a venv
@@ -21,7 +21,7 @@ REGIMES = ("tile", "split", "loop")
 
 # The tensors of each direction, in argument order: the inputs, then the output.
 TENSORS = {"forward": ("x", "y"), "backward": ("y", "dy", "dx")}
-# The fused variants (scale, masks, causal: ``kernels._fused_terms``), in the regimes that take
+# The fused variants (scale, masks, causal: ``kernels.fused._fused_terms``), in the regimes that take
 # them (every one): their tensors after the others (the mask in its own dtype, the scale tensor; the input
 # stands in where absent), and their scalars after the strides: a number scale, the input's
 # leading dimensions as (A, n_heads, n_queries), the mask's (A, heads, queries, keys) strides and
@@ -116,7 +116,7 @@ def scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_cols: 
 
 
 def parameter_names(direction: str, regime: str) -> tuple[str, ...]:
-    """The names of a kernel's non-constexpr parameters, in order, as ``kernels.py`` spells them."""
+    """The names of a kernel's non-constexpr parameters, in order, as the kernels spell them."""
     names = [f"{t}_ptr" for t in tensor_names(direction, regime)]
     if regime == "split":
         names += [f"{name}_ptr" for name, _ in SCRATCH]
@@ -142,7 +142,7 @@ def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]
     return values
 
 
-# The streamed kernels of rows cut into parts, in two launches (``kernels.py``): rows sharded
+# The streamed kernels of rows cut into parts, in two launches (``kernels/partials.py``): rows sharded
 # across ranks (``distributed.py``), and the ``sliced`` regime (long reductions along a strided
 # dimension cut into slices; ``planner._strided_config``). The kernels of each phase, their
 # tensors in argument order (``stats``: the partials, indexed by part and row; the others: row

@@ -32,9 +32,17 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _sources() -> dict[str, list[Path]]:
+    """Each module of the package and its files: a subpackage (``kernels/``) is one module."""
+    found = {p.stem: [p] for p in PACKAGE.glob("*.py")}
+    found.update({p.parent.name: sorted(p.parent.glob("*.py")) for p in PACKAGE.glob("*/__init__.py")})
+    return found
+
+
 def _modules() -> dict[str, set[str]]:
-    names = {p.stem for p in PACKAGE.glob("*.py")}
-    return {p.stem: {m for m in _imports(p) if m in names and m != p.stem} for p in PACKAGE.glob("*.py")}
+    sources = _sources()
+    return {name: {m for p in paths for m in _imports(p) if m in sources and m != name}
+            for name, paths in sources.items()}
 
 
 def test_every_module_has_a_layer():

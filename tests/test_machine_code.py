@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from portable_softmax import machine_code
 
-WAIT = "kernels.py:328"
+WAIT = "exchange.py:328"
 
 SASS_WAIT = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
-	//## File "/x/kernels.py", line 313
+	//## File "/x/exchange.py", line 313
         /*0010*/                   LDG.E.64.STRONG.SYS R26, desc[UR10][R44.64] ;
 .L_x_1:
-	//## File "/x/kernels.py", line 313
+	//## File "/x/exchange.py", line 313
         /*0020*/                   {READ}
-	//## File "/x/kernels.py", line 328
+	//## File "/x/exchange.py", line 328
         /*0030*/                   ISETP.GE.AND P1, PT, R19, 0x1, PT ;
         /*0040*/               @P1 BRA `(.L_x_1) ;
         /*0050*/                   EXIT ;
@@ -25,14 +25,14 @@ AMD_WAIT = """
 k:
 	s_load_dwordx2 s[2:3], s[0:1], 0x0
 .LBB0_1:
-	.loc	1 291 0                 ; kernels.py:291:0
+	.loc	1 291 0                 ; exchange.py:291:0
 	v_readfirstlane_b32 s56, v86
 	s_andn2_b64 exec, exec, s[54:55]
 	s_cbranch_execnz .LBB0_1
 .LBB0_2:
-	.loc	1 313 9                 ; kernels.py:313:9 @[ kernels.py:328:5 ]
+	.loc	1 313 9                 ; exchange.py:313:9 @[ exchange.py:328:5 ]
 	{READ}
-	.loc	1 328 5                 ; kernels.py:328:5
+	.loc	1 328 5                 ; exchange.py:328:5
 	s_cmp_gt_i32 s3, 0
 	s_cbranch_scc1 .LBB0_2
 	s_endpgm
@@ -55,9 +55,9 @@ def test_a_sass_wait_whose_read_was_hoisted():
 SASS_DIVERGENT_WAIT = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
 .L_x_1:
-	//## File "/x/kernels.py", line 313
+	//## File "/x/exchange.py", line 313
         /*0010*/                   LDG.E.64.STRONG.SYS R26, desc[UR10][R44.64] ;
-	//## File "/x/kernels.py", line 328
+	//## File "/x/exchange.py", line 328
         /*0020*/                   BRA.DIV UR8, `(.L_x_3) ;
         /*0030*/                   REDUX.SUM.S32 UR5, R118 ;
 .L_x_4:
@@ -89,5 +89,5 @@ def test_amd_wait_loops_and_lane_loops():
 
 
 def test_no_line_information_finds_no_wait():
-    loops = machine_code.amdgcn_loops(AMD_WAIT.replace("{READ}", "v_mov_b32_e32 v1, v2").replace("kernels.py", "x.py"))
+    loops = machine_code.amdgcn_loops(AMD_WAIT.replace("{READ}", "v_mov_b32_e32 v1, v2").replace("exchange.py", "x.py"))
     assert machine_code.wait_loops(loops, WAIT) == []

@@ -5,7 +5,7 @@ read each other (distributed shared memory), so a row of up to 16 x a CTA's regi
 read and one write and no exchange through global memory. Triton 3.9 compiles that from plain
 Triton: a kernel launched with ``num_ctas=C`` on sm_90 lays a [1, BLOCK_N] block over the C CTAs of
 a cluster and reduces it through distributed shared memory (``mapa``, ``barrier.cluster``). The
-tile kernels of ``kernels.py`` then hold a row of BLOCK_N elements in C CTAs' registers, unchanged.
+tile kernels of ``kernels/rows.py`` then hold a row of BLOCK_N elements in C CTAs' registers, unchanged.
 Triton 3.6-3.8 reject the layout (TritonGPUPlanCTAPass).
 
 For each shape, dtype and direction this times the library's planned launch (``ours``) and the

@@ -20,7 +20,8 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from portable_softmax import launch, ops
-from portable_softmax.kernels import EMPTY_SLOT, LOG2E, _bits_float, _float_bits
+from portable_softmax.kernels.common import LOG2E
+from portable_softmax.kernels.exchange import EMPTY_SLOT, _bits_float, _float_bits
 
 
 @triton.jit

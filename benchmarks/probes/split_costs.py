@@ -1,7 +1,8 @@
 """Probe (v11): what holds the bf16 split forward of long rows below 0.90 of copy?
 
-Variants of ``portable_softmax/kernels.py`` built by replacing lines of its source (measurement
-only; most give wrong outputs), each run through the library's own planner and launcher:
+Variants of the kernel package built by replacing lines of its modules (``kernel_variant.py``;
+measurement only; most give wrong outputs), each run through the library's own planner and
+launcher:
 
 * ``base``: the library's kernels.
 * ``noexp``: the split forward's exponentials replaced by a multiply: how much the special-function
@@ -21,7 +22,6 @@ only; most give wrong outputs), each run through the library's own planner and l
 Usage: python3 benchmarks/probes/split_costs.py [variant,...] [bfloat16,float32]
 (``SWEEP_SHAPES`` as sweep.py reads it).
 """
-import importlib.util
 import os
 import sys
 import tempfile
@@ -29,13 +29,13 @@ import tempfile
 import torch
 from triton.testing import do_bench
 
+from kernel_variant import KERNELS, edited_kernels
 from portable_softmax import launch, ops
 
 SHAPES = [(16384, 32768), (16384, 65536), (4096, 262144), (4096, 50257), (4096, 151936), (32, 128256)]
 if os.environ.get("SWEEP_SHAPES"):
     SHAPES = [tuple(map(int, shape.split("x"))) for shape in os.environ["SWEEP_SHAPES"].split(",")]
 
-SOURCE = os.path.join(os.path.dirname(ops.__file__), "kernels.py")
 SPLIT_EXP = "        e = tl.exp2(z * LOG2E)\n        total = tl.sum(e, 1)\n        if ALIGN > 1:"
 WAIT = ("    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:\n"
         "        v = tl.load(first_slot + peers, mask=present, other=0, volatile=True)\n")
@@ -68,45 +68,35 @@ def _exp2_half(t, BLOCK_N: tl.constexpr):
 '''
 
 
-def variant_source(name: str) -> str:
-    text = open(SOURCE).read()
-    assert text.count(SPLIT_EXP) == 1 and text.count(WAIT) == 1
+def variant_edits(name: str) -> dict[str, list[tuple[str, str]]]:
+    """The (old, new) replacements of variant ``name``, by module of the kernel package. The split
+    kernels' texts are those of v11-v13: from commit 4016614 on, the wait (``WAIT``) reads its slots
+    through ``_read_slots``, and ``kernel_variant`` exits naming the module whose text is gone."""
+    split, exchange, common = [], [], []
     if "noexp" in name:
-        text = text.replace(SPLIT_EXP, SPLIT_EXP.replace("tl.exp2(z * LOG2E)", "z * LOG2E"))
+        split.append((SPLIT_EXP, SPLIT_EXP.replace("tl.exp2(z * LOG2E)", "z * LOG2E")))
     if "noexchange" in name:
-        assert text.count(EXCHANGE) == 1
-        text = text.replace(EXCHANGE, "        row_max, row_total = tl.max(chunk_max, 0), tl.sum(total, 0)\n")
+        split.append((EXCHANGE, "        row_max, row_total = tl.max(chunk_max, 0), tl.sum(total, 0)\n"))
     if "nowait" in name:
-        text = text.replace(WAIT, "")
+        exchange.append((WAIT, ""))
     if name in ("softexp", "halfexp"):
         call = "_exp2_soft(z * LOG2E)" if name == "softexp" else "_exp2_half(z * LOG2E, BLOCK_N)"
-        text = text.replace(SPLIT_EXP, SPLIT_EXP.replace("tl.exp2(z * LOG2E)", call))
-        text = text.replace("\n\n@_jit\ndef _tile_rows(", SOFT + "\n\n@_jit\ndef _tile_rows(", 1)
+        split.append((SPLIT_EXP, SPLIT_EXP.replace("tl.exp2(z * LOG2E)", call)))
+        split.append(("\n\n@_jit\ndef softmax_forward_split(", SOFT + "\n\n@_jit\ndef softmax_forward_split("))
     if "yef" in name or "ycs" in name:
-        assert text.count(STORE) == 1
         hint = 'eviction_policy="evict_first"' if "yef" in name else 'cache_modifier=".cs"'
-        text = text.replace(STORE, STORE.replace("mask=mask)", f"mask=mask, {hint})"))
+        common.append((STORE, STORE.replace("mask=mask)", f"mask=mask, {hint})")))
     if "xef" in name:
-        lines = text.split("\n")
-        split_loads = [i for i, line in enumerate(lines) if SPLIT_LOAD in line and line.endswith('False, "")')]
-        assert len(split_loads) == 2
-        for i in split_loads:
-            lines[i] = lines[i].replace('False, "")', 'False, "evict_first")')
-        text = "\n".join(lines)
+        source = (KERNELS / "split.py").read_text()
+        split += [(line, line.replace('False, "")', 'False, "evict_first")')) for line in source.split("\n")
+                  if SPLIT_LOAD in line and line.endswith('False, "")')]
     if "xcg" in name:
-        assert text.count(LOAD) == 1
-        text = text.replace(LOAD, LOAD.replace("eviction_policy=EVICT)", 'eviction_policy=EVICT, cache_modifier=".cg")'))
-    return text
+        common.append((LOAD, LOAD.replace("eviction_policy=EVICT)", 'eviction_policy=EVICT, cache_modifier=".cg")')))
+    return {"split": split, "exchange": exchange, "common": common}
 
 
 def load_variant(name: str, folder: str):
-    path = os.path.join(folder, f"kernels_{name}.py")
-    with open(path, "w") as out:
-        out.write(variant_source(name))
-    spec = importlib.util.spec_from_file_location(f"portable_softmax_probe_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return edited_kernels(name, variant_edits(name), folder)
 
 
 def bench(fn):

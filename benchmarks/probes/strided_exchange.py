@@ -1,23 +1,23 @@
 """What the exchange costs the split tiles of strided reductions (issue 18, NOTES v21): the
 strided cases timed with the library's kernels and with probe variants of them, built here by
-editing ``kernels._gather_tile``'s source (the variants' results are wrong; only their time is
-read): ``noread``, the wait but no slot read; ``nowait``, no arrival count and no wait (the slots
-are read once, as found); ``noslots``, neither (each tile normalised by constants). If
-``noslots`` reads near a copy, the exchange is what the tiles lose; if not, their loads and
-stores are.
+editing ``kernels.exchange._gather_tile``'s source (``kernel_variant.py``; the variants' results
+are wrong; only their time is read): ``noread``, the wait but no slot read; ``nowait``, no
+arrival count and no wait (the slots are read once, as found); ``noslots``, neither (each tile
+normalised by constants). If ``noslots`` reads near a copy, the exchange is what the tiles lose;
+if not, their loads and stores are.
 
     python benchmarks/probes/strided_exchange.py
 """
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
 
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import kernels, launch, ops
+from kernel_variant import edited_kernels
+from portable_softmax import launch, ops
 
 WAIT = '''    tl.debug_barrier()
     tl.atomic_add(counters, 1, sem="release")
@@ -39,17 +39,7 @@ CASES = [
 
 
 def variant_module(name: str, folder: Path):
-    source = Path(kernels.__file__).read_text()
-    for old, new in VARIANTS[name]:
-        if old not in source:
-            raise SystemExit(f"{name}: kernels._gather_tile no longer holds the text this probe edits")
-        source = source.replace(old, new)
-    path = folder / f"kernels_{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"portable_softmax_kernels_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return edited_kernels(name, {"exchange": VARIANTS[name]}, folder)
 
 
 def main() -> None:

@@ -1,0 +1,130 @@
+"""The pieces every regime shares: which rows a tile holds and where they start, their elements
+in and out (loads widen, stores round as torch rounds), and the softmax's formulas, forward and
+backward (every kernel sees its tensors through the row view that ``__init__`` describes)."""
+from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
+
+
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+
+@_jit
+def _tile_items(n_tiles, PER_TILE: tl.constexpr):
+    """The tiles a tile-kernel program takes: ``offset + i`` for ``i`` in ``tl.range(start, stop,
+    step)``; every grid-th tile from the program's id, or with ``PER_TILE`` (a grid of a program
+    per tile) its own alone. That loop has constant bounds, one trip, and folds away before
+    Triton places its barriers and ptxas its loads: inside a loop, a bf16 backward row of 16384
+    in 32 registers (sm_90) was read in two rounds, the second waiting on the first, and its
+    sum waited at a barrier that guards the shared memory of a previous trip."""
+    if PER_TILE:
+        start, stop, step, offset = 0, 1, 1, tl.program_id(0)
+    else:
+        start, stop, step, offset = tl.program_id(0), n_tiles, tl.num_programs(0), 0
+    return start, stop, step, offset
+
+
+
+@_jit
+def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DENSE: tl.constexpr):
+    """The group of ``tile`` and the in-group indices of its rows, with their validity mask.
+    ``DENSE`` (one group): the group is 0, with no division."""
+    if DENSE:
+        outer = tile * 0
+    else:
+        outer = tile // tiles_per_outer
+    rows = (tile - outer * tiles_per_outer) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tl.cast(outer, tl.int64), rows, rows < rows_per_outer
+
+
+
+@_jit
+def _row_starts(outer, rows, outer_stride, row_stride, DENSE: tl.constexpr):
+    """The element offset of each row's first element: 64-bit, or with ``DENSE`` (one group,
+    every offset of the tensor below 2**31) 32-bit."""
+    if DENSE:
+        start = rows * row_stride
+    else:
+        start = outer * outer_stride + rows.to(tl.int64) * row_stride
+    return start
+
+
+
+@_jit
+def _tile_mask(row_mask, cols, n_cols, BLOCK_N: tl.constexpr, DENSE: tl.constexpr):
+    """Which elements of a tile ([BLOCK_M or 1, BLOCK_N]) exist. With ``DENSE`` (rows as long as
+    the block, as many as the tiles hold) all: a constant, which Triton drops with the masks."""
+    if DENSE:
+        mask = cols < BLOCK_N
+    else:
+        mask = row_mask[:, None] & (cols < n_cols)
+    return mask
+
+
+
+@_jit
+def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr, ACC_FP64: tl.constexpr,
+          EVICT: tl.constexpr):
+    """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
+    ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
+    v = _cast(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT), CAST_TY)
+    # One return: Triton 3.6 rejects returns of different types from a function's branches.
+    if ACC_FP64:
+        v = v.to(tl.float64)
+    else:
+        v = v.to(tl.float32)
+    return v
+
+
+
+@_jit
+def _store(ptr, base, cols, col_stride, mask, value):
+    tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty), mask=mask)
+
+
+
+@_jit
+def _cast(v, TY: tl.constexpr):
+    """``v`` as ``TY``, rounded as torch rounds: torch narrows float64 to float16 and bfloat16
+    through float32 (c10's Half and BFloat16 are built from a float), which can differ from one
+    direct rounding; Triton 3.9's interpreter also turns float64 into bfloat16 wrongly."""
+    if v.dtype == tl.float64:
+        if TY != tl.float64:
+            v = v.to(tl.float32)
+    return v.to(TY)
+
+
+
+# Forward: y = softmax(x) or log_softmax(x) from z = x - ref and e = exp(z).
+
+
+
+@_jit
+def _normalized(z, e, scale, shift, LOG: tl.constexpr):
+    """The output from z = x - ref and e = exp(z): ``e * scale`` (softmax) or ``z + shift`` (log)."""
+    if LOG:
+        return z + shift
+    return e * scale
+
+
+
+# Backward: dx from the saved output y and the incoming gradient dy.
+#   softmax:     dx = y * (dy - sum(dy * y))
+#   log_softmax: dx = dy - exp(y) * sum(dy)
+
+
+
+@_jit
+def _grad_terms(y, dy, LOG: tl.constexpr):
+    """The per-element term whose row sum the gradient needs."""
+    if LOG:
+        return dy
+    return dy * y
+
+
+
+@_jit
+def _grad(y, dy, row_sum, LOG: tl.constexpr):
+    if LOG:
+        return dy - tl.exp2(y * LOG2E) * row_sum
+    return y * (dy - row_sum)
