@@ -96,7 +96,7 @@ def no_compiles(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the target should have been refused before any compile")
 
-    monkeypatch.setattr(crosscompile, "run", refuse)
+    monkeypatch.setattr(crosscompile.report, "run", refuse)  # where run_command looks it up
 
 
 def _have(backend: str) -> bool:

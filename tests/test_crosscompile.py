@@ -104,7 +104,7 @@ def test_odd_rows_compile_windowed_split_kernels(target):
 
 def test_sliced_rows_compile_shifted_split_kernels(target):
     """Rows sliced from a padded vocabulary, written contiguous: the split kernels' unaligned
-    output (``kernels._window_store``, both branches) is built in both directions, in windows."""
+    output (``kernels.windows._window_store``, both branches) is built in both directions, in windows."""
     shifted = {v["kernel"] for v in target["variants"] if v["constexprs"].get("SHIFTED") and v["status"] == "ok"
                and v["constexprs"]["ALIGN"] == 8}
     assert shifted == {"softmax_forward_split", "softmax_backward_split"}
@@ -114,7 +114,7 @@ def test_sliced_rows_compile_shifted_split_kernels(target):
 
 def test_strided_rows_compile_split_kernels_of_several_rows(target):
     """A reduction along a strided dimension splits tiles of adjacent rows: the split kernels'
-    exchange for several rows (``kernels._gather_tile``) is built, unpipelined, for both
+    exchange for several rows (``kernels.exchange._gather_tile``) is built, unpipelined, for both
     directions (its wait loop is checked with the others below)."""
     tiles = {v["kernel"] for v in target["variants"] if v["kernel"].endswith("_split") and v["status"] == "ok"
              and v["constexprs"]["BLOCK_M"] > 1 and v["num_stages"] == 1}
@@ -313,9 +313,11 @@ def test_an_amd_linker_too_old_is_named(monkeypatch, tmp_path, needed, refused):
 
 
 def test_a_target_without_its_toolchain_is_reported_not_compiled(monkeypatch):
-    monkeypatch.setattr(crosscompile, "toolchain_missing",
+    # Where the run looks them up.
+    monkeypatch.setattr(crosscompile.report, "toolchain_missing",
                         lambda target: "no linker here" if target.backend == "hip" else None)
-    monkeypatch.setattr(crosscompile, "compile_all", lambda specs, **kwargs: [{"status": "error", "error": "x"}] * len(specs))
+    monkeypatch.setattr(crosscompile.report, "compile_all",
+                        lambda specs, **kwargs: [{"status": "error", "error": "x"}] * len(specs))
     cases = crosscompile.cases_for([SMALL_TILE], ["bfloat16"], [False])
     result = crosscompile.run([crosscompile.parse_target("hip:gfx942")], cases)
     (entry,) = result["targets"]
