@@ -1,7 +1,7 @@
 """Host time per call (issue 17) on one GPU, for whichever portable_softmax is first on the path:
 ``bench --eager``'s table for ours and the peers named, and the time of one CUDA-graph replay of a
-64x4096 call. Usage: python3 benchmarks/call_path.py OUT_JSON [peer ...]. benchmarks/device_call_path.sh
-runs it for this tree and for a base tree (ab_base/) in one device call."""
+64x4096 call. Usage: python3 benchmarks/call_path.py OUT_JSON [peer ...]. `bash benchmarks/device.sh
+call-path` runs it for this tree and for a base tree (ab_base/) in one device call."""
 import json
 import sys
 

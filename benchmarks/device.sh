@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The one device runner: each argument names a section, run in order, logs and JSON under $OUT.
+# Keep a call's sections under the device's 10 minutes. Usage (device machine, repo root):
+#   bash benchmarks/device.sh SECTION [SECTION ...]
+#
+# Tests (PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda: a test that finds no GPU fails rather than skips)
+#   tests          the GPU tests of split rows, strided reductions (the sliced regime's among
+#                  them), the fused regimes and graphs, in four processes (compiles dominate)
+#   tests-fused    every fused test on cuda (the fused kernels of every regime, over other
+#                  dimensions, against the composite, the rest) in four processes
+#   tests-all      every test with cuda in its name and the device layer's, stopping at the first
+#                  failure (TESTS_K: another -k expression)
+# The library's own commands
+#   check          `python -m portable_softmax` (the self-check)
+#   validate       `portable-softmax validate` (its checks include the fused variants)
+#   bench          `portable-softmax bench --backward` against torch eager and torch.compile
+#   fused          `portable-softmax bench --cases fused` (ours, torch's composite eager and
+#                  compiled), then the fused calls against the plain kernels
+#                  (probes/fused_vs_plain.py; FUSED_ARGS passed on, e.g. `--only temperature`)
+#   real           `portable-softmax bench --cases real` with the peers: torch eager and
+#                  torch.compile; Liger and FlagGems from .whl/ when carried; QuACK when
+#                  QUACK_DIR names its prepared folder (../shared/peers/README.md)
+# Sweeps
+#   sweep          sweep.py over SWEEP_SHAPES (default: the split shapes) for the variants of
+#                  SWEEP_VARIANTS (default base) and SWEEP_DTYPES
+#   sweep-twice    the same twice, the variants in opposite orders (the second checks the first)
+#   strided        strided_sweep.py with its SWEEP tunings beside the default, torch eager and
+#                  torch.compile in the same run (STRIDED_ONLY: comma-separated words; the cases
+#                  whose names hold one of them)
+#   strided-quick  strided_sweep.py --quick: the default tuning only (STRIDED_ONLY as above)
+#   diagnose       diagnose.py: host and GPU time of a few shapes
+# Against a base copy of the package in ab_base/ (`git archive BASE portable_softmax | tar -x -C ab_base`)
+#   ab             sweep.py on each side (NEW_VARIANTS / BASE_VARIANTS, NEW_DTYPES / BASE_DTYPES)
+#   sliced         strided_sweep.py --quick over the sliced and contiguous rows of 50257: new, base, new
+#   combine        strided_sweep.py (SWEEP tunings) over the split strided cases: new, base
+#   call-path      host time per call (call_path.py) of new, base, new, with the peers on new
+#   call-bandwidth `portable-softmax bench --backward` of base and new, then the call-path tests
+# Other machines and tools
+#   distributed    distributed_bench.py and the issue's baseline (probes/dt_baseline.py) on every
+#                  GPU of the host, NCCL, NVLink multicast off
+#   ncu            Nsight Compute counters of probes/ncu_cases.py (NCU_CASES: space-separated names)
+#   probe:NAME     benchmarks/probes/NAME.py (PROBE_ARGS passed on), e.g. probe:causal_floor
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PORTABLE_SOFTMAX_REQUIRE_DEVICE=cuda
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+SITE=/tmp/site
+SPLIT_SHAPES=16384x32768,4096x262144,4096x151936,256x151936,32x128256,4096x50257
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())" \
+  | tee -a "$OUT/gpu.txt"
+
+run_tests() { timeout 300 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12; }
+quiet() { grep -v -i -E "warn|online softmax|split the reduction|important use case|^softmax\.$|^$"; }
+only() { local words; [ -n "${STRIDED_ONLY:-}" ] || return 0; IFS=, read -ra words <<< "$STRIDED_ONLY"; printf -- '--only\0'; printf '%s\0' "${words[@]}"; }
+# The peers' wheels (Liger, FlagGems), when carried in .whl/.
+peer_wheels() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
+  fi
+}
+# Runs its command with the package of one side first on the path: new (this tree) or base (ab_base/).
+side() { local root="$PWD"; [ "$1" = base ] && root="$PWD/ab_base"; shift; PYTHONPATH="$root:$PYTHONPATH" "$@"; }
+sweep() { SWEEP_SHAPES=${SWEEP_SHAPES:-$SPLIT_SHAPES} timeout "${SWEEP_TIMEOUT:-300}" python3 benchmarks/sweep.py "$@" 2>&1 | quiet; }
+
+for section in "$@"; do
+  echo "=== $section"
+  case "$section" in
+    tests)
+      run_tests tests/test_strided.py -k cuda > "$OUT/tests-strided.log" &
+      run_tests tests/test_fused.py -k "cuda and every_regime" > "$OUT/tests-fused-regimes.log" &
+      run_tests tests/test_softmax.py -k "cuda and (ticketed or split or pipelined or persistent)" > "$OUT/tests-split.log" &
+      run_tests tests/test_call_path.py -k "cuda and graph" > "$OUT/tests-graph.log" &
+      wait
+      tail -n 12 "$OUT"/tests-{strided,fused-regimes,split,graph}.log ;;
+    tests-fused)
+      run_tests tests/test_fused.py -k "cuda and every_regime" > "$OUT/tests-fused-regimes.log" &
+      run_tests tests/test_fused.py -k "cuda and other_dimensions" > "$OUT/tests-fused-dims.log" &
+      run_tests tests/test_fused.py -k "cuda and composite" > "$OUT/tests-fused-composite.log" &
+      run_tests tests/test_fused.py -k "cuda and not (every_regime or other_dimensions or composite)" \
+        > "$OUT/tests-fused-rest.log" &
+      wait
+      tail -n 12 "$OUT"/tests-fused-*.log ;;
+    tests-all)
+      timeout 400 python3 -m pytest tests -q -p no:cacheprovider -k "${TESTS_K:-cuda or device_layer}" -x 2>&1 | tail -25 \
+        | tee "$OUT/tests.log" ;;
+    check)
+      timeout 120 python3 -m portable_softmax 2>&1 | tail -40 | tee "$OUT/check.log" ;;
+    validate)
+      timeout 300 python3 -m portable_softmax validate --out "$OUT/validate" 2>&1 | quiet > "$OUT/validate.log"
+      grep -E "PASS|FAIL|passed|failed" "$OUT/validate.log" | head -20 ;;
+    bench)
+      timeout 420 python3 -m portable_softmax bench --backward --peers torch compile --out "$OUT/bench" --no-progress 2>&1 \
+        | quiet | tail -40 | tee "$OUT/bench.log" ;;
+    fused)
+      timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT/fused" 2>&1 | quiet \
+        | tee "$OUT/fused.log"
+      timeout 150 python3 benchmarks/probes/fused_vs_plain.py ${FUSED_ARGS:-} 2>&1 | quiet | tee "$OUT/fused-vs-plain.log" ;;
+    real)
+      peer_wheels
+      peers="torch compile liger flaggems"
+      if [ -n "${QUACK_DIR:-}" ]; then
+        # setup.sh unpacks QuACK under /tmp/quack-site and puts it on PYTHONPATH.
+        if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
+      fi
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases real --peers $peers \
+        --out "$OUT/real" 2>&1 | quiet | tee "$OUT/real.log" ;;
+    sweep)
+      sweep "${SWEEP_DTYPES:-bfloat16,float32}" "${SWEEP_VARIANTS:-base}" | tee "$OUT/sweep.log" ;;
+    sweep-twice)
+      variants=${SWEEP_VARIANTS:-base}
+      sweep "${SWEEP_DTYPES:-bfloat16,float32}" "$variants" | tee "$OUT/sweep-1.log"
+      sweep "${SWEEP_DTYPES:-bfloat16,float32}" "$(echo "$variants" | tr ',' '\n' | tac | paste -sd,)" \
+        | tee "$OUT/sweep-2.log" ;;
+    strided)
+      only | xargs -0 timeout 480 python3 benchmarks/strided_sweep.py --out "$OUT/strided" 2>&1 | quiet \
+        | tee "$OUT/strided.log" ;;
+    strided-quick)
+      only | xargs -0 timeout 480 python3 benchmarks/strided_sweep.py --quick --out "$OUT/strided-quick" 2>&1 | quiet \
+        | tee "$OUT/strided-quick.log" ;;
+    diagnose)
+      timeout 120 python3 benchmarks/diagnose.py bfloat16,float32 32768x256,4096x50257,1x128256 2>&1 | quiet \
+        | tee "$OUT/diagnose.log" ;;
+    ab)
+      for s in new base; do
+        if [ "$s" = new ]; then v="${NEW_VARIANTS:-base}"; d="${NEW_DTYPES:-bfloat16,float32}"
+        else v="${BASE_VARIANTS:-base}"; d="${BASE_DTYPES:-bfloat16,float32}"; fi
+        side "$s" sweep "$d" "$v" | sed "s/^/$s /" | tee "$OUT/sweep-$s.log"
+      done ;;
+    sliced)
+      for s in new base new; do
+        side "$s" timeout 200 python3 benchmarks/strided_sweep.py --quick --out "$OUT/sliced-$s" \
+          --only sliced "contiguous (4096" 2>&1 | quiet | grep -E "^\| (sliced|contiguous)" | sed "s/^/$s /" \
+          | tee -a "$OUT/sliced.log"
+      done ;;
+    combine)
+      for s in new base; do
+        side "$s" timeout 280 python3 benchmarks/strided_sweep.py --out "$OUT/combine-$s" \
+          --only column transposed "NCHW (8" "NCHW (64" 2>&1 | quiet | grep -E "^\| .*\| ours|failures" \
+          | sed "s/^/$s /" | tee -a "$OUT/combine.log"
+      done ;;
+    call-path)
+      peer_wheels
+      for s in new base new; do
+        peers=""; [ "$s" = new ] && peers="torch compile liger flaggems"
+        PYTHONPATH="$PYTHONPATH:$SITE" side "$s" timeout 280 python3 benchmarks/call_path.py "$OUT/eager-$s.json" \
+          $peers 2>&1 | quiet | tee -a "$OUT/call-path.log"
+      done ;;
+    call-bandwidth)
+      for s in base new; do
+        echo "== $s" | tee -a "$OUT/call-bandwidth.log"
+        side "$s" timeout 250 python3 -m portable_softmax bench --backward --peers torch --out "$OUT/bw-$s" \
+          --no-progress 2>&1 | quiet | tail -20 | tee -a "$OUT/call-bandwidth.log"
+      done
+      timeout 200 python3 -m pytest tests -q -p no:cacheprovider \
+        -k "cuda and (call_path or regime or split or reread or dtype)" -x 2>&1 | tail -8 | tee "$OUT/tests.log" ;;
+    distributed)
+      nvidia-smi topo -m 2>&1 | head -5 | tee -a "$OUT/gpu.txt"
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 240 python3 benchmarks/distributed_bench.py --out "$OUT/distributed.json" 2>&1 | quiet | tee "$OUT/ours.log"
+      timeout 200 python3 benchmarks/probes/dt_baseline.py 2>&1 | quiet | tee "$OUT/baseline.log" ;;
+    ncu)
+      metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
+      metrics=$metrics,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
+      for c in ${NCU_CASES:-ours_fwd_bf16_4096x262144 ours_fwd_fp32_4096x262144 clone_bf16_4096x262144 \
+                 ours_fwd_bf16_16384x32768 ours_bwd_bf16_16384x16384 compile_bwd_bf16_16384x16384}; do
+        timeout -k 5 "${NCU_TIMEOUT:-120}" ncu --clock-control none --nvtx --nvtx-include "measure/" \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats --metrics "$metrics" --csv \
+          python3 benchmarks/probes/ncu_cases.py "$c" > "$OUT/ncu-$c.csv" 2> "$OUT/ncu-$c.err"
+        echo "== $c rc=$?"
+        grep -E 'Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|L2 Hit|lts__t_sector|dram__bytes|lts__t_sectors|Registers Per|Warp Cycles Per Issued|inst_executed|Stall' "$OUT/ncu-$c.csv" \
+          | awk -F'","' '{k=$5; sub(/\(.*/, "", k); print substr(k, 1, 40) " | " $(NF-2) " | " $(NF-1) " | " $NF}' | tr -d '"'
+      done ;;
+    probe:*)
+      name=${section#probe:}
+      timeout "${PROBE_TIMEOUT:-300}" python3 "benchmarks/probes/$name.py" ${PROBE_ARGS:-} 2>&1 | quiet \
+        | tee "$OUT/probe-$name.log" ;;
+    *) echo "unknown section $section (see the header of benchmarks/device.sh)" ;;
+  esac
+done
