@@ -18,7 +18,8 @@ KERNELS = Path(__file__).resolve().parents[2] / "portable_softmax" / "kernels"
 def load_kernels(folder: Path | str, name: str) -> ModuleType:
     """The kernel package in ``folder`` (a copy of ``portable_softmax/kernels/``), as ``name``."""
     folder = Path(folder)
-    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before its modules' relative imports
     spec.loader.exec_module(module)

@@ -3,10 +3,7 @@ in and out (loads widen, stores round as torch rounds), and the softmax's formul
 backward (every kernel sees its tensors through the row view that ``__init__`` describes)."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 
-
-
 LOG2E = tl.constexpr(1.4426950408889634)
-
 
 
 @_jit
@@ -24,7 +21,6 @@ def _tile_items(n_tiles, PER_TILE: tl.constexpr):
     return start, stop, step, offset
 
 
-
 @_jit
 def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DENSE: tl.constexpr):
     """The group of ``tile`` and the in-group indices of its rows, with their validity mask.
@@ -35,7 +31,6 @@ def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DEN
         outer = tile // tiles_per_outer
     rows = (tile - outer * tiles_per_outer) * BLOCK_M + tl.arange(0, BLOCK_M)
     return tl.cast(outer, tl.int64), rows, rows < rows_per_outer
-
 
 
 @_jit
@@ -49,7 +44,6 @@ def _row_starts(outer, rows, outer_stride, row_stride, DENSE: tl.constexpr):
     return start
 
 
-
 @_jit
 def _tile_mask(row_mask, cols, n_cols, BLOCK_N: tl.constexpr, DENSE: tl.constexpr):
     """Which elements of a tile ([BLOCK_M or 1, BLOCK_N]) exist. With ``DENSE`` (rows as long as
@@ -59,7 +53,6 @@ def _tile_mask(row_mask, cols, n_cols, BLOCK_N: tl.constexpr, DENSE: tl.constexp
     else:
         mask = row_mask[:, None] & (cols < n_cols)
     return mask
-
 
 
 @_jit
@@ -76,11 +69,9 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
     return v
 
 
-
 @_jit
 def _store(ptr, base, cols, col_stride, mask, value):
     tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty), mask=mask)
-
 
 
 @_jit
@@ -94,9 +85,7 @@ def _cast(v, TY: tl.constexpr):
     return v.to(TY)
 
 
-
 # Forward: y = softmax(x) or log_softmax(x) from z = x - ref and e = exp(z).
-
 
 
 @_jit
@@ -107,11 +96,9 @@ def _normalized(z, e, scale, shift, LOG: tl.constexpr):
     return e * scale
 
 
-
 # Backward: dx from the saved output y and the incoming gradient dy.
 #   softmax:     dx = y * (dy - sum(dy * y))
 #   log_softmax: dx = dy - exp(y) * sum(dy)
-
 
 
 @_jit
@@ -120,7 +107,6 @@ def _grad_terms(y, dy, LOG: tl.constexpr):
     if LOG:
         return dy
     return dy * y
-
 
 
 @_jit

@@ -5,20 +5,11 @@ next launch."""
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _tile_rows
 
-
-
 # An empty scratch slot. Packed partials can never equal it: NaN halves are canonicalised first.
 EMPTY_SLOT = tl.constexpr(-1)
-
-
-
 # The narrowest warp of any target: a reduction over this many exchange slots stays in one warp.
 PEER_GROUP = tl.constexpr(32)
-
-
-
 CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
-
 
 
 @_jit
@@ -59,12 +50,10 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     return row_max, total
 
 
-
 @_jit
 def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
     """The first exchange slot of each row of ``tile`` ([BLOCK_M]): a row owns CHUNKS slots."""
     return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * CHUNKS
-
 
 
 def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
@@ -93,13 +82,10 @@ def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexp
     return row_max, total
 
 
-
 _gathered_row = _jit(_gather_row)
 
 
-
 _gathered_row_called = _jit_call(_gather_row)
-
 
 
 @_jit
@@ -112,7 +98,6 @@ def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.co
     while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
         v = _read_slots(first_slot + peers, present, ATOMIC)
     return tl.where(present, v, EMPTY_SLOT)
-
 
 
 @_jit
@@ -132,14 +117,12 @@ def _read_slots(slots, present, ATOMIC: tl.constexpr):
     return v
 
 
-
 @_jit
 def _peer_values(v):
     """The maxima (high halves; -inf where ``EMPTY_SLOT``) and sums (low halves; 0 there) of a
     row's packed partials ``v``."""
     present = v != EMPTY_SLOT
     return tl.where(present, _bits_float(v >> 32), -float("inf")), tl.where(present, _bits_float(v), 0.0)
-
 
 
 @_jit
@@ -151,7 +134,6 @@ def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
         # A row of -inf only gives -inf - -inf = NaN here, and NaN outputs, as torch does.
         peer_sum = peer_sum * tl.exp2((peer_max - row_max) * LOG2E)
     return tl.sum(peer_sum, 0)
-
 
 
 @_jit
@@ -186,7 +168,6 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     return row_max, tl.sum(peer_sum, 1)
 
 
-
 @_jit
 def _awaited_count(counter, COUNT: tl.constexpr):
     """Wait until the int32 ``counter`` reaches ``COUNT``. Each trip is one atomic read with
@@ -198,7 +179,6 @@ def _awaited_count(counter, COUNT: tl.constexpr):
         seen = tl.atomic_add(counter, 0, sem="acquire")
 
 
-
 @_jit
 def _float_bits(v):
     """The bits of fp32 ``v`` as int64 in [0, 2**32), NaN canonicalised."""
@@ -206,12 +186,10 @@ def _float_bits(v):
     return bits.to(tl.uint32).to(tl.int64)
 
 
-
 @_jit
 def _bits_float(bits):
     """The fp32 held in the low 32 bits of int64 ``bits``."""
     return bits.to(tl.int32).to(tl.float32, bitcast=True)
-
 
 
 @_jit
@@ -228,7 +206,6 @@ def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOC
         previous = tile - tl.num_programs(0) // CHUNKS
         slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
         tl.store(slots + chunk, tl.full([BLOCK_M], EMPTY_SLOT, tl.int64), mask=row_mask & (previous >= 0))
-
 
 
 @_jit
@@ -248,7 +225,6 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
         tl.store(slots[:, None] + peers[None, :], tl.full([BLOCK_M, CHUNKS_P2], EMPTY_SLOT, tl.int64),
                  mask=row_mask[:, None] & (peers < CHUNKS)[None, :] & last)
         tl.store(done_ptr + tile, 0, mask=last)
-
 
 
 @_jit

@@ -6,7 +6,6 @@ from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import _load
 
 
-
 @_jit
 def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, end, n_cols, CAST_TY: tl.constexpr,
                 ACC_FP64: tl.constexpr, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value,
@@ -27,7 +26,6 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, end, n_cols, CAST_
     return _fused_input(x, scale, bias, reads, row_mask, end, n_cols, BLOCK_M, SCALE, MASK, MASK != 0, CAUSAL)
 
 
-
 @_jit
 def _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL: tl.constexpr):
     """Which of the ``valid`` elements at the rows' columns ``at`` to read: with ``CAUSAL`` those
@@ -39,7 +37,6 @@ def _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CA
         _, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
         reads = valid & (at <= q[:, None])
     return reads
-
 
 
 @_jit
@@ -76,7 +73,6 @@ def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, s
     return scale, bias
 
 
-
 @_jit
 def _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, a_stride, b_stride, q_stride):
     """For the fused variants (``variants.FUSED_SCALARS``): each row's offset in a tensor that
@@ -89,7 +85,6 @@ def _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, a_stride, b_str
     q = r - rest * n_queries
     a = rest // n_heads
     return a * a_stride + (rest - a * n_heads) * b_stride + q * q_stride, q
-
 
 
 @_jit
@@ -126,7 +121,6 @@ def _fused_input(x, scale, bias, reads, row_mask, end, n_cols, BLOCK_M: tl.const
     return x
 
 
-
 @_jit
 def _fused_grad(dx, outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr, scale_value, n_heads,
                 n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
@@ -141,7 +135,6 @@ def _fused_grad(dx, outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr
                                    SCALE, MASK, CAUSAL)
         dx = tl.where(bias == -float("inf"), 0.0, dx * scale.to(dx.dtype))
     return dx
-
 
 
 @_jit

@@ -16,7 +16,6 @@ from .common import LOG2E, _grad, _load, _normalized, _row_starts, _store, _tile
 from .rows import _grad_sums, _online_stats
 
 
-
 @_jit
 def softmax_forward_partials(
     x_ptr, stats_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols, n_slices, slice_cols,
@@ -38,7 +37,6 @@ def softmax_forward_partials(
         pair = tl.arange(0, 2)[None, :]
         where = stats_ptr + stat_rows[:, None] * 2 + pair
         tl.store(where, tl.where(pair == 0, row_max[:, None], total[:, None]), mask=row_mask[:, None])
-
 
 
 @_jit
@@ -76,7 +74,6 @@ def softmax_forward_normalize(
                    _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG))
 
 
-
 @_jit
 def softmax_backward_partials(
     y_ptr, dy_ptr, stats_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols, n_slices, slice_cols,
@@ -92,7 +89,6 @@ def softmax_backward_partials(
         row_sum = _grad_sums(y_ptr, dy_ptr, y_base, dy_base, row_mask, length, y_col_stride, dy_col_stride,
                              chunk_cols, BLOCK_M, BLOCK_N, LOG, ACC_FP64, True)
         tl.store(stats_ptr + stat_rows, row_sum, mask=row_mask)
-
 
 
 @_jit
@@ -121,7 +117,6 @@ def softmax_backward_normalize(
                         y_col_stride, dy_col_stride, dx_col_stride, LOG, ACC_FP64, "")
 
 
-
 @_jit
 def _part_item(item, n_tiles, tiles_per_outer, rows_per_outer, n_cols, slice_cols, BLOCK_M: tl.constexpr):
     """Item ``item``'s tile (group, rows, which exist), its slice, the slice's first column and
@@ -135,7 +130,6 @@ def _part_item(item, n_tiles, tiles_per_outer, rows_per_outer, n_cols, slice_col
                                                             rows_per_outer)
 
 
-
 @_jit
 def _part_rows(part, outer, rows, n_tiles, tiles_per_outer, rows_per_outer):
     """Where part ``part``'s partials of ``rows`` lie among all parts' ([parts, rows of the view],
@@ -144,19 +138,16 @@ def _part_rows(part, outer, rows, n_tiles, tiles_per_outer, rows_per_outer):
     return part.to(tl.int64) * all_rows + _stat_rows(outer, rows, rows_per_outer)
 
 
-
 @_jit
 def _stat_rows(outer, rows, rows_per_outer):
     """The index of each row of a tile among all rows of the view: its partials' row."""
     return outer * rows_per_outer + rows
 
 
-
 @_jit
 def _part_start(outer, rows, first, outer_stride, row_stride, col_stride):
     """Each row's first element of its part (int64 offsets)."""
     return _row_starts(outer, rows, outer_stride, row_stride, False) + first.to(tl.int64) * col_stride
-
 
 
 @_jit
@@ -167,7 +158,6 @@ def _parts_read(stats_ptr, outer, rows, row_mask, n_tiles, tiles_per_outer, rows
     ranks = tl.arange(0, RANKS_P2)
     where = _part_rows(ranks[None, :], outer, rows[:, None], n_tiles, tiles_per_outer, rows_per_outer) * WIDTH
     return stats_ptr + where, row_mask[:, None] & (ranks < n_ranks)[None, :]
-
 
 
 @_jit

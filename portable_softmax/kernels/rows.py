@@ -7,7 +7,6 @@ from .common import (LOG2E, _grad, _grad_terms, _load, _normalized, _row_starts,
 from .fused import _causal_reads, _emptied, _fused_grad, _fused_input, _fused_load, _fused_rows, _fused_terms
 
 
-
 @_jit
 def softmax_forward_tile(
     x_ptr, y_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -59,7 +58,6 @@ def softmax_forward_tile(
                           scale_q_stride, BLOCK_M, BLOCK_N, LOG, ACC_FP64, REREAD, DENSE, SCALE, MASK, CAUSAL, False)
 
 
-
 @_jit
 def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols, x_base, y_base,
                   x_col_stride, y_col_stride, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
@@ -103,7 +101,6 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
             _store(y_ptr, y_base, start + cols, y_col_stride, row_mask[:, None] & (start + cols < n_cols), tail)
 
 
-
 @_jit
 def softmax_forward_loop(
     x_ptr, y_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -138,7 +135,6 @@ def softmax_forward_loop(
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
 
 
-
 @_jit
 def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride, chunk_cols,
                   mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
@@ -171,7 +167,6 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
         row_max = new_max
         ref = new_ref
     return row_max, ref, total
-
 
 
 @_jit
@@ -212,7 +207,6 @@ def softmax_backward_tile(
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 
-
 @_jit
 def softmax_backward_loop(
     y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -241,7 +235,6 @@ def softmax_backward_loop(
                              mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
                              BLOCK_N, SCALE, MASK, CAUSAL)
             _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
-
 
 
 @_jit

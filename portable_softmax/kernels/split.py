@@ -18,7 +18,6 @@ from .windows import (_chunk_mask, _edge_columns, _edge_load, _edge_store, _outp
 from .exchange import _empty_last, _empty_previous, _exchange, _float_bits
 
 
-
 @_jit
 def softmax_forward_split(
     x_ptr, y_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
@@ -112,7 +111,6 @@ def softmax_forward_split(
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
-
 @_jit
 def softmax_backward_split(
     y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, n_cols,
@@ -167,7 +165,6 @@ def softmax_backward_split(
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
 
 
-
 @_jit
 def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
     """The items a split program takes, as ``tl.range(first, stop, step)``.
@@ -189,7 +186,6 @@ def _split_items(n_items, done_ptr, TICKETED: tl.constexpr):
     return first, stop, 1 if TICKETED else tl.num_programs(0)
 
 
-
 @_jit
 def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CHUNKS: tl.constexpr):
@@ -199,7 +195,6 @@ def _split_item(item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M: tl.c
     chunk = item - tile * CHUNKS
     outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
     return tile, chunk, outer, rows, row_mask, (chunk * BLOCK_N + chunk_cols)[None, :]
-
 
 
 @_jit

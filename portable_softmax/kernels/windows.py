@@ -9,7 +9,6 @@ from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import _cast, _row_starts, _store
 
 
-
 @_jit
 def _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride, ALIGN: tl.constexpr):
     """For the tensor whose strides are given (its rows fix the offsets of every tensor's): where
@@ -20,14 +19,12 @@ def _split_window(outer, rows, row_mask, cols, n_cols, outer_stride, row_stride,
     return base, lead, _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
 
 
-
 @_jit
 def _window_start(base, ALIGN: tl.constexpr):
     """The element offset at or before each row start ``base`` that is a multiple of ``ALIGN``."""
     if ALIGN > 1:
         base = base // ALIGN * ALIGN
     return base
-
 
 
 @_jit
@@ -45,7 +42,6 @@ def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
     return mask
 
 
-
 @_jit
 def _output_window(row, lead, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
     """Where the output's window of a row starts (``row``: the row's first element): its own
@@ -57,7 +53,6 @@ def _output_window(row, lead, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
     else:
         base = _window_start(row, ALIGN)
     return base
-
 
 
 @_jit
@@ -87,7 +82,6 @@ def _window_store(ptr, base, cols, col_stride, mask, value, lead, n_cols, row_ma
         _store(ptr, base, cols, col_stride, mask, value)
 
 
-
 @_jit
 def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     """The window columns ([2 * ALIGN]) of the row's elements in its first and last group that
@@ -108,12 +102,10 @@ def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIG
     return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
 
 
-
 @_jit
 def _edge_load(ptr, base, cols, mask, OTHER: tl.constexpr, CAST_TY: tl.constexpr):
     """``_load`` of ``_edge_columns`` from the window at ``base`` ([1])."""
     return _cast(tl.load(ptr + tl.sum(base, 0) + cols, mask=mask, other=OTHER), CAST_TY).to(tl.float32)
-
 
 
 @_jit
