@@ -32,13 +32,44 @@ def _check(ours: torch.Tensor, theirs: torch.Tensor, reference: torch.Tensor, dt
     assert error <= tolerance(dtype, torch_error, str(ours.device)), f"error {error:.2e} vs torch's {torch_error:.2e}"
 
 
+def _check_finite(ours: torch.Tensor, theirs: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> None:
+    """``_check`` over the elements finite in torch's result, after ours has torch's infinities and
+    NaNs (log_softmax of -inf is -inf; float16's of -1.2e5 too, where float64's is finite)."""
+    assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.isinf(), theirs.isinf())
+    finite = theirs.isfinite()
+    _check(ours[finite], theirs[finite], reference[finite], dtype)
+
+
+# Row offsets that a softmax without its max shift (or with a wrong one) cannot survive: exp of
+# 1e4 overflows and exp of -1e4 underflows to a zero sum in float32; float16 goes to its largest
+# finite values.
+SHIFT_OFFSETS = {torch.float32: 1e4, torch.bfloat16: 1e4, torch.float16: 6e4}
+
+
+def _shift_stressing(shape: tuple[int, int], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """``randn * 4`` around a random offset per row within +-``SHIFT_OFFSETS``, the first row at
+    the offset's top, the last near the dtype's largest value and wider rows with -inf entries:
+    softmax is shift invariant, so only inputs like these show a wrong shift."""
+    rows, cols = shape
+    offsets = (torch.rand(rows, 1, device=device) * 2 - 1) * SHIFT_OFFSETS[dtype]
+    offsets[0] = SHIFT_OFFSETS[dtype]
+    if rows > 2:
+        offsets[-1] = torch.finfo(dtype).max * 0.99 - 64
+    x = (torch.randn(shape, device=device) * 4 + offsets).to(dtype)
+    if cols > 1:
+        # -inf entries, never a whole row (that is NaN, test_special_values_behave_as_torch).
+        x[torch.rand(shape, device=device) < 0.02] = -float("inf")
+        x[:, 0] = offsets[:, 0].to(dtype)
+    return x
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
 def test_forward_matches_torch(device, shape, dtype, fns):
     ours, theirs = fns
-    x = (torch.randn(shape, device=device) * 4).to(dtype)
-    _check(ours(x, -1), theirs(x, -1), theirs(x.double(), -1), dtype)
+    x = _shift_stressing(shape, dtype, device)
+    _check_finite(ours(x, -1), theirs(x, -1), theirs(x.double(), -1), dtype)
 
 
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
@@ -71,6 +102,38 @@ def test_rank_zero_and_empty(device):
         x = torch.randn(shape, device=device)
         y = ps.softmax(x, dim)
         assert y.shape == x.shape and y.dtype == x.dtype
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+@pytest.mark.parametrize("in_dtype, out_dtype", [(torch.float32, torch.float64), (torch.float16, torch.float32),
+                                                 (torch.int64, torch.float32)], ids=str)
+def test_empty_inputs_take_the_dtype_argument(device, fns, in_dtype, out_dtype):
+    """Zero-size inputs with ``dtype=``: torch's result has ``dtype``, shape and strides of its own
+    (no kernel runs, so only the dtype tells a dropped argument)."""
+    _skip_unsupported(device, out_dtype)
+    ours, theirs = fns
+    for shape, dim in [((0, 5), -1), ((5, 0), -1), ((2, 0, 3), 1)]:
+        x = torch.zeros(shape, device=device, dtype=in_dtype)
+        y, expected = ours(x, dim, dtype=out_dtype), theirs(x, dim, dtype=out_dtype)
+        assert (y.dtype, y.shape, y.stride()) == (expected.dtype, expected.shape, expected.stride()), (shape, dim)
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+@pytest.mark.parametrize("in_dtype, out_dtype", [(torch.float32, torch.float64), (torch.float64, torch.float16),
+                                                 (torch.int32, torch.float32)], ids=str)
+def test_rank_zero_inputs_take_the_dtype_argument(device, fns, in_dtype, out_dtype):
+    """A 0-d input with ``dtype=``: torch's dtype, shape and value, and the gradient in the input's
+    dtype (floating inputs)."""
+    _skip_unsupported(device, in_dtype, out_dtype)
+    ours, theirs = fns
+    x = torch.tensor(3, device=device).to(in_dtype).requires_grad_(in_dtype.is_floating_point)
+    for dim in (0, -1):
+        y, expected = ours(x, dim, dtype=out_dtype), theirs(x, dim, dtype=out_dtype)
+        assert (y.dtype, y.shape) == (expected.dtype, expected.shape) and torch.equal(y, expected)
+        if x.requires_grad:
+            (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+            (expected_grad,) = torch.autograd.grad(expected, x, torch.ones_like(expected))
+            assert grad.dtype == expected_grad.dtype and torch.equal(grad, expected_grad)
 
 
 ALL_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -136,12 +199,7 @@ def _special_rows(dtype: torch.dtype, device: str) -> torch.Tensor:
 def test_special_values_behave_as_torch(device, dtype, fns):
     ours, theirs = fns
     x = _special_rows(dtype, device)
-    expected = theirs(x.float(), -1).to(dtype)
-    got = ours(x, -1)
-    assert torch.equal(got.isnan(), expected.isnan()), (got, expected)
-    assert torch.equal(got.isinf(), expected.isinf()), (got, expected)
-    finite = expected.isfinite()
-    torch.testing.assert_close(got[finite].float(), expected[finite].float(), rtol=2e-2, atol=1e-3)
+    _check_finite(ours(x, -1), theirs(x, -1), theirs(x.double(), -1), dtype)
 
 
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
