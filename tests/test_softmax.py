@@ -298,6 +298,11 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
     into the compiled kernel): each replay must compute its own input into a poisoned output, and
     the split path's exchange slots (and the ticket counter) must come back ready for the next."""
+    if regime == "loop" and ps.device_info(device)["backend"] == "interpreter":
+        # 12 s here for nothing the tile case leaves out: every interpreted launch, the first or
+        # a replay, goes through launch._run with its arguments laid out afresh. What a loop
+        # replay can get wrong (the arguments the direct launcher laid out once) is on GPUs.
+        pytest.skip("an interpreted replay is the tile case's: the loop kernel's replay is a GPU risk")
     force_regime(monkeypatch, regime, device)
     first = None
     for _ in range(3):
