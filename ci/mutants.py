@@ -105,7 +105,7 @@ MUTANTS = [
     Mutant("double_backward_term_dropped", "portable_softmax/ops.py",
            "        dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)\n",
            "        dx = dy\n",
-           _ids("tests/test_softmax.py::test_gradcheck_and_double_backward", "cpu-log_softmax")),
+           _ids("tests/test_softmax.py::test_differentiable_gradients_match_torch", "cpu-log_softmax")),
     Mutant("bool_mask_ignored", KERNELS,
            "            bias = tl.where(kept, bias, -float(\"inf\"))\n",
            "            bias = bias\n",
@@ -150,7 +150,8 @@ MUTANTS = [
     Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",
-           _ids(FORWARD, "cpu-softmax-torch.bfloat16-1823x781", "cpu-log_softmax-torch.bfloat16-1823x781")),
+           _ids("tests/test_softmax.py::test_bfloat16_results_round_to_nearest_as_torch_s", "cpu-softmax",
+                "cpu-log_softmax")),
 ]
 
 

@@ -227,6 +227,42 @@ def test_gradcheck_and_double_backward(device, fns):
     assert torch.autograd.gradgradcheck(lambda t: ours(t, 0), (x,))
 
 
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_differentiable_gradients_match_torch(device, fns):
+    """The gradient taken with ``create_graph`` (written in torch operations, differentiable again)
+    and the second derivative through it, against torch's: gradgradcheck compares the second
+    derivative with that gradient, so a wrong differentiable gradient passes it."""
+    ours, theirs = fns
+    if not ps.device_info(device)["supports_fp64"]:
+        pytest.skip("float64 unsupported on this device")
+    x = torch.randn(5, 33, dtype=torch.float64, device=device) * 3
+    dy, weights = torch.randn_like(x), torch.randn_like(x)
+    results = []
+    for function in (ours, theirs):
+        leaf = x.clone().requires_grad_()
+        (dx,) = torch.autograd.grad(function(leaf, -1), leaf, dy, create_graph=True)
+        (ddx,) = torch.autograd.grad((dx * weights).sum(), leaf)
+        results.append((dx.detach(), ddx))
+    (dx, ddx), (torch_dx, torch_ddx) = results
+    assert relative_error(dx, torch_dx) < 1e-12 and relative_error(ddx, torch_ddx) < 1e-12
+
+
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_bfloat16_results_round_to_nearest_as_torch_s(device, fns):
+    """bfloat16 outputs rounded to nearest (even), as torch and GPUs round, not truncated: the
+    whole-tensor error of a truncation (2**-9 relative) passes the bfloat16 tolerance, its bias
+    does not. The mean signed error against float64, relative to the values, within twice
+    torch's own."""
+    ours, theirs = fns
+    x = (torch.randn(257, 781, device=device) * 3).to(torch.bfloat16)
+    reference = theirs(x.double(), -1)
+
+    def bias(y: torch.Tensor) -> float:
+        return ((y.double() - reference).sum() / reference.abs().sum()).item()
+
+    assert abs(bias(ours(x, -1))) <= max(2 * abs(bias(theirs(x, -1))), 2e-4)
+
+
 def test_dtype_argument_gradient_is_in_the_input_dtype(device):
     x = torch.randn(8, 40, device=device, dtype=torch.float16, requires_grad=True)
     ps.softmax(x, -1, dtype=torch.float32).sum().backward()
