@@ -303,10 +303,6 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
             return (*tensors, tensors[0], tensors[0])
         return tensors[:arity] if regime not in variants.FUSED_REGIMES else tensors
     cooperative = record.cooperative_launch
-    # Rows of 2**31 elements or more stream through the loop regime, whose column offsets come
-    # from a 64-bit loop counter (Triton passes such a length as i64); the split kernels count
-    # a chunk's columns in 32 bits, and no tile holds such a row.
-    allow_split = allow_split and view.n_cols < 2**31
 
     def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
         kernel = getattr(module, variants.kernel_name(direction, config.regime))

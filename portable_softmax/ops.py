@@ -82,7 +82,7 @@ def _row_view(shape: tuple[int, ...], dim: int, strides: tuple[tuple[int, ...], 
     if widest != 1 and (n_cols - 1) * widest >= _MAX_COLUMN_SPAN:
         # A strided row spanning 2**31 elements or more: its column offsets would overflow the
         # kernels' 32-bit column arithmetic; the caller makes the row contiguous. A contiguous row
-        # that long streams through the loop regime, whose offsets are 64-bit (launch.build_record).
+        # that long streams through the loop regime, whose offsets are 64-bit (planner._can_split).
         return None
     others = [d for d in range(len(shape)) if d != dim and shape[d] != 1]
     # Walk the row dimensions in the first tensor's memory order, merging neighbours that are

@@ -32,6 +32,8 @@ MAX_SLICES = 64
 # The widest vector load, and the divisibility Triton specialises integer arguments on.
 VECTOR_BYTES = 16
 TRITON_DIVISIBILITY = 16
+# Rows of this many elements or more never split (``_can_split``).
+SPLIT_COLS_LIMIT = 2**31
 # Taller tiles hold more per thread: taken only where they fill their waves this much better.
 WAVE_FILL_MARGIN = 0.05
 # How many times taller than the planned tiles ``Tuning.tile_wave_fill`` tries them.
@@ -236,8 +238,11 @@ def _row_limit(tuning: Tuning, dtype: str, backward: bool) -> int:
     return tuning.row_elements // (2 if backward else 1) // (2 if dtype == "float64" else 1)
 
 
-def _can_split(record: DeviceRecord, dtype: str, allow_split: bool) -> bool:
-    return allow_split and record.residency_guaranteed and dtype != "float64"
+def _can_split(record: DeviceRecord, dtype: str, allow_split: bool, n_cols: int) -> bool:
+    # Rows of SPLIT_COLS_LIMIT elements or more stream through the loop regime, whose column
+    # offsets come from a 64-bit loop counter (Triton passes such a length as i64): the split
+    # kernels count a chunk's columns in 32 bits, and no tile holds such a row.
+    return allow_split and record.residency_guaranteed and dtype != "float64" and n_cols < SPLIT_COLS_LIMIT
 
 
 def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool, rows_per_group: int,
@@ -264,7 +269,7 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
     sliced_from = tuning.strided_slices.get((_direction(backward), element))
     if sliced is not None and sliced_from is not None and n_cols >= sliced_from:
         return sliced
-    if _can_split(record, dtype, allow_split):
+    if _can_split(record, dtype, allow_split, n_cols):
         config = _strided_split(target, n_rows, n_cols, rows_per_group, side, inputs)
         # Wider tiles, up to the tuning's rows, while a program's exchange slots stay few.
         widest = min(next_power_of_2(rows_per_group),
@@ -326,7 +331,7 @@ def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     width = next_power_of_2(n_cols)
     row_limit = _row_limit(tuning, dtype, backward)
-    can_split = _can_split(record, dtype, allow_split)
+    can_split = _can_split(record, dtype, allow_split, n_cols)
     few_rows = can_split and n_rows < record.compute_units and n_cols >= tuning.split_min_cols
     if width in tuning.reread_cols.get((_direction(backward), input_bytes), ()) and not few_rows:
         most = tuning.max_program_threads // max(record.warp_size, 1)

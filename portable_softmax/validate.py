@@ -99,6 +99,8 @@ def run(device: Optional[str], out: Path, benchmark: bool = True) -> bool:
     record = device_record(device)
     import triton
 
+    # First: a folder that cannot be written fails before minutes of checks, not after them.
+    out.mkdir(parents=True, exist_ok=True)
     cases = [dataclasses.asdict(r) for shape, dtype in CONFORMANCE for log in (False, True)
              for r in selfcheck.check_case(shape, dtype, device, log)]
     extra = [_special_values(device), *_dims(device), *_fused(device)]
@@ -110,7 +112,6 @@ def run(device: Optional[str], out: Path, benchmark: bool = True) -> bool:
         "device": record.to_dict(), "plans": plans, "conformance": cases, "checks": extra,
         "passed": all(c["passed"] for c in cases) and all(c["passed"] for c in extra),
     }
-    out.mkdir(parents=True, exist_ok=True)
     if benchmark and device.type != "cpu":
         results = bench.run(BENCH_SHAPES, [torch.bfloat16, torch.float32], {"torch"}, True, 25, 100, str(device),
                             progress=False)

@@ -114,7 +114,7 @@ def test_overrides_take_effect_after_a_call(device, monkeypatch):
 
 def test_threads_calling_at_once_get_right_answers(device):
     if device == "cpu":
-        pytest.skip("interpreted launches from threads: tests/test_softmax.py covers them")
+        pytest.skip("interpreted launches from threads: tests/test_threads.py covers them")
     shapes = [(8, 1000), (33, 4096), (2, 50257)]
     inputs = [torch.randn(shape, device=device) for shape in shapes]
     expected = [torch.softmax(x, -1) for x in inputs]

@@ -48,6 +48,7 @@ REQUIRED_ENTRY_FIELDS = {
     "require_device": str,
     "vendor_torch": bool,
     "validate": bool,
+    "ascend_lowering": bool,
     "cross_compile_targets": list,
     "triton_versions": list,
 }
@@ -70,8 +71,17 @@ def name_of(entry):
 
 def expand_matrix(entries):
     """The jobs ci/expand_matrix.jq makes of the entries: one per Triton version an entry lists
-    (``triton``: that version), else one (``triton``: None)."""
-    return [{**entry, "triton": version} for entry in entries for version in (entry.get("triton_versions") or [None])]
+    (``triton``: that version), else one (``triton``: None); on an axis only the newest version's
+    job keeps ``ascend_lowering``."""
+    jobs = []
+    for entry in entries:
+        versions = entry.get("triton_versions") or []
+        for version in versions or [None]:
+            job = {**entry, "triton": version}
+            if versions:
+                job["ascend_lowering"] = bool(entry.get("ascend_lowering")) and version == versions[-1]
+            jobs.append(job)
+    return jobs
 
 
 def release(version):
@@ -308,6 +318,21 @@ def test_triton_versions():
                           f"{bound.group(1)} (pyproject.toml)")
     assert any(entry.get("triton_versions") for entry in load_matrix()), "no entry has a Triton-version axis"
     fail_if(errors)
+
+
+def test_the_ascend_lowering_runs_in_one_host_job():
+    """tests/test_ascend_lowering.py lowers the Ascend kernels with triton-ascend in a venv of its
+    own (ci/ascend_lowering.sh), the same whatever the job's Triton: one job runs it, a host job
+    (the vendor images own their Python environment), and the workflow makes the venv and names
+    it in PORTABLE_SOFTMAX_ASCEND_VENV there, or the test skips."""
+    lowering = [job for job in expand_matrix(load_matrix()) if job.get("ascend_lowering")]
+    assert len(lowering) == 1, [(job["backend"], job["triton"]) for job in lowering]
+    assert lowering[0]["container"] is None and not lowering[0]["vendor_torch"]
+    text = read_workflow()
+    step = re.search(r"if: \$\{\{ matrix\.ascend_lowering \}\}\n(.*?)\n      - ", text, re.S)
+    assert step, "no workflow step runs under matrix.ascend_lowering"
+    assert "bash ci/ascend_lowering.sh" in step.group(1)
+    assert 'PORTABLE_SOFTMAX_ASCEND_VENV=' in step.group(1) and "GITHUB_ENV" in step.group(1)
 
 
 def test_expanded_jobs_are_distinct():

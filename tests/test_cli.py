@@ -145,10 +145,14 @@ def test_other_mistakes_are_one_line(argv, capsys):
 
 
 def test_an_unwritable_report_folder_is_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(validate, "CONFORMANCE", [((4, 8), torch.float32)])
+    """Before any check runs: a report that cannot be written is known before minutes of checks."""
+    checked = []
+    monkeypatch.setattr(validate.selfcheck, "check_case", lambda *args: checked.append(args) or [])
     occupied = tmp_path / "a-file"
     occupied.write_text("")
-    _assert_one_line_error(["validate", "--device", "cpu", "--no-bench", "--out", str(occupied)], capsys)
+    _assert_one_line_error(["validate", "--device", "cpu", "--no-bench", "--out", str(occupied)], capsys,
+                           str(occupied))
+    assert not checked, "validate ran its checks before it made its report folder"
 
 
 def test_real_use_cases_through_the_command_line_on_the_interpreter(tmp_path, capsys):

@@ -4,9 +4,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 import portable_softmax
-from portable_softmax import vendors
+from portable_softmax import ops, planner, targets, vendors
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import window_align
 from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill, ticketed_forms
@@ -121,14 +122,31 @@ def test_odd_widths_pad_to_the_narrowest_chunk():
     assert config.chunks * config.block_n - 50257 < config.block_n
 
 
-@pytest.mark.parametrize("registers,shared", [(0, 0), (32, 0), (0, 4096), (255, 200000)])
-def test_occupancy_guards(registers, shared):
-    for name in ("h100", "mi300x"):
-        record = profile_record(name)
-        occupancy = get_backend(record.backend).occupancy(record, KernelResources(registers, shared, 4))
-        assert occupancy >= 0
-        if registers == 0 and shared == 0:
-            assert occupancy >= 1
+@pytest.mark.parametrize("name, registers, shared, expected", [
+    # H100, 4 warps (128 threads): 2048 threads / 128 = 16 blocks, under the 32-block limit; no
+    # register or shared-memory count (0: unknown) bounds it.
+    ("h100", 0, 0, 16),
+    # 32 registers x 32 lanes = 1024 per warp: 65536 / (1024 x 4) x 4 = 64 warps, 16 blocks.
+    ("h100", 32, 0, 16),
+    # 232448 / (4096 + 1024 reserved) = 45 blocks: the thread limit (16) is tighter.
+    ("h100", 0, 4096, 16),
+    # 255 registers round to 256 a thread, 8192 a warp: 8 warps, 2 blocks; 232448 / 201024: 1.
+    ("h100", 255, 200000, 1),
+    # MI300X (gfx942), 4 waves of 64: 4 SIMDs x 8 waves / 4 = 8, and 2048 threads / 256 = 8.
+    ("mi300x", 0, 0, 8),
+    # 32 VGPRs: 512 / 32 = 16 waves a SIMD, capped at 8: still 8.
+    ("mi300x", 32, 0, 8),
+    # 65536 bytes of LDS / 4096 = 16 programs: the waves (8) are tighter.
+    ("mi300x", 0, 4096, 8),
+    # 255 VGPRs round to 256: 2 waves a SIMD, 2 programs; 200000 bytes of LDS do not fit at all: 0.
+    ("mi300x", 255, 200000, 0),
+])
+def test_occupancy_guards(name, registers, shared, expected):
+    """Each vendor's rule (CUDA's occupancy calculator, the HIP runtime's) on the recorded chips:
+    counts of 0 (unknown) bound nothing, and a program that cannot fit gets 0, not a negative or
+    a guess."""
+    record = profile_record(name)
+    assert get_backend(record.backend).occupancy(record, KernelResources(registers, shared, 4)) == expected
 
 
 def test_cuda_occupancy_from_registers_and_shared_memory():
@@ -230,6 +248,53 @@ def test_strided_split_tiles_of_many_chunks_take_tickets():
     assert nchw.regime == "split" and nchw.chunks < 16 and not nchw.ticketed
     transposed = plan_launch(h100, 8192, 4096, "bfloat16", strided=True, sliceable=False)
     assert transposed.regime == "split" and transposed.chunks < 16 and not transposed.ticketed
+
+
+@pytest.mark.parametrize("name, shape, dtype, backward, regime, programs", [
+    ("h100", (16384, 8192), "float32", False, "tile", 132 * 2 * 4),   # 132 SMs x 2 resident x 4 waves
+    ("h100", (65536, 262144), "float64", True, "loop", 132 * 2 * 4),
+    ("mi300x", (65536, 262144), "float32", False, "loop", 304 * 2 * 4),  # 304 CUs
+])
+def test_looping_grids_hold_waves_of_resident_programs(name, shape, dtype, backward, regime, programs):
+    """A grid that loops over its tiles (too few resident programs a unit for a program per tile)
+    is ``Tuning.tile_waves`` (4) waves of the resident programs: units x occupancy x waves, here
+    at 2 programs a unit (128 registers, 8 warps; 128 VGPRs of gfx942: 4 waves a SIMD)."""
+    record = profile_record(name)
+    assert tuning_for(record).tile_waves == 4
+    two = KernelResources(registers=128, shared_memory=0, num_warps=8)
+    plan = plan_launch(record, *shape, dtype, backward=backward, resources=two)
+    assert (plan.regime, plan.occupancy, plan.per_tile) == (regime, 2, False), plan.reason
+    assert plan.programs == programs < plan.tiles
+
+
+def test_rows_of_2_31_elements_are_planned_without_the_tensor():
+    """The planning of a row of 2**31 elements or more, on meta tensors (tests/test_torch_native.py
+    runs such a row on GPUs): a contiguous one is walked in place and streams through the loop
+    regime on every recorded chip, with 64-bit offsets (not dense), even where a tuning row would
+    let its chunks be resident (the split kernels count columns in 32 bits); one element shorter
+    splits there. A strided row that spans 2**31 elements has no row view: it is copied first."""
+    long = 2**31 + 64
+    contiguous = torch.empty(long, device="meta")
+    view = ops.row_view((long,), 0, contiguous, contiguous)
+    assert view is not None and view.n_cols == long and not view.narrow
+    for name in sorted(REQUIRED_PROFILES):
+        for backward in (False, True):
+            plan = plan_launch(profile_record(name), 1, long, "float32", backward=backward, narrow=view.narrow)
+            assert plan.regime == "loop" and not plan.dense, (name, plan.reason)
+    h100 = profile_record("h100")
+    target = targets.target_for(h100)
+    resident = planner.Target(h100, replace(target.tuning, split_chunk=2**22), target.occupancy, target.fit_options)
+    small = KernelResources(registers=32, shared_memory=0, num_warps=4)
+    for backward in (False, True):
+        assert planner.plan_launch(resident, 4, 2**31 - 1, "float32", backward=backward,
+                                   resources=small).regime == "split"
+        assert planner.plan_launch(resident, 4, 2**31, "float32", backward=backward,
+                                   resources=small).regime == "loop"
+    strided = torch.empty_strided((long,), (2,), device="meta")
+    assert ops.row_view((long,), 0, strided, contiguous) is None
+    short = 2**30  # spans (2**30 - 1) * 2 < 2**31 elements
+    assert ops.row_view((short,), 0, torch.empty_strided((short,), (2,), device="meta"),
+                        torch.empty(short, device="meta")) is not None
 
 
 def test_unsafe_forced_program_count_is_refused():

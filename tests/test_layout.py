@@ -10,7 +10,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 import portable_softmax as ps
-from portable_softmax import ops
+from portable_softmax import launch, ops
 from portable_softmax.selfcheck import relative_error
 
 LAYOUTS = {
@@ -111,18 +111,43 @@ def test_a_transposed_result_views_as_torch_s(device):
 @pytest.mark.parametrize("layout, dims", [("transposed", (0, 1)), ("sliced", (0, 1)), ("permuted", (0, 1, 2)),
                                           ("channels_last", (0, 1)), ("stepped", (0, 1)), ("expanded", (0, 1)),
                                           ("expanded_3d", (0, 1, 2))])
-def test_common_layouts_need_no_copy(device, layout, dims):
-    """Input and contiguous output walk as one row view: no copy of the input first. Channels-last
-    over C (a channel softmax) and N; over H or W its rows take three strides in one of the two
-    tensors, and are copied contiguous first, as torch copies them. The backward's y and dy are
-    contiguous (our outputs) or, as the op alone is timed, in the input's layout."""
+@pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
+def test_common_layouts_need_no_copy(device, monkeypatch, layout, dims, fns):
+    """The kernels are launched on the input itself (its data and strides): no copy first.
+    Channels-last over C (a channel softmax) and N; over H or W its rows take three strides in
+    one of the two tensors, and are copied contiguous first, as torch copies them. The backward's
+    y and dy are contiguous (our outputs) or, as the op alone is timed, in the input's layout."""
+    ours, theirs, backward = fns
+    launched: list[tuple[torch.Tensor, ...]] = []
+    build_record = launch.build_record
+
+    def recording(*args, **kwargs):
+        record = build_record(*args, **kwargs)
+
+        def run(tensors):
+            launched.append(tensors)
+            return record(tensors)
+
+        return run
+
+    monkeypatch.setattr(launch, "build_record", recording)
+    # Records built before this test would launch without passing here.
+    monkeypatch.setattr(ops, "_forward_calls", {})
+    monkeypatch.setattr(ops, "_backward_calls", {})
     x = LAYOUTS[layout](device)
-    y = ops._output(x, x.dtype)
+    log = ours is ps.log_softmax
     for dim in dims:
-        assert ops.row_view(tuple(x.shape), dim, x, y) is not None, (layout, dim)
-        assert ops.row_view(tuple(x.shape), dim, y, y, y) is not None, (layout, dim)
-        if 0 not in x.stride():
-            assert ops.row_view(tuple(x.shape), dim, x, x, y) is not None, (layout, dim)
+        launched.clear()
+        y = ours(x, dim)
+        assert relative_error(y, theirs(x.double(), dim)) < 1e-5, (layout, dim)
+        ((given, out),) = launched  # one launch, of x itself
+        assert (given.data_ptr(), given.stride()) == (x.data_ptr(), x.stride()) and out is y, (layout, dim)
+        for y_in, dy in ((y, torch.randn(x.shape, device=device)), (_like(x).copy_(y), _like(x))):
+            launched.clear()
+            dx = ops._backward(y_in, dy, dim, x.dtype, log)
+            ((given_y, given_dy, _),) = launched
+            assert given_y is y_in and given_dy is dy, (layout, dim, "backward")
+            assert relative_error(dx, backward(dy.double(), y_in.double(), dim, torch.float64)) < 1e-5
 
 
 @pytest.mark.parametrize("layout, dim", [("channels_last", 2), ("channels_last", 3), ("permuted_4d", 0)])

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from conftest import SEED_PROPERTY, seed_for
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -23,9 +25,15 @@ def _pytest(args: list[str], hash_seed: str, cwd: Path) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=300)
 
 
-def test_draws() -> None:
-    """The data this test sees (read by the test below through its output)."""
-    print("DRAWN", torch.randn(4).tolist())
+def test_draws(request: pytest.FixtureRequest) -> None:
+    """The data this test sees (read by the test below through its output): drawn from the seed
+    that ``conftest.py`` took from this test's id, and recorded for its failure report."""
+    drawn = torch.randn(4)
+    seed = seed_for(request.node.nodeid)
+    assert dict(request.node.user_properties)[SEED_PROPERTY] == seed
+    torch.manual_seed(seed)
+    assert torch.equal(drawn, torch.randn(4)), "the test's data did not come from its id's seed"
+    print("DRAWN", drawn.tolist())
 
 
 def test_a_test_id_gives_the_same_data_in_every_run() -> None:

@@ -1,10 +1,27 @@
-"""The vendor report: written, complete, and failing when a case fails."""
+"""The vendor report: written, complete, and failing when a case fails. Small cases: the report's
+own (rows of 131072 among them) take minutes through the interpreter, and what is tested here is
+the report, not the kernels (the other test files run those)."""
 import json
 
+import pytest
 import torch
 
 from portable_softmax import selfcheck, validate
 from portable_softmax.cli import main
+
+# validate.FUSED's kinds in small shapes: a scale tensor with a bool mask and causal, a number
+# scale with an additive mask.
+SMALL_FUSED = [
+    ((2, 2, 5, 33), -1, torch.float32, lambda d: {"scale": torch.rand(2, 2, 5, 1, device=d) + 0.5,
+                                                  "mask": torch.rand(2, 1, 5, 33, device=d) > 0.3,
+                                                  "causal": True}),
+    ((2, 2, 5, 33), -1, torch.bfloat16, lambda d: {"scale": 0.125, "mask": torch.randn(1, 1, 5, 33, device=d)}),
+]
+
+
+@pytest.fixture(autouse=True)
+def _small_fused_cases(monkeypatch):
+    monkeypatch.setattr(validate, "FUSED", SMALL_FUSED)
 
 
 def test_validate_writes_a_complete_report(tmp_path, monkeypatch):
@@ -29,7 +46,6 @@ def test_validate_checks_the_fused_variants(tmp_path, monkeypatch):
     from portable_softmax import fused
 
     monkeypatch.setattr(validate, "CONFORMANCE", [((4, 1), torch.float32)])
-    monkeypatch.setattr(validate, "FUSED", validate.FUSED[:2])
     assert main(["--device", "cpu", "validate", "--out", str(tmp_path), "--no-bench"]) == 0
     checks = json.loads((tmp_path / "report.json").read_text())["checks"]
     assert sum(c["case"].startswith("fused") for c in checks) == 4

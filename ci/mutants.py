@@ -1,0 +1,317 @@
+"""Bugs made on purpose: which of them the tests see.
+
+Each mutant is one small edit of the library (a snippet that must occur exactly once in its file,
+and what replaces it) and the tests that must fail with it in place, each comparing with torch,
+never with the package's own other path. For every mutant the script applies the edit to a copy
+of this checkout (its tracked and untracked, not ignored, files as they are now), runs the tests
+in that copy and records whether they failed (killed) or passed (survived). A mutant known to
+survive says why in ``expected_survivor``; it is run and reported like the others.
+
+    python ci/mutants.py                    # every mutant; the table on stdout
+    python ci/mutants.py --list             # the mutants and their tests, nothing run
+    python ci/mutants.py -m max_shift_flipped -m backward_term_dropped
+
+Exit status: 0 when every mutant is killed except the expected survivors, which survive; 1 when a
+mutant survives unexpectedly or an expected survivor is killed (its mark is stale: remove it); 2
+when the script cannot judge: a snippet not found exactly once (the code moved: update the
+mutant), a selection pytest cannot run, or tests that fail without any mutant.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where the kernels live: one field, to follow them when kernels.py becomes a package.
+KERNELS = "portable_softmax/kernels.py"
+SPLIT_SURVIVES = ("split kernels do not run on CPU until issue 35 item 1 (the split math on CPU): Triton's "
+                  "interpreter runs programs one after another, so a program that waits on its peers never ends, "
+                  "and the split tests skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """A bug made on purpose: ``original`` (exactly once in ``path``) becomes ``replacement``, and
+    one of ``tests`` (pytest node ids, run in the copy) must then fail."""
+
+    name: str
+    path: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    expected_survivor: str = ""
+
+
+def _ids(function: str, *params: str) -> tuple[str, ...]:
+    """Node ids of ``function`` (``file::name``) with each of ``params`` (its id in brackets)."""
+    return tuple(f"{function}[{param}]" for param in params)
+
+
+FORWARD = "tests/test_softmax.py::test_forward_matches_torch"
+FUSED = "tests/test_fused.py::test_fused_variants_match_the_composite"
+
+MUTANTS = [
+    # The four that passed the whole suite in issue 35.
+    Mutant("split_chunks_own_maximum", KERNELS,
+           "        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total\n"
+           "        shift = chunk_max - row_max - tl.log(row_total)\n",
+           "        scale = tl.exp2((chunk_max - chunk_max) * LOG2E) / row_total\n"
+           "        shift = chunk_max - chunk_max - tl.log(row_total)\n",
+           _ids("tests/test_softmax.py::test_every_regime_writes_every_element",
+                "cpu-1000-softmax-split", "cpu-1000-log_softmax-split", "cpu-1000-softmax-ticketed")
+           + _ids("tests/test_softmax.py::test_split_rows_with_a_chunk_of_only_minus_inf",
+                  "cpu-split-softmax-torch.float32"),
+           expected_survivor=SPLIT_SURVIVES),
+    Mutant("empty_input_drops_dtype", "portable_softmax/ops.py",
+           "    if x.numel() == 0:\n        return lambda x: _output(x, out_dtype)\n",
+           "    if x.numel() == 0:\n        return lambda x: _output(x, x.dtype)\n",
+           _ids("tests/test_softmax.py::test_empty_inputs_take_the_dtype_argument",
+                "cpu-torch.float32-torch.float64-softmax", "cpu-torch.int64-torch.float32-log_softmax")),
+    Mutant("rank_zero_drops_dtype", "portable_softmax/ops.py",
+           "        return lambda x: _forward(x.reshape(1), 0, out_dtype, log).reshape(())\n",
+           "        return lambda x: _forward(x.reshape(1), 0, None, log).reshape(())\n",
+           _ids("tests/test_softmax.py::test_rank_zero_inputs_take_the_dtype_argument",
+                "cpu-torch.float32-torch.float64-softmax", "cpu-torch.float64-torch.float16-log_softmax")),
+    Mutant("looping_grid_loses_waves", "portable_softmax/planner.py",
+           "max(1, record.compute_units * max(occupancy, 1) * tuning.tile_waves)",
+           "max(1, record.compute_units * max(occupancy, 1))",
+           ("tests/test_device_layer.py::test_looping_grids_hold_waves_of_resident_programs",)),
+    # Bugs the suite caught in issue 35, and their kind.
+    Mutant("max_shift_flipped", KERNELS,
+           "    row_max = tl.max(x, 1)\n    z = x - row_max[:, None]\n",
+           "    row_max = tl.max(x, 1)\n    z = x + row_max[:, None]\n",
+           _ids(FORWARD, "cpu-softmax-torch.float32-1823x781", "cpu-log_softmax-torch.bfloat16-17x16")),
+    Mutant("log_softmax_shift_sign", KERNELS,
+           "    out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)\n",
+           "    out = _normalized(z, e, (1.0 / total)[:, None], tl.log(total)[:, None], LOG)\n",
+           _ids(FORWARD, "cpu-log_softmax-torch.float32-17x16")),
+    Mutant("online_rescale_dropped", KERNELS,
+           "        total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(",
+           "        total = total + tl.sum(",
+           _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")),
+    Mutant("backward_term_dropped", KERNELS,
+           "    return y * (dy - row_sum)\n",
+           "    return y * dy\n",
+           _ids("tests/test_softmax.py::test_backward_matches_torch", "cpu-torch.float32--1-softmax")),
+    Mutant("double_backward_term_dropped", "portable_softmax/ops.py",
+           "        dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)\n",
+           "        dx = dy\n",
+           _ids("tests/test_softmax.py::test_differentiable_gradients_match_torch", "cpu-log_softmax")),
+    Mutant("bool_mask_ignored", KERNELS,
+           "            bias = tl.where(kept, bias, -float(\"inf\"))\n",
+           "            bias = bias\n",
+           _ids(FUSED, "cpu-bool_mask-softmax-torch.float32-tile")),
+    Mutant("scale_ignored", KERNELS,
+           "        scale = scale * scale_value\n",
+           "        scale = scale\n",
+           _ids(FUSED, "cpu-scale-softmax-torch.float32-tile")),
+    Mutant("causal_diagonal_masked", KERNELS,
+           "            bias = tl.where(cols > q[:, None], -float(\"inf\"), bias)\n",
+           "            bias = tl.where(cols >= q[:, None], -float(\"inf\"), bias)\n",
+           _ids(FUSED, "cpu-causal-softmax-torch.float32-tile")),
+    Mutant("compiled_fused_call_drops_mask", "portable_softmax/fused.py",
+           "        return _fused_op(x, dim, out_dtype, log, tensor, value, mask, causal)\n",
+           "        return _fused_op(x, dim, out_dtype, log, tensor, value, None, causal)\n",
+           _ids("tests/test_torch_compile.py::test_compiled_fused_calls_match_torch_with_gradients", "cpu-eager")),
+    Mutant("all_reduce_skipped", "portable_softmax/distributed.py",
+           "    dist.all_reduce(sums, group=group)\n",
+           "    sums = sums  # the all_reduce skipped\n",
+           _ids("tests/test_distributed.py::test_sharded_rows_match_torch", "softmax-torch.float32-2")),
+    Mutant("all_gather_skipped", "portable_softmax/distributed.py",
+           "    dist.all_gather_into_tensor(gathered, partials, group=group)\n",
+           "    gathered = partials.repeat(ranks, 1)  # every rank's partials taken to be this one's\n",
+           _ids("tests/test_distributed.py::test_sharded_rows_match_torch", "log_softmax-torch.float32-2")),
+    Mutant("eager_calls_through_the_operators", "portable_softmax/ops.py",
+           "    if _custom_op_call is not None and _compiling():\n",
+           "    if _custom_op_call is not None:\n",
+           ("tests/test_torch_compile.py::test_eager_calls_do_not_go_through_the_operators",)),
+    Mutant("strided_inputs_copied", "portable_softmax/ops.py",
+           "    view = row_view(tuple(x.shape), dim, x, template)\n",
+           "    view = row_view(tuple(x.shape), dim, x, template) if x.is_contiguous() else None\n",
+           _ids("tests/test_layout.py::test_common_layouts_need_no_copy",
+                "cpu-softmax-transposed-dims0", "cpu-log_softmax-stepped-dims4")),
+    Mutant("split_cutoff_dropped", "portable_softmax/planner.py",
+           ' and n_cols < SPLIT_COLS_LIMIT\n',
+           "\n",
+           ("tests/test_device_layer.py::test_rows_of_2_31_elements_are_planned_without_the_tensor",)),
+    Mutant("strided_row_limit_dropped", "portable_softmax/ops.py",
+           "    if widest != 1 and (n_cols - 1) * widest >= _MAX_COLUMN_SPAN:\n",
+           "    if False:\n",
+           ("tests/test_device_layer.py::test_rows_of_2_31_elements_are_planned_without_the_tensor",)),
+    Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
+           "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
+           "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",
+           _ids("tests/test_softmax.py::test_bfloat16_results_round_to_nearest_as_torch_s", "cpu-softmax",
+                "cpu-log_softmax")),
+]
+
+
+def _checkout_files(root: Path) -> list[str]:
+    """This checkout's files as they are now: tracked and untracked, not ignored."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout
+    return [name for name in listed.split("\0") if name and (root / name).is_file()]
+
+
+def _copy_checkout(root: Path, into: Path) -> None:
+    for name in _checkout_files(root):
+        target = into / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+
+
+def _stale(mutant: Mutant, root: Path) -> Optional[str]:
+    """Why ``mutant`` cannot be applied to ``root``'s files, or None."""
+    path = root / mutant.path
+    if not path.is_file():
+        return f"{mutant.path} does not exist"
+    found = path.read_text().count(mutant.original)
+    if found != 1:
+        return f"its snippet occurs {found} times in {mutant.path}, not once: {mutant.original.strip()[:70]!r}"
+    return None
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutant: Mutant
+    killed: bool
+    evidence: str
+    seconds: float
+
+
+def _pytest(copy: Path, tests: tuple[str, ...], timeout: float, stop_at_first: bool) -> tuple[int, str]:
+    """pytest's exit status and output for ``tests`` in ``copy`` (-1 past ``timeout``)."""
+    # The copy's package, not an installed one: its root first on the path, in this process's
+    # Python (the one with torch and Triton).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *(["-x"] * stop_at_first),
+               *tests]
+    try:
+        run = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout or b""
+        return -1, output.decode(errors="replace") if isinstance(output, bytes) else output
+    return run.returncode, run.stdout + run.stderr
+
+
+def _first_failure(output: str) -> str:
+    found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    return found.group(1) if found else "(no FAILED line)"
+
+
+def _imports_the_copy(copy: Path) -> Optional[str]:
+    """Why the copy's tests would not import the copy's package, or None."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))}
+    found = subprocess.run([sys.executable, "-c", "import portable_softmax; print(portable_softmax.__file__)"],
+                           cwd=copy, env=env, capture_output=True, text=True).stdout.strip()
+    if not found.startswith(str(copy)):
+        return f"the copy imports portable_softmax from {found or 'nowhere'}, not from {copy}"
+    return None
+
+
+def run_mutant(mutant: Mutant, copy: Path, timeout: float) -> Outcome:
+    """Apply ``mutant`` to ``copy``, run its tests, put the file back."""
+    path = copy / mutant.path
+    original = path.read_text()
+    path.write_text(original.replace(mutant.original, mutant.replacement))
+    start = time.monotonic()
+    try:
+        code, output = _pytest(copy, mutant.tests, timeout, stop_at_first=True)
+    finally:
+        path.write_text(original)
+    seconds = time.monotonic() - start
+    if code == -1:
+        return Outcome(mutant, True, f"timed out after {timeout:.0f} s (a hang is a failure)", seconds)
+    if code == 0:
+        return Outcome(mutant, False, "", seconds)
+    if code == 1:
+        return Outcome(mutant, True, _first_failure(output), seconds)
+    raise SystemExit(f"mutants: {mutant.name}: pytest exited {code} (not a test failure):\n{output[-3000:]}")
+
+
+def _table(outcomes: list[Outcome]) -> str:
+    lines = ["| mutant | file | result | failed first / why it survives | s |", "|---|---|---|---|---|"]
+    for outcome in outcomes:
+        mutant = outcome.mutant
+        if outcome.killed:
+            result = "killed" if not mutant.expected_survivor else "KILLED (marked expected survivor: remove the mark)"
+            why = outcome.evidence
+        else:
+            result = "survived (expected)" if mutant.expected_survivor else "SURVIVED"
+            why = mutant.expected_survivor or "no selected test failed: add a test that sees this bug"
+        lines.append(f"| {mutant.name} | {mutant.path} | {result} | {why} | {outcome.seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", "--mutant", action="append", default=[], metavar="NAME",
+                        help="run only these mutants (repeat); default: all")
+    parser.add_argument("--list", action="store_true", help="list the mutants and their tests; run nothing")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a mutant's tests may take (default 900)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip running the selected tests without mutants first (they must pass there)")
+    parser.add_argument("--keep", action="store_true", help="keep the copy of the checkout (its path is printed)")
+    args = parser.parse_args(argv)
+
+    known = {mutant.name: mutant for mutant in MUTANTS}
+    unknown = [name for name in args.mutant if name not in known]
+    if unknown:
+        parser.error(f"unknown mutant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    chosen = [known[name] for name in args.mutant] if args.mutant else MUTANTS
+    if args.list:
+        for mutant in chosen:
+            mark = f"  (expected survivor: {mutant.expected_survivor})" if mutant.expected_survivor else ""
+            print(f"{mutant.name}: {mutant.path}{mark}")
+            for test in mutant.tests:
+                print(f"    {test}")
+        return 0
+    stale = [f"{mutant.name}: {why}" for mutant in chosen if (why := _stale(mutant, ROOT))]
+    if stale:
+        print("mutants: stale, update them:\n  " + "\n  ".join(stale), file=sys.stderr)
+        return 2
+
+    copy = Path(tempfile.mkdtemp(prefix="portable-softmax-mutants-"))
+    try:
+        _copy_checkout(ROOT, copy)
+        problem = _imports_the_copy(copy)
+        if problem:
+            print(f"mutants: {problem}", file=sys.stderr)
+            return 2
+        if not args.no_baseline:
+            selected = tuple(dict.fromkeys(test for mutant in chosen for test in mutant.tests))
+            print(f"baseline: {len(selected)} selections without mutants ...", file=sys.stderr, flush=True)
+            code, output = _pytest(copy, selected, args.timeout * len(chosen), stop_at_first=False)
+            if code != 0:
+                print(f"mutants: the selected tests fail (exit {code}) without any mutant:\n{output[-3000:]}",
+                      file=sys.stderr)
+                return 2
+        outcomes = []
+        for mutant in chosen:
+            print(f"{mutant.name} ...", file=sys.stderr, flush=True)
+            outcomes.append(run_mutant(mutant, copy, args.timeout))
+    finally:
+        if args.keep:
+            print(f"copy kept at {copy}", file=sys.stderr)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+    print(_table(outcomes))
+    wrong = [o for o in outcomes if o.killed == bool(o.mutant.expected_survivor)]
+    killed = sum(o.killed for o in outcomes)
+    print(f"\n{killed} of {len(outcomes)} killed; {len(outcomes) - killed - len(wrong)} expected survivor(s); "
+          f"{len(wrong)} unexpected result(s)")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
