@@ -256,7 +256,7 @@ def _previous(op: torch._ops.OpOverload, dispatch_key: str, result_dtype: Callab
     """The kernel that serves ``op`` at ``dispatch_key`` now (torch's, or another library's):
     taken before ours is registered."""
     if _get_kernel is not None:
-        return _get_kernel(op._name, dispatch_key).call_boxed
+        return _get_kernel(op, dispatch_key).call_boxed
     return _through_out(op, result_dtype)
 
 
