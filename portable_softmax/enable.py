@@ -292,10 +292,10 @@ def _softmax_registrations(dispatch_key: str) -> list[tuple[str, Kernel, str]]:
 # Until ``portable_softmax.loss`` exists, F.cross_entropy is served through its log_softmax
 # (aten::cross_entropy_loss is log_softmax, then nll_loss). Once it exists, the whole loss goes to
 # ``loss.cross_entropy(input, target, weight=, reduction=, ignore_index=, label_smoothing=)`` (the
-# keywords of F.cross_entropy). cross_entropy_loss is CompositeImplicitAutograd: a kernel at its
-# backend key alone would leave it without a gradient, so it is registered at the device's
-# Autograd key, and the loss brings its own autograd. Class-index targets only; probabilities,
-# small calls, and torch without get_kernel keep torch's composite.
+# keywords of F.cross_entropy; class indices and probabilities alike). cross_entropy_loss is
+# CompositeImplicitAutograd: a kernel at its backend key alone would leave it without a gradient,
+# so it is registered at the device's Autograd key, and the loss brings its own autograd. Small
+# calls, and every call on a torch without get_kernel, keep torch's composite.
 # ----------------------------------------------------------------------------------------------
 
 _REDUCTIONS = ("none", "mean", "sum")  # at::Reduction::Reduction: None, Mean, Sum
@@ -312,11 +312,10 @@ def _loss_registrations(dispatch_key: str) -> list[tuple[str, Kernel, str]]:
     # The schema's defaults: torch leaves trailing arguments that equal them out of the call.
     def kernel(keyset: Any, input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                reduction: int = 1, ignore_index: int = -100, label_smoothing: float = 0.0) -> torch.Tensor:
-        key = ("cross_entropy_loss", input.shape, input.dtype, input.device, target.dtype)
+        key = ("cross_entropy_loss", input.shape, input.dtype, input.device)
         found = _decisions.get(key, _UNDECIDED)
         if found is _UNDECIDED:
-            found = _decided(key, lambda: None if target.is_floating_point() else
-                             _served(input, 1 if input.dim() > 1 else 0, input.dtype, (), "cross_entropy"))
+            found = _decided(key, lambda: _served(input, 1 if input.dim() > 1 else 0, input.dtype, (), "cross_entropy"))
         if found is None or _serving.active:
             return previous(keyset, input, target, weight, reduction, ignore_index, label_smoothing)
         _serving.active = True
