@@ -294,11 +294,15 @@ def _softmax_registrations(dispatch_key: str) -> list[tuple[str, Kernel, str]]:
 # ``loss.cross_entropy(input, target, weight=, reduction=, ignore_index=, label_smoothing=)`` (the
 # keywords of F.cross_entropy; class indices and probabilities alike). cross_entropy_loss is
 # CompositeImplicitAutograd: a kernel at its backend key alone would leave it without a gradient,
-# so it is registered at the device's Autograd key, and the loss brings its own autograd. Small
-# calls, and every call on a torch without get_kernel, keep torch's composite.
+# so it is registered at the device's Autograd key, and the loss brings its own autograd. That key
+# comes before the Python key, so tensor subclasses (the fake and functional tensors of
+# torch.compile's tracing, DTensors) reach the kernel too: they, and small calls, keep torch's
+# composite, whose log_softmax is served where it runs on real tensors. On a torch without
+# get_kernel the loss is not registered.
 # ----------------------------------------------------------------------------------------------
 
 _REDUCTIONS = ("none", "mean", "sum")  # at::Reduction::Reduction: None, Mean, Sum
+_PYTHON_KEY = torch._C.DispatchKey.Python
 
 
 def _loss_registrations(dispatch_key: str) -> list[tuple[str, Kernel, str]]:
@@ -312,10 +316,11 @@ def _loss_registrations(dispatch_key: str) -> list[tuple[str, Kernel, str]]:
     # The schema's defaults: torch leaves trailing arguments that equal them out of the call.
     def kernel(keyset: Any, input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                reduction: int = 1, ignore_index: int = -100, label_smoothing: float = 0.0) -> torch.Tensor:
-        key = ("cross_entropy_loss", input.shape, input.dtype, input.device)
+        key = ("cross_entropy_loss", type(input), input.shape, input.dtype, input.device)
         found = _decisions.get(key, _UNDECIDED)
         if found is _UNDECIDED:
-            found = _decided(key, lambda: _served(input, 1 if input.dim() > 1 else 0, input.dtype, (), "cross_entropy"))
+            found = _decided(key, lambda: None if torch._C._dispatch_keys(input).has(_PYTHON_KEY) else
+                             _served(input, 1 if input.dim() > 1 else 0, input.dtype, (), "cross_entropy"))
         if found is None or _serving.active:
             return previous(keyset, input, target, weight, reduction, ignore_index, label_smoothing)
         _serving.active = True

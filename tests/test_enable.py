@@ -265,6 +265,12 @@ def test_the_loss_registration_point_hands_f_cross_entropy_to_the_loss(monkeypat
         F.cross_entropy(logits, torch.rand(4, 9))  # probabilities, with the defaults
     assert seen == [("sum", 3, 0.2), ("mean", -100, 0.0)]
     assert served.by_op["cross_entropy_loss"] == 2
+    # torch.compile's fake tensors reach the Autograd key too: they keep torch's composite, and
+    # so does the compiled code (its log_softmax served, as without the loss).
+    compiled = torch.compile(lambda z: F.cross_entropy(z, target), backend="aot_eager")
+    with ps.enabled(["cpu"]) as served:
+        compiled(logits)
+    assert len(seen) == 2 and dict(served.by_op) == {"_log_softmax": 1}
     exact = logits.detach().double().requires_grad_()
     reference = F.cross_entropy(exact, target, reduction="sum", ignore_index=3, label_smoothing=0.2)
     assert relative_error(value, reference) < 1e-6
@@ -406,12 +412,15 @@ def test_devices_no_backend_serves_are_refused(devices, error):
 
 
 def test_aot_eager_compiled_code_is_served():
-    model = lambda x: torch.softmax(x * 2, -1) + torch.log_softmax(x, 0)  # noqa: E731
+    target = torch.randint(0, 6, (3,))
+    model = lambda x: torch.softmax(x * 2, -1) + torch.log_softmax(x, 0) + F.cross_entropy(x, target)  # noqa: E731
     compiled = torch.compile(model, backend="aot_eager")
     x = torch.randn(3, 6)
     with ps.enabled(["cpu"]) as served:
         y = compiled(x)
-    assert served.by_op["_softmax"] == 1 and served.by_op["_log_softmax"] == 1
+    # Traced on fake tensors, which never reach the kernels; run on real ones, which do (the
+    # cross-entropy through its log_softmax, also where portable_softmax.loss exists).
+    assert dict(served.by_op) == {"_softmax": 1, "_log_softmax": 2}
     assert relative_error(y, model(x.double())) < 1e-6
 
 
