@@ -221,6 +221,28 @@ def test_half_to_float_on_a_non_half_input_keeps_torch_s_error():
     assert served.calls == 0
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_double_backward_and_vmap_keep_torch_s_formulas(log):
+    """torch's formulas stay in charge: the double backward (derivatives.yaml's, which calls the
+    backward operator again) and vmap's batching rule reach the kernels, with torch's results."""
+    call = torch.log_softmax if log else torch.softmax
+    x = torch.randn(3, 7, dtype=torch.float64)
+    v, w = torch.randn(3, 7, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
+
+    def second(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.clone().requires_grad_()
+        (g,) = torch.autograd.grad(call(x, -1), x, v, create_graph=True)
+        (gg,) = torch.autograd.grad((g * w).sum(), x)
+        return gg, torch.func.vmap(lambda row: call(row, 0), in_dims=1)(x.detach())
+
+    expected = second(x)
+    with ps.enabled(["cpu"]) as served:
+        found = second(x)
+    assert served.calls == 4  # forward, backward, the backward again in the double backward, vmap
+    for ours, theirs in zip(found, expected):
+        assert relative_error(ours, theirs) < 1e-10
+
+
 def test_f_cross_entropy_is_served():
     logits = torch.randn(6, 37, requires_grad=True)
     target = torch.randint(0, 37, (6,))
