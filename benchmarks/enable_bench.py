@@ -255,7 +255,8 @@ def report(results: dict) -> str:
                                                        for d in ("fwd", "bwd")) + f" {'ps.softmax fwd':>15}"]
     for row in results["single_calls"]:
         cells = " ".join(f"{row[f'{label} {d}_us']:17.1f}" for label in SETTINGS for d in ("fwd", "bwd"))
-        lines.append(f"{'x'.join(map(str, row['shape'])):>12} {row['dtype']:>9} {cells} {row['ps.softmax fwd_us']:15.1f}")
+        shape = "x".join(map(str, row["shape"]))
+        lines.append(f"{shape:>12} {row['dtype']:>9} {cells} {row['ps.softmax fwd_us']:15.1f}")
     for sweep in results["crossover"]:
         lines += ["", f"crossover, {sweep['dtype']}, rows of 4096: us per call, torch / every call served",
                   f"{'bytes':>12} {'fwd torch':>10} {'fwd ours':>10} {'bwd torch':>10} {'bwd ours':>10}"]

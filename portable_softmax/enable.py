@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import re
 import threading
 import warnings
 from collections import Counter
@@ -60,7 +59,7 @@ DeviceSpec = Union[str, torch.device]
 Kernel = Callable[..., Any]
 
 # torch.library.get_kernel (torch 2.9+): the kernel registered for a key before ours, called boxed.
-_get_kernel: Optional[Callable[[str, str], Any]] = getattr(torch.library, "get_kernel", None)
+_get_kernel: Optional[Callable[..., Any]] = getattr(torch.library, "get_kernel", None)
 
 
 class Served:
@@ -339,8 +338,9 @@ def _loss_registrations(dispatch_key: str) -> list[tuple[str, Kernel, str]]:
 # Registering.
 # ----------------------------------------------------------------------------------------------
 
-# torch warns once per process when a kernel replaces another: here that is the point.
-_OVERRIDE_WARNING = re.compile(r"(?s).*Overriding a previously registered kernel")
+# torch warns once per process when a kernel replaces another: here that is the point. (The
+# message starts with another line: "(?s)" lets ".*" cross it.)
+_OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel"
 
 
 def _dispatch_key(device_type: str) -> Optional[str]:
@@ -362,7 +362,7 @@ def _register(dispatch_keys: tuple[str, ...]) -> Optional[torch.library.Library]
         return None
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_OVERRIDE_WARNING.pattern, category=UserWarning)
+        warnings.filterwarnings("ignore", message=_OVERRIDE_WARNING, category=UserWarning)
         for dispatch_key in dispatch_keys:
             for name, kernel, key in [*_softmax_registrations(dispatch_key), *_loss_registrations(dispatch_key)]:
                 library.impl(name, kernel, key, with_keyset=True)
@@ -388,8 +388,7 @@ def _apply() -> None:
     if _library is not None:
         _library._destroy()
     _library, _library_keys = None, ()
-    _library = _register(tuple(keys))
-    _library_keys = tuple(keys)
+    _library, _library_keys = _register(tuple(keys)), tuple(keys)
 
 
 def _device_types(devices: Union[DeviceSpec, Iterable[DeviceSpec], None], name: str) -> tuple[str, ...]:
@@ -427,7 +426,8 @@ def _available(device_type: str) -> bool:
 
 def enable(devices: Union[DeviceSpec, Iterable[DeviceSpec], None] = None) -> Served:
     """Serve torch's softmax and log_softmax (forward and backward) on ``devices`` with the
-    package's kernels until :func:`disable`, where they are faster than torch's own.
+    package's kernels until :func:`disable`; torch's kernel keeps the calls smaller than the
+    chip's ``enable_min_bytes``, where it is faster.
 
     Args:
         devices: device types (``"cuda"``, ``"npu"``, ``"cpu"``; an index is ignored, as the
