@@ -15,6 +15,7 @@ from portable_softmax.ops import DimensionError, log_softmax, softmax
 from portable_softmax import torch_ops  # noqa: F401,E402  (registers the custom operators for torch.compile)
 from portable_softmax import distributed  # noqa: F401,E402  (sharded dimensions; routes DTensors to it)
 from portable_softmax import fused  # noqa: F401,E402  (scale, mask, causal; ops routes those calls to it)
+from portable_softmax.enable import Served, disable, enable, enabled  # whole models: torch's softmax served
 from portable_softmax.planner import LaunchPlan
 from portable_softmax.targets import plan_launch
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -27,7 +28,11 @@ __all__ = [
     "DimensionError",
     "KernelResources",
     "LaunchPlan",
+    "Served",
     "device_info",
+    "disable",
+    "enable",
+    "enabled",
     "get_backend",
     "log_softmax",
     "plan_launch",

@@ -193,6 +193,12 @@ class Tuning:
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
             are hoisted out of it); the compile report checks that every wait loop reads memory.
+        enable_min_bytes: under ``enable()`` (``enable.py``), calls whose input (forward) or
+            output (backward) holds fewer bytes keep torch's own kernel: there the package's host
+            cost per call outweighs its kernel's gain (an H100, issue 34: 29-31 us a forward call
+            through the registration against torch's 13-15). Provisional: the H100's bandwidth
+            makes 32 MiB about where the kernel time (read and write, ~3.3 TB/s) covers the host
+            cost of a call; ``benchmarks/enable_bench.py`` measures the crossover per chip.
     """
 
     tile_elements: int = 1024
@@ -236,3 +242,4 @@ class Tuning:
     slice_elements: int = 1024
     slice_tile_elements: int = 8192
     slice_programs_per_unit: int = 4
+    enable_min_bytes: int = 32 * 2**20

@@ -382,8 +382,9 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
 NPU_TUNING = replace(Tuning(), tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
                      tile_loop_occupancy=both_directions(2**31 - 1))
 # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
+# Every call served under enable(): CPU is served only where named, to run the kernels.
 INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, loop_chunk=16384, max_warps=1,
-                             max_programs=4, tile_waves=1)
+                             max_programs=4, tile_waves=1, enable_min_bytes=0)
 
 
 # The H200: the H100's chip with 1.4 times its memory bandwidth wants more bytes in flight per SM

@@ -14,7 +14,7 @@ LAYERS = [
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
     ("planning", {"tuning", "planner", "targets"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch"}),
-    ("public API and torch integration", {"ops", "torch_ops", "distributed", "fused", "__init__"}),
+    ("public API and torch integration", {"ops", "torch_ops", "distributed", "fused", "enable", "__init__"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
                "machine_code"}),
 ]
