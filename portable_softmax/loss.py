@@ -42,7 +42,7 @@ def _after_autocast(x: torch.Tensor) -> torch.Tensor:
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """The eager path: the forward's held gradient (``loss_rows.holds_gradient``) rescaled in the
+    """The eager path: the forward's gradient (``loss_rows.writes_gradient``) rescaled in the
     backward, or the gradient recomputed from the saved lse."""
 
     @staticmethod
@@ -128,11 +128,11 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     if x.device.type == "meta":
         loss, lse = loss_ops.fake(x, options)
     elif loss_ops.AVAILABLE and ops._compiling():
-        write_grad = loss_rows.holds_gradient(x, options, needs_grad and not target.requires_grad, False)
+        write_grad = loss_rows.writes_gradient(x, options, needs_grad and not target.requires_grad, False)
         loss, lse = loss_ops.call(x, target, weight, options, write_grad)
     else:
         # A gradient for probability targets needs the logits kept: the gradient is then recomputed.
-        write_grad = loss_rows.holds_gradient(x, options, needs_grad and not target.requires_grad,
+        write_grad = loss_rows.writes_gradient(x, options, needs_grad and not target.requires_grad,
                                               inplace_backward)
         if needs_grad:
             loss, lse = _CrossEntropy.apply(x, target, weight, options, write_grad, inplace_backward)

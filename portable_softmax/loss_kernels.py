@@ -30,8 +30,9 @@ Kernels (``variants.LOSS_KERNELS``):
 * ``cross_entropy_forward_tile``: a tile of rows held whole in registers: one read; the loss
   rows and lse, and with ``WRITE_GRAD`` the gradient in the same pass (the backward then only
   rescales it, ``cross_entropy_grad_scale``).
-* ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum); loss
-  rows and lse only.
+* ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum): loss
+  rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that finds
+  the row in L2 (asked to keep it): memory still sees one read and one write.
 * ``cross_entropy_backward``: the gradient streamed from the saved lse and the incoming gradient
   (one value, or one per position for ``reduction='none'``): one read, one write.
 * ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
@@ -258,6 +259,33 @@ def cross_entropy_forward_tile(
 
 
 @_jit
+def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
+                     grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored,
+                     valid, factor, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N: tl.constexpr,
+                     ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr, PROB_TARGET: tl.constexpr,
+                     SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, EVICT: tl.constexpr):
+    """Stream rows once more, writing their gradient (``_grad``) times ``factor`` per row: x read
+    again (``EVICT``: its cache policy), the gradient written once."""
+    for start in tl.range(0, n_cols, BLOCK_N):
+        cols = start + chunk_cols
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask
+        x = _wide(tl.load(x_ptr + x_base[:, None] + cols.to(tl.int64) * x_col_stride, mask=mask,
+                          other=-float("inf"), eviction_policy=EVICT), ACC_FP64)
+        z, t = _capped(x, mask, softcap, SOFTCAP)
+        w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+        if PROB_TARGET:
+            q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols.to(tl.int64) * target_col_stride,
+                                        mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
+        else:
+            q = w
+        g = _grad(z, t, mask, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
+                  weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+        tl.store(grad_ptr + grad_base[:, None] + cols.to(tl.int64) * grad_col_stride,
+                 (g * factor[:, None]).to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+@_jit
 def cross_entropy_forward_loop(
     x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr,
     n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -269,9 +297,10 @@ def cross_entropy_forward_loop(
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_GRAD: tl.constexpr,
 ):
-    # WRITE_GRAD is never set here (a streamed row's gradient is the backward's): one signature
-    # with the tile kernel, as the variant table declares both.
-    tl.static_assert(not WRITE_GRAD, "a streamed row writes its gradient in the backward")
+    # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
+    # first pass asks to keep it there; a program's row at a time, one or a few programs a unit),
+    # so memory sees one read and one write, as a held tile's.
+    keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -279,9 +308,10 @@ def cross_entropy_forward_loop(
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride)
         if not PROB_TARGET:
-            target, ignored, valid, _, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols, weight_ptr,
-                                                          ignore_index, n_cols, WEIGHT, ACC_FP64)
+            target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
+                                                               weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
         else:
+            target = rows
             ignored = rows < 0
             valid = row_mask
         row_max = _wide(tl.full([BLOCK_M], -float("inf"), tl.float32), ACC_FP64)
@@ -295,8 +325,8 @@ def cross_entropy_forward_loop(
             col_mask = cols < n_cols
             mask = row_mask[:, None] & col_mask
             x = _wide(tl.load(x_ptr + x_base[:, None] + cols.to(tl.int64) * x_col_stride, mask=mask,
-                              other=-float("inf")), ACC_FP64)
-            z, _ = _capped(x, mask, softcap, SOFTCAP)
+                              other=-float("inf"), eviction_policy=keep), ACC_FP64)
+            z, tanh = _capped(x, mask, softcap, SOFTCAP)
             new_max = tl.maximum(row_max, tl.max(z, 1))
             new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
             # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
@@ -307,7 +337,8 @@ def cross_entropy_forward_loop(
             w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
             if PROB_TARGET:
                 q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols.to(tl.int64) * target_col_stride,
-                                            mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
+                                            mask=mask, other=0.0, eviction_policy=keep), ACC_FP64), mask, smoothing,
+                              n_cols, SMOOTHING)
                 prob_sum += tl.sum(w * q, 1)
                 prob_dot += tl.sum(w * q * finite_z, 1)
             else:
@@ -321,6 +352,12 @@ def cross_entropy_forward_loop(
                          weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
         tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride), loss, mask=row_mask)
         tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride), lse, mask=row_mask)
+        if WRITE_GRAD:
+            _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
+                             grad_ptr, _row_starts(outer, rows, grad_outer_stride, grad_row_stride), grad_col_stride,
+                             row_mask, chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored, valid, lse * 0.0 + 1.0,
+                             ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT,
+                             PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
 
 
 @_jit
@@ -341,13 +378,13 @@ def cross_entropy_backward(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
         target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride)
-        grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride)
         lse = _wide(tl.load(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride), mask=row_mask,
                             other=0.0), ACC_FP64)
         dloss = _wide(tl.load(dloss_ptr + _row_starts(outer, rows, dloss_outer_stride, dloss_row_stride),
                               mask=row_mask, other=0.0), ACC_FP64)
         if PROB_TARGET:
             # A = sum_c w_c q'_c first: a streamed pass over the targets alone.
+            target = rows
             ignored = rows < 0
             valid = row_mask
             prob_sum = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
@@ -358,28 +395,15 @@ def cross_entropy_backward(
                                             mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
                 prob_sum += tl.sum(_weights(weight_ptr, cols, cols < n_cols, WEIGHT, ACC_FP64) * q, 1)
             w_t = prob_sum
-            target = rows
         else:
-            target, ignored, valid, _, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols, weight_ptr,
-                                                          ignore_index, n_cols, WEIGHT, ACC_FP64)
+            target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
+                                                               weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
             prob_sum = w_t
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
-            col_mask = cols < n_cols
-            mask = row_mask[:, None] & col_mask
-            x = _wide(tl.load(x_ptr + x_base[:, None] + cols.to(tl.int64) * x_col_stride, mask=mask,
-                              other=-float("inf")), ACC_FP64)
-            z, t = _capped(x, mask, softcap, SOFTCAP)
-            w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
-            if PROB_TARGET:
-                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols.to(tl.int64) * target_col_stride,
-                                            mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
-            else:
-                q = w
-            g = _grad(z, t, mask, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale,
-                      z_scale, weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
-            tl.store(grad_ptr + grad_base[:, None] + cols.to(tl.int64) * grad_col_stride,
-                     (g * dloss[:, None]).to(grad_ptr.dtype.element_ty), mask=mask)
+        _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
+                         _row_starts(outer, rows, grad_outer_stride, grad_row_stride), grad_col_stride, row_mask,
+                         chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored, valid, dloss, ce_scale, z_scale,
+                         weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING,
+                         Z_LOSS, SOFTCAP, "")
 
 
 @_jit

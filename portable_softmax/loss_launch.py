@@ -86,10 +86,8 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
         return _compiled_resources(kernel, backend, device, (*tensors, *args), constexprs, options)
 
     plan = plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
-                     holds_gradient=facts.write_grad or direction == "backward", rows_per_group=view.rows_per_outer,
+                     writes_gradient=facts.write_grad or direction == "backward", rows_per_group=view.rows_per_outer,
                      resources=resources, input_bytes=input_bytes)
-    if facts.write_grad and plan.regime != "tile":
-        raise AssertionError("the caller asks for a held gradient only where the row is held (holds_gradient)")
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     kernel, args, constexprs, options = arguments(plan.config)
     return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, None)

@@ -2,11 +2,12 @@
 device, and the launches of the cross-entropy kernels (``loss_kernels.py``) forward and backward.
 
 The loss of an (N, C) or (N, C, d1, ...) input is formed per position by the kernels (float32
-math, float64 for float64 input), then reduced here. Where the input needs a gradient, the
-reduction is 'mean' or 'sum' and a row fits a program (``planner.loss_holds_rows``), the forward
-writes the gradient in the same pass and the backward only rescales it by the incoming gradient
-(``rescale``: decided on the device, nothing when it is 1). Elsewhere ``backward`` recomputes the
-gradient from the saved lse: one more read of the logits.
+math, float64 for float64 input), then reduced here. Where the input needs a gradient and the
+reduction is 'mean' or 'sum' (``writes_gradient``), the forward writes the gradient (rows held
+whole: in the same pass; streamed rows: a second pass that finds them in L2) and the backward only
+rescales it by the incoming gradient (``rescale``: decided on the device, nothing when it is 1).
+With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming gradient of
+each position: one more read of the logits.
 
 No host synchronisation: the denominators of 'mean' are formed on the device (``_stats``) and
 read by the kernels through a pointer. A target outside [0, C) that is not ``ignore_index`` raises
@@ -24,9 +25,6 @@ from typing import Optional, Union
 import torch
 
 from portable_softmax import loss_launch, ops, variants
-from portable_softmax.device import device_record
-from portable_softmax.planner import loss_holds_rows
-from portable_softmax.targets import target_for
 
 REDUCTIONS = ("none", "mean", "sum")
 _NAME = "portable_softmax.cross_entropy"
@@ -177,13 +175,10 @@ def _rows(x: torch.Tensor, *per_position: torch.Tensor) -> tuple[torch.Tensor, .
     return (x, *(t if t.shape == x.shape else t.unsqueeze(1).expand(x.shape) for t in per_position))
 
 
-def holds_gradient(x: torch.Tensor, options: Options, needs_grad: bool, inplace: bool) -> bool:
-    """Whether the forward writes the gradient (module docstring): a reduced loss, rows a program
-    holds, and a dense buffer for the rescale."""
-    if not needs_grad or options.reduction == "none" or x.numel() == 0 or (inplace and not _dense(x)):
-        return False
-    dtype = "float64" if x.dtype == torch.float64 else "float32"
-    return loss_holds_rows(target_for(device_record(x.device)), options.n_classes, dtype)
+def writes_gradient(x: torch.Tensor, options: Options, needs_grad: bool, inplace: bool) -> bool:
+    """Whether the forward writes the gradient (module docstring): a reduced loss, and a dense
+    buffer for the rescale."""
+    return needs_grad and options.reduction != "none" and x.numel() > 0 and not (inplace and not _dense(x))
 
 
 def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,

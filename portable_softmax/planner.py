@@ -690,21 +690,22 @@ def plan_sharded(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwa
     return dataclasses.replace(plan, reason=f"sharded rows, {plan.reason}")
 
 
-def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, holds_gradient: bool,
+def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
               rows_per_group: Optional[int] = None, resources: ResourceSource = None,
               input_bytes: Optional[int] = None) -> LaunchPlan:
     """Plan a cross-entropy kernel (``loss_kernels.py``): ``tile`` where a tile of whole rows fits
-    a program (``_row_limit``; with ``holds_gradient`` the rows' gradient is formed in the same
-    registers, so half as long, as the softmax backward's), else ``loop`` (rows streamed in
-    chunks of ``Tuning.loop_chunk``). The backward kernel streams with the same blocks: a row that
-    fits is one chunk. Sized as the softmax tiles and loops are (``_size``), from the compiled
-    kernel's resources.
+    a program (``_row_limit``; where the gradient is formed from the same registers, rows half as
+    long, as the softmax backward's), else ``loop`` (rows streamed in chunks of
+    ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time,
+    from L2). The backward kernel streams with the same blocks: a row that fits is one chunk.
+    Sized as the softmax tiles and loops are (``_size``), from the compiled kernel's resources.
 
     Args:
         target: the device's target.
         n_rows: positions (rows) in all groups; n_cols: the classes.
         dtype: the accumulation's dtype name (``float32`` or ``float64``).
-        holds_gradient: the forward writes the gradient from the registers that hold the row.
+        writes_gradient: the kernel writes the gradient (the forward with a held gradient, or the
+            backward).
         rows_per_group: rows per group of the row view (defaults to ``n_rows``).
         resources: the compiled kernel's use, or a function from config to it; estimated if None.
         input_bytes: bytes a column reads (the logits', plus probability targets').
@@ -720,23 +721,17 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, holds_gra
     if input_bytes is None:
         input_bytes = DTYPE_BYTES[dtype]
     width = next_power_of_2(n_cols)
-    if width <= _row_limit(tuning, dtype, holds_gradient):
+    if width <= _row_limit(tuning, dtype, writes_gradient):
         block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         config = KernelConfig("tile", block_m, width, 1,
                               _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
     else:
         chunk = min(tuning.loop_chunk, width)
         config = KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps))
-    kernel = _resources(resources, target, config, holds_gradient, input_bytes)
-    plan = _size(target, config, kernel, n_rows, rows_per_group, None, holds_gradient)
+    kernel = _resources(resources, target, config, writes_gradient, input_bytes)
+    plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient)
     assert plan is not None  # tiles and loops always have a grid
     return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
-
-
-def loss_holds_rows(target: Target, n_cols: int, dtype: str) -> bool:
-    """Whether a cross-entropy row of ``n_cols`` classes is held whole by a program that also forms
-    its gradient (``plan_loss``'s tile regime with ``holds_gradient``)."""
-    return next_power_of_2(n_cols) <= _row_limit(target.tuning, dtype, True)
 
 
 def plan_elementwise(target: Target, n_elements: int, block: int) -> LaunchPlan:
