@@ -122,8 +122,8 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
     for dtype in dtypes or [torch.bfloat16, torch.float32]:
         for n_rows, n_cols in SMALL_SHAPES if small else SHAPES:
             rows += _case(found, n_rows, n_cols, dtype, device, timer)
-    return {"kind": "loss", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine()),
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"kind": "loss", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "device_name": name,
             "torch": torch.__version__, "small": small, "rows": rows}
 
 
@@ -213,7 +213,8 @@ def plot(results: dict[str, Any], path) -> Optional[Any]:
             axis = axes[i][j]
             width = 0.8 / max(len(impls), 1)
             for k, impl in enumerate(impls):
-                values = {(row["N"], row["V"]): row[key] for row in timed if row["dtype"] == dtype and row["impl"] == impl}
+                values = {(row["N"], row["V"]): row[key] for row in timed
+                          if row["dtype"] == dtype and row["impl"] == impl}
                 axis.bar([s + k * width for s in range(len(shapes))], [values.get(shape, 0.0) for shape in shapes],
                          width, label=impl)
             axis.set_xticks([s + 0.4 - width / 2 for s in range(len(shapes))])

@@ -19,8 +19,8 @@ and d loss row / d z_j = (p_j [(1 - eps) w_t + eps / C W] - (1 - eps) w_t [j == 
 * ce_scale + 2 z_loss lse p_j z_scale (prob. targets: (p_j A - w_j q'_j) * ce_scale + ...), times
 the softcap's 1 - tanh^2. ce_scale and z_scale are 1 / the denominators the caller formed on the
 device (``stats``: for 'mean' the summed weights of the counted targets and their count, else 1;
-then W, eps, the z-loss factor and the softcap: ``_constants``), applied to ignored rows too, so that a 'mean' over a batch with every target ignored is
-0 / 0 = NaN, as torch's.
+then W, eps, the z-loss factor and the softcap: ``_constants``), applied to ignored rows too, so
+that a 'mean' over a batch with every target ignored is 0 / 0 = NaN, as torch's.
 
 The gradient is formed in float32 (float64 for float64 input) and rounded once: p - 1 of a
 confident true class is exp(z_t - lse) - 1 in float32, never a difference of rounded values.

@@ -88,6 +88,8 @@ CASES = [
                  id="mean-weight-smoothing-ignored-zloss"),
     pytest.param((2, 32001), torch.bfloat16, "class", dict(reduction="none", label_smoothing=0.1, softcap=30.0),
                  id="bf16-32001-none-smoothing-softcap"),
+    pytest.param((2, 50257), torch.bfloat16, "class", dict(weight=True, label_smoothing=0.1),
+                 id="bf16-50257-streamed-weight-smoothing"),
     pytest.param((5, 33), torch.float32, "prob", dict(weight=True, label_smoothing=0.1), id="prob-weight-smoothing"),
     pytest.param((4, 33), torch.float64, "prob", dict(reduction="sum", z_loss=0.01, softcap=4.0),
                  id="prob-fp64-sum-zloss-softcap"),
