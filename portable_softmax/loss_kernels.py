@@ -39,7 +39,9 @@ Kernels (``variants.LOSS_KERNELS``):
   the device: no host synchronisation).
 
 A target outside [0, C) that is not ``ignore_index`` gives NaN at its row (loss and gradient);
-it is never used as an address.
+it is never used as an address. Column offsets are 32-bit (the row view makes a strided row
+spanning 2**31 elements contiguous first), except in rows of 2**31 columns or more, whose loop
+counter Triton types as 64-bit.
 """
 import triton
 import triton.language as tl
@@ -100,11 +102,14 @@ def _capped(x, mask, softcap, SOFTCAP: tl.constexpr):
 @_jit
 def _class_terms(target_ptr, target_base, row_mask, cols, weight_ptr, ignore_index, n_cols,
                  WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Each row's target (int64), whether it is ignored, whether it names a class, where the
-    block's columns hold it ([rows, cols]), and its weight (no address from an invalid target)."""
-    target = tl.load(target_ptr + target_base, mask=row_mask, other=ignore_index).to(tl.int64)
-    ignored = target == ignore_index
-    valid = (target >= 0) & (target < n_cols)
+    """Each row's target (int32, -1 where it names no class), whether it is ignored, whether it
+    names a class, where the block's columns hold it ([rows, cols]), and its weight (no address
+    from an invalid target)."""
+    wide = tl.load(target_ptr + target_base, mask=row_mask, other=ignore_index).to(tl.int64)
+    ignored = wide == ignore_index
+    valid = (wide >= 0) & (wide < n_cols)
+    # Compared with the columns in 32 bits (a class index is below n_cols): -1 where none.
+    target = tl.where(valid, wide, -1).to(tl.int32)
     hit = cols == target[:, None]
     if WEIGHT:
         w_t = _wide(tl.load(weight_ptr + tl.where(valid, target, 0), mask=row_mask & valid, other=0.0), ACC_FP64)
@@ -270,18 +275,18 @@ def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, targe
         cols = start + chunk_cols
         col_mask = cols < n_cols
         mask = row_mask[:, None] & col_mask
-        x = _wide(tl.load(x_ptr + x_base[:, None] + cols.to(tl.int64) * x_col_stride, mask=mask,
+        x = _wide(tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask,
                           other=-float("inf"), eviction_policy=EVICT), ACC_FP64)
         z, t = _capped(x, mask, softcap, SOFTCAP)
         w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
         if PROB_TARGET:
-            q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols.to(tl.int64) * target_col_stride,
+            q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride,
                                         mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
         else:
             q = w
         g = _grad(z, t, mask, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
                   weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
-        tl.store(grad_ptr + grad_base[:, None] + cols.to(tl.int64) * grad_col_stride,
+        tl.store(grad_ptr + grad_base[:, None] + cols * grad_col_stride,
                  (g * factor[:, None]).to(grad_ptr.dtype.element_ty), mask=mask)
 
 
@@ -324,7 +329,7 @@ def cross_entropy_forward_loop(
             cols = start + chunk_cols
             col_mask = cols < n_cols
             mask = row_mask[:, None] & col_mask
-            x = _wide(tl.load(x_ptr + x_base[:, None] + cols.to(tl.int64) * x_col_stride, mask=mask,
+            x = _wide(tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask,
                               other=-float("inf"), eviction_policy=keep), ACC_FP64)
             z, tanh = _capped(x, mask, softcap, SOFTCAP)
             new_max = tl.maximum(row_max, tl.max(z, 1))
@@ -336,7 +341,7 @@ def cross_entropy_forward_loop(
             finite_z = tl.where(mask, z, 0.0)
             w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
             if PROB_TARGET:
-                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols.to(tl.int64) * target_col_stride,
+                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride,
                                             mask=mask, other=0.0, eviction_policy=keep), ACC_FP64), mask, smoothing,
                               n_cols, SMOOTHING)
                 prob_sum += tl.sum(w * q, 1)
@@ -391,7 +396,7 @@ def cross_entropy_backward(
             for start in tl.range(0, n_cols, BLOCK_N):
                 cols = start + chunk_cols
                 mask = row_mask[:, None] & (cols < n_cols)
-                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols.to(tl.int64) * target_col_stride,
+                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride,
                                             mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
                 prob_sum += tl.sum(_weights(weight_ptr, cols, cols < n_cols, WEIGHT, ACC_FP64) * q, 1)
             w_t = prob_sum
