@@ -384,3 +384,29 @@ def test_repeated_call_is_one_record(device):
     for _ in range(3):
         ps.cross_entropy(logits((4, 33), torch.float32, device), target)
     assert len(loss_launch._records) == records
+
+
+def test_strided_incoming_gradient_of_none(device):
+    # 'none': the backward kernel reads the incoming gradient through its strides (here a
+    # transposed one of the (N, d) positions, and one expanded from a single value).
+    x = logits((3, 33, 4), torch.float32, device)
+    target = class_targets((3, 4), 33, device, 0.25)
+    check(x, target, grad_output=torch.randn(4, 3, device=device).t(), reduction="none", z_loss=0.01)
+    check(x, target, grad_output=torch.tensor(0.5, device=device).expand(3, 4), reduction="none")
+
+
+@pytest.mark.parametrize("profile", ["h100", "mi300x", "ascend910b"])
+def test_plans_for_recorded_chips(profile):
+    # The pure planner, for chips that are not here: whole rows in tiles while they fit (half as
+    # long where the gradient is formed from them), longer ones streamed; grids within limits.
+    from portable_softmax import planner, profiles, targets
+
+    target = targets.target_for(profiles.profile_record(profile))
+    limit = planner._row_limit(target.tuning, "float32", True)
+    for n_rows, n_cols in ((8192, 781), (8192, limit), (8192, limit + 1), (4096, 256000), (1, 50257)):
+        for writes in (True, False):
+            plan = planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2)
+            held = planner.next_power_of_2(n_cols) <= planner._row_limit(target.tuning, "float32", writes)
+            assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
+            assert plan.block_n >= (planner.next_power_of_2(n_cols) if held else 1)
+            assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
