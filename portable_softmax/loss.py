@@ -156,36 +156,6 @@ def _dims(x: torch.Tensor, dim: Union[int, Sequence[int]]) -> tuple[int, ...]:
     return normalized
 
 
-def _rows_last(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """``x`` with the reduced ``dims`` merged into one, moved to dim 1 (dim 0 of a 1-D result), as
-    ``cross_entropy`` takes classes: the row view walks one reduced dim in place; several are
-    merged (a copy only where they do not merge)."""
-    if x.dim() == 0:
-        return x.reshape(1)
-    if len(dims) > 1:
-        moved = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim())))
-        x = moved.reshape(*moved.shape[:x.dim() - len(dims)], -1)
-        dims = (x.dim() - 1,)
-    return x.movedim(dims[0], 1 if x.dim() > 1 else 0)
-
-
-def lse_rows(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
-    """log-sum-exp over ``dims`` (normalized) by the cross-entropy forward kernel (every target
-    ignored), in x's dtype."""
-    rows = _rows_last(x, dims)
-    if rows.numel() == 0:
-        return torch.logsumexp(x, dims if x.dim() else 0, keepdim)
-    # Every position ignored: the kernel forms lse alone (the target is one value, stride 0).
-    positions = loss_rows._positions(rows.shape)
-    ignored = torch.full((), -1, dtype=torch.int32, device=x.device).expand(positions)
-    options = Options(rows.shape[0 if rows.dim() == 1 else 1], False, "none", -1, 0.0, 0.0, None, False)
-    _, lse, _, _, _ = loss_rows.forward(rows, ignored, None, options, False, False)
-    out = lse.to(x.dtype)
-    if keepdim:
-        out = out.reshape([1 if d in dims else size for d, size in enumerate(x.shape)])
-    return out
-
-
 class _LogSumExp(torch.autograd.Function):
     """backward: softmax over the reduced dims times the incoming gradient (the softmax kernels)."""
 
@@ -193,26 +163,12 @@ class _LogSumExp(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
         ctx.save_for_backward(x)
         ctx.dims, ctx.keepdim = dims, keepdim
-        return lse_rows(x, dims, keepdim)
+        return loss_rows.lse_rows(x, dims, keepdim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
-        return softmax_times(x, grad, ctx.dims, ctx.keepdim), None, None
-
-
-def softmax_times(x: torch.Tensor, grad: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
-    """softmax(x) over ``dims`` times ``grad`` (the reduced result's gradient), in x's shape."""
-    if not keepdim and x.dim():
-        for d in dims:
-            grad = grad.unsqueeze(d)
-    if x.dim() == 0:
-        return grad * torch.ones_like(x)
-    if len(dims) == 1:
-        return ops.softmax(x, dims[0]) * grad
-    moved = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim())))
-    p = ops.softmax(moved.reshape(*moved.shape[:x.dim() - len(dims)], -1), -1).reshape(moved.shape)
-    return p.movedim(tuple(range(x.dim() - len(dims), x.dim())), dims) * grad
+        return loss_rows.softmax_times(x, grad, ctx.dims, ctx.keepdim), None, None
 
 
 def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]], keepdim: bool = False) -> torch.Tensor:
@@ -242,7 +198,7 @@ def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]], keepdim: bool = F
         return loss_ops.logsumexp_op(x, list(dims), keepdim)
     if x.requires_grad and torch.is_grad_enabled():
         return _LogSumExp.apply(x, dims, keepdim)
-    return lse_rows(x, dims, keepdim)
+    return loss_rows.lse_rows(x, dims, keepdim)
 
 
 __all__ = ["cross_entropy", "logsumexp"]

@@ -1,4 +1,4 @@
-"""The cross-entropy kernels' launches (``loss_kernels.py``): planned once per call signature by
+"""The cross-entropy kernels' launches (``kernels/loss.py``): planned once per call signature by
 the pure planner (``planner.plan_loss``), from the compiled kernel's resources, and kept as
 ``launch.LaunchRecord``s, so that a repeated call is one dictionary lookup and its launches.
 
@@ -7,48 +7,22 @@ which the compile report and the Ascend lowering read too.
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from portable_softmax import variants
-from portable_softmax.backend import Backend, on_registry_change
+from portable_softmax.backend import on_registry_change
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources
+from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module
 from portable_softmax.planner import KernelConfig, LaunchPlan, plan_elementwise, plan_loss
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 from portable_softmax.tuning import TUNING
 
 logger = logging.getLogger(__name__)
-
-_interpreted: Any = None
-_interpreted_lock = threading.Lock()
-
-
-def _kernel_module(backend: Backend) -> Any:
-    """``loss_kernels``, compiled, or for interpreted backends its copy decorated for Triton's
-    interpreter (loaded once, as ``interpreter.interpreted_kernels`` loads ``kernels.py``)."""
-    global _interpreted
-    if not backend.interpreted:
-        from portable_softmax import loss_kernels
-
-        return loss_kernels
-    from portable_softmax.interpreter import language_unpatched
-
-    with _interpreted_lock, language_unpatched():
-        if _interpreted is None:
-            source = importlib.util.find_spec("portable_softmax.loss_kernels").origin
-            spec = importlib.util.spec_from_file_location("portable_softmax.loss_kernels_interpreted", source)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _interpreted = module
-    return _interpreted
-
 
 # Records by call signature; bounded; emptied when what they were planned from changes.
 _records: dict[tuple, LaunchRecord] = {}

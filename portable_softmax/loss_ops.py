@@ -103,9 +103,7 @@ def _rescale_impl(grad: torch.Tensor, dloss: torch.Tensor) -> None:
 
 
 def _logsumexp_impl(x: torch.Tensor, dim: list[int], keepdim: bool) -> torch.Tensor:
-    from portable_softmax import loss
-
-    return loss.lse_rows(x, tuple(dim), keepdim)
+    return loss_rows.lse_rows(x, tuple(dim), keepdim)
 
 
 def _logsumexp_fake(x: torch.Tensor, dim: list[int], keepdim: bool) -> torch.Tensor:
@@ -121,10 +119,8 @@ def _logsumexp_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
 
 
 def _logsumexp_gradient(ctx: Any, grad: torch.Tensor):
-    from portable_softmax import loss
-
     (x,) = ctx.saved_tensors
-    return loss.softmax_times(x, grad, ctx.dims, ctx.keepdim), None, None
+    return loss_rows.softmax_times(x, grad, ctx.dims, ctx.keepdim), None, None
 
 
 _forward_op = _backward_op = _rescale_op = logsumexp_op = None

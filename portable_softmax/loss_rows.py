@@ -1,5 +1,5 @@
 """The row work of ``loss.cross_entropy``: validation, the reduction's values formed on the
-device, and the launches of the cross-entropy kernels (``loss_kernels.py``) forward and backward.
+device, and the launches of the cross-entropy kernels (``kernels/loss.py``) forward and backward.
 
 The loss of an (N, C) or (N, C, d1, ...) input is formed per position by the kernels (float32
 math, float64 for float64 input), then reduced here. Where the input needs a gradient and the
@@ -12,6 +12,9 @@ each position: one more read of the logits.
 No host synchronisation: the denominators of 'mean' are formed on the device (``_stats``) and
 read by the kernels through a pointer. A target outside [0, C) that is not ``ignore_index`` raises
 on CPU (checked with torch operations there) and gives NaN at its position on an accelerator.
+
+``logsumexp`` takes the same forward kernel with every position ignored (``lse_rows``), and the
+softmax kernels for its backward (``softmax_times``).
 """
 from __future__ import annotations
 
@@ -263,3 +266,47 @@ def target_gradient(x: torch.Tensor, weight: Optional[torch.Tensor], stats: torc
         grad = grad * weight.to(grad.dtype).reshape(-1, *([1] * (x.dim() - class_dim - 1)))
     incoming = dloss.unsqueeze(class_dim) if options.reduction == "none" else dloss
     return (grad * incoming).to(dtype)
+
+
+def _rows_last(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``x`` with the reduced ``dims`` merged into one, moved to dim 1 (dim 0 of a 1-D result), as
+    ``cross_entropy`` takes classes: the row view walks one reduced dim in place; several are
+    merged (a copy only where they do not merge)."""
+    if x.dim() == 0:
+        return x.reshape(1)
+    if len(dims) > 1:
+        moved = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim())))
+        x = moved.reshape(*moved.shape[:x.dim() - len(dims)], -1)
+        dims = (x.dim() - 1,)
+    return x.movedim(dims[0], 1 if x.dim() > 1 else 0)
+
+
+def lse_rows(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+    """log-sum-exp over ``dims`` (normalized) by the cross-entropy forward kernel (every target
+    ignored), in x's dtype."""
+    rows = _rows_last(x, dims)
+    if rows.numel() == 0:
+        return torch.logsumexp(x, dims if x.dim() else 0, keepdim)
+    # Every position ignored: the kernel forms lse alone (the target is one value, stride 0).
+    positions = _positions(rows.shape)
+    ignored = torch.full((), -1, dtype=torch.int32, device=x.device).expand(positions)
+    options = Options(rows.shape[0 if rows.dim() == 1 else 1], False, "none", -1, 0.0, 0.0, None, False)
+    _, lse, _, _, _ = forward(rows, ignored, None, options, False, False)
+    out = lse.to(x.dtype)
+    if keepdim:
+        out = out.reshape([1 if d in dims else size for d, size in enumerate(x.shape)])
+    return out
+
+
+def softmax_times(x: torch.Tensor, grad: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+    """softmax(x) over ``dims`` times ``grad`` (the reduced result's gradient), in x's shape."""
+    if not keepdim and x.dim():
+        for d in dims:
+            grad = grad.unsqueeze(d)
+    if x.dim() == 0:
+        return grad * torch.ones_like(x)
+    if len(dims) == 1:
+        return ops.softmax(x, dims[0]) * grad
+    moved = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim())))
+    p = ops.softmax(moved.reshape(*moved.shape[:x.dim() - len(dims)], -1), -1).reshape(moved.shape)
+    return p.movedim(tuple(range(x.dim() - len(dims), x.dim())), dims) * grad

@@ -693,7 +693,7 @@ def plan_sharded(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwa
 def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
               rows_per_group: Optional[int] = None, resources: ResourceSource = None,
               input_bytes: Optional[int] = None) -> LaunchPlan:
-    """Plan a cross-entropy kernel (``loss_kernels.py``): ``tile`` where a tile of whole rows fits
+    """Plan a cross-entropy kernel (``kernels/loss.py``): ``tile`` where a tile of whole rows fits
     a program (``_row_limit``; where the gradient is formed from the same registers, rows half as
     long, as the softmax backward's), else ``loop`` (rows streamed in chunks of
     ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time,

@@ -226,13 +226,13 @@ def sharded_scalar_arguments(phase: str, config: Config, n_outer: int, rows_per_
     return (total, per_outer, rows_per_outer, n_cols, *counts, *extra, *(s for triple in strides for s in triple))
 
 
-# The cross-entropy kernels (``loss_kernels.py``): a tile of rows held whole (``tile``: the
+# The cross-entropy kernels (``kernels/loss.py``): a tile of rows held whole (``tile``: the
 # forward may write the gradient in the same pass) or rows streamed in chunks (``loop``); one
 # backward kernel that streams the gradient from the saved lse; and the held gradient's rescale.
 # Tensors in argument order (absent ones: the input stands in, never read or written); the row
 # tensors are walked through the row view with (outer, row, column) strides (one value per
 # position: column stride 0); ``weight`` (classes) and ``stats`` (the reduction's denominators
-# and the summed weights, ``loss_kernels._scales``) are indexed directly.
+# and the summed weights, ``kernels/loss.py``'s ``_constants``) are indexed directly.
 LOSS_REGIMES = ("tile", "loop")
 LOSS_TENSORS = {
     "forward": ("x", "target", "weight", "stats", "loss", "lse", "grad"),
@@ -288,7 +288,7 @@ def loss_scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_c
 
 
 def loss_parameter_names(direction: str) -> tuple[str, ...]:
-    """A cross-entropy kernel's non-constexpr parameters, in order, as ``loss_kernels.py`` spells them."""
+    """A cross-entropy kernel's non-constexpr parameters, in order, as ``kernels/loss.py`` spells them."""
     names = [f"{t}_ptr" for t in LOSS_TENSORS[direction]]
     names += ["n_tiles", *COUNTS[1:]]
     names += [f"{t}_{axis}_stride" for t in loss_row_tensors(direction) for axis in ("outer", "row", "col")]

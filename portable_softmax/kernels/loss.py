@@ -1,7 +1,7 @@
 """The cross-entropy kernels: the loss of ``loss.cross_entropy`` and its gradient, one Triton source
-for every backend (CPU tensors run it through the interpreter, as ``kernels.py``).
+for every backend (CPU tensors run it through the interpreter, as the rest of the package).
 
-Rows are the row view of ``kernels.py`` (``n_outer`` groups of ``rows_per_outer`` rows of
+Rows are the package's row view (``__init__``) (``n_outer`` groups of ``rows_per_outer`` rows of
 ``n_cols`` classes, (outer, row, column) strides per tensor): classes on dim 1 of an
 (N, C, d1, ...) input need no copy. Tensors of one value per position (the class targets, the
 loss rows, lse, a per-position incoming gradient) are walked through the same view with a column
@@ -43,34 +43,10 @@ it is never used as an address. Column offsets are 32-bit (the row view makes a 
 spanning 2**31 elements contiguous first), except in rows of 2**31 columns or more, whose loop
 counter Triton types as 64-bit.
 """
-import triton
-import triton.language as tl
+from .common import LOG2E, _cast, _load, _row_starts, _store, _tile_rows
+from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 
-if __name__.endswith("_interpreted"):
-    from portable_softmax.interpreter import interpreted_language, kernel_decorator as _jit
-
-    # The interpreter looks for triton.language itself among a kernel's globals.
-    _language = tl
-    tl = interpreted_language()
-else:
-    _jit = triton.jit
-
-LOG2E = tl.constexpr(1.4426950408889634)
 TWO_LOG2E = tl.constexpr(2.8853900817779268)
-
-
-@_jit
-def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr):
-    """The group of ``tile`` and the in-group indices of its rows, with their validity mask."""
-    outer = tile // tiles_per_outer
-    rows = (tile - outer * tiles_per_outer) * BLOCK_M + tl.arange(0, BLOCK_M)
-    return tl.cast(outer, tl.int64), rows, rows < rows_per_outer
-
-
-@_jit
-def _row_starts(outer, rows, outer_stride, row_stride):
-    """Each row's first element (64-bit offsets)."""
-    return outer * outer_stride + rows.to(tl.int64) * row_stride
 
 
 @_jit
@@ -221,11 +197,11 @@ def cross_entropy_forward_tile(
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         mask = row_mask[:, None] & col_mask
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride)
-        x = _wide(tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask, other=-float("inf")), ACC_FP64)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, "")
         z, t = _capped(x, mask, softcap, SOFTCAP)
         row_max = tl.max(z, 1)
         ref = tl.where(row_max == -float("inf"), 0.0, row_max)
@@ -233,8 +209,8 @@ def cross_entropy_forward_tile(
         # Padding is -inf: kept out of every sum that multiplies it.
         finite_z = tl.where(mask, z, 0.0)
         if PROB_TARGET:
-            q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride, mask=mask,
-                                        other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
+            q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
             prob_sum = tl.sum(w * q, 1)
             prob_dot = tl.sum(w * q * finite_z, 1)
             ignored = rows < 0
@@ -253,14 +229,13 @@ def cross_entropy_forward_tile(
             prob_dot = z_t
         loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
                          weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
-        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride), loss, mask=row_mask)
-        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride), lse, mask=row_mask)
+        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
+        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=row_mask)
         if WRITE_GRAD:
             g = _grad(z, t, mask, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum,
                       smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
-            grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride)
-            tl.store(grad_ptr + grad_base[:, None] + cols * grad_col_stride, g.to(grad_ptr.dtype.element_ty),
-                     mask=mask)
+            grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
+            _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g)
 
 
 @_jit
@@ -275,19 +250,17 @@ def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, targe
         cols = start + chunk_cols
         col_mask = cols < n_cols
         mask = row_mask[:, None] & col_mask
-        x = _wide(tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask,
-                          other=-float("inf"), eviction_policy=EVICT), ACC_FP64)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, EVICT)
         z, t = _capped(x, mask, softcap, SOFTCAP)
         w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
         if PROB_TARGET:
-            q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride,
-                                        mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
+            q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
         else:
             q = w
         g = _grad(z, t, mask, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
                   weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
-        tl.store(grad_ptr + grad_base[:, None] + cols * grad_col_stride,
-                 (g * factor[:, None]).to(grad_ptr.dtype.element_ty), mask=mask)
+        _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g * factor[:, None])
 
 
 @_jit
@@ -309,9 +282,9 @@ def cross_entropy_forward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride)
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
         if not PROB_TARGET:
             target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
                                                                weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
@@ -329,8 +302,7 @@ def cross_entropy_forward_loop(
             cols = start + chunk_cols
             col_mask = cols < n_cols
             mask = row_mask[:, None] & col_mask
-            x = _wide(tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask,
-                              other=-float("inf"), eviction_policy=keep), ACC_FP64)
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, keep)
             z, tanh = _capped(x, mask, softcap, SOFTCAP)
             new_max = tl.maximum(row_max, tl.max(z, 1))
             new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
@@ -341,9 +313,8 @@ def cross_entropy_forward_loop(
             finite_z = tl.where(mask, z, 0.0)
             w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
             if PROB_TARGET:
-                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride,
-                                            mask=mask, other=0.0, eviction_policy=keep), ACC_FP64), mask, smoothing,
-                              n_cols, SMOOTHING)
+                q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                    target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols, SMOOTHING)
                 prob_sum += tl.sum(w * q, 1)
                 prob_dot += tl.sum(w * q * finite_z, 1)
             else:
@@ -355,14 +326,15 @@ def cross_entropy_forward_loop(
         lse = _row_lse(row_max, total)
         loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
                          weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
-        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride), loss, mask=row_mask)
-        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride), lse, mask=row_mask)
+        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
+        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=row_mask)
         if WRITE_GRAD:
+            grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
-                             grad_ptr, _row_starts(outer, rows, grad_outer_stride, grad_row_stride), grad_col_stride,
-                             row_mask, chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored, valid, lse * 0.0 + 1.0,
-                             ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT,
-                             PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
+                             grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
+                             prob_sum, ignored, valid, lse * 0.0 + 1.0, ce_scale, z_scale, weight_sum, smoothing,
+                             z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP,
+                             "evict_first")
 
 
 @_jit
@@ -380,12 +352,12 @@ def cross_entropy_backward(
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M)
-        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride)
-        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride)
-        lse = _wide(tl.load(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride), mask=row_mask,
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        lse = _wide(tl.load(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), mask=row_mask,
                             other=0.0), ACC_FP64)
-        dloss = _wide(tl.load(dloss_ptr + _row_starts(outer, rows, dloss_outer_stride, dloss_row_stride),
+        dloss = _wide(tl.load(dloss_ptr + _row_starts(outer, rows, dloss_outer_stride, dloss_row_stride, False),
                               mask=row_mask, other=0.0), ACC_FP64)
         if PROB_TARGET:
             # A = sum_c w_c q'_c first: a streamed pass over the targets alone.
@@ -396,8 +368,8 @@ def cross_entropy_backward(
             for start in tl.range(0, n_cols, BLOCK_N):
                 cols = start + chunk_cols
                 mask = row_mask[:, None] & (cols < n_cols)
-                q = _smoothed(_wide(tl.load(target_ptr + target_base[:, None] + cols * target_col_stride,
-                                            mask=mask, other=0.0), ACC_FP64), mask, smoothing, n_cols, SMOOTHING)
+                q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                    target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
                 prob_sum += tl.sum(_weights(weight_ptr, cols, cols < n_cols, WEIGHT, ACC_FP64) * q, 1)
             w_t = prob_sum
         else:
@@ -405,7 +377,7 @@ def cross_entropy_backward(
                                                                weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
             prob_sum = w_t
         _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
-                         _row_starts(outer, rows, grad_outer_stride, grad_row_stride), grad_col_stride, row_mask,
+                         _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False), grad_col_stride, row_mask,
                          chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored, valid, dloss, ce_scale, z_scale,
                          weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING,
                          Z_LOSS, SOFTCAP, "")
@@ -423,4 +395,4 @@ def cross_entropy_grad_scale(grad_ptr, dloss_ptr, n_elements, BLOCK: tl.constexp
             where = start + offsets
             mask = where < n_elements
             g = _wide(tl.load(grad_ptr + where, mask=mask, other=0.0), ACC_FP64)
-            tl.store(grad_ptr + where, (g * dloss).to(grad_ptr.dtype.element_ty), mask=mask)
+            tl.store(grad_ptr + where, _cast(g * dloss, grad_ptr.dtype.element_ty), mask=mask)
