@@ -243,6 +243,8 @@ LOSS_SCALARS = ("ignore_index",)
 # What ``stats`` holds, in order: the call's values, formed on the device.
 LOSS_STATS = ("ce_denominator", "z_denominator", "weight_sum", "smoothing", "z_loss", "softcap")
 GRAD_SCALE_KERNEL = "cross_entropy_grad_scale"
+# Its parameters (a dense buffer of n_elements, times one value) and block.
+GRAD_SCALE_PARAMETERS = ("grad_ptr", "dloss_ptr", "n_elements")
 GRAD_SCALE_BLOCK = 4096
 
 

@@ -410,3 +410,25 @@ def test_plans_for_recorded_chips(profile):
             assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
             assert plan.block_n >= (planner.next_power_of_2(n_cols) if held else 1)
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
+
+
+def test_compile_report_covers_the_loss(monkeypatch):
+    # The loss kernels with every option compile for sm_90 and gfx942 (tiles, and a streamed
+    # vocabulary), and the plan from the compiled resources keeps the planned configuration. The
+    # heaviest forms only: CI's compile report (`portable-softmax compile`) compiles every form.
+    from portable_softmax import crosscompile
+    from portable_softmax.crosscompile import cases as compile_cases
+
+    heaviest = {"grad, all": compile_cases.LOSS_FORMS["forward"]["grad, all"]}
+    monkeypatch.setitem(compile_cases.LOSS_FORMS, "forward", heaviest)
+    targets = [crosscompile.parse_target(t) for t in ("cuda:90", "hip:gfx942")]
+    targets = [t for t in targets if crosscompile.toolchain_missing(t) is None]
+    if not targets:
+        pytest.skip("no GPU toolchain here to compile for")
+    cases = crosscompile.cases_for([], ["bfloat16"], [False], loss_shapes=[(64, 4096), (64, 50257)])
+    report = crosscompile.run(targets, cases, jobs=2, timeout=300)
+    assert report["ok"], crosscompile.format_report(report)
+    for target in report["targets"]:
+        kernels = {v["kernel"] for v in target["variants"]}
+        assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_loop", "cross_entropy_backward"}
+        assert {p["regime"] for p in target["plans"]} == {"tile", "loop"}
