@@ -114,8 +114,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
             ``torch.compile``) a new buffer is used.
 
     Returns:
-        The loss in input's dtype (a scalar, or per position with 'none'); with ``return_lse``,
-        ``(loss, lse)``.
+        The loss in input's dtype (a scalar, or per position with 'none'), differentiable once
+        with respect to ``input`` and probability targets; with ``return_lse``, ``(loss, lse)``.
 
     Raises:
         TypeError, ValueError: an argument of the wrong type, shape, device or range (named).

@@ -432,3 +432,11 @@ def test_compile_report_covers_the_loss(monkeypatch):
         kernels = {v["kernel"] for v in target["variants"]}
         assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_loop", "cross_entropy_backward"}
         assert {p["regime"] for p in target["plans"]} == {"tile", "loop"}
+
+
+def test_ignore_index_inside_the_classes(device):
+    # ignore_index may name a class: its positions count for nothing, as torch's.
+    x = logits((6, 33), torch.float32, device)
+    target = torch.tensor([3, 0, 3, 32, 5, 3], device=device)
+    check(x, target, ignore_index=3, weight=torch.rand(33, device=device) + 0.5, label_smoothing=0.1)
+    check(x, target, ignore_index=3, reduction="none", z_loss=0.01)
