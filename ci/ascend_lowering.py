@@ -3,8 +3,8 @@
 Run it with the Python of a venv that has triton-ascend (``bash ci/ascend_lowering.sh`` makes one):
 triton-ascend installs as the ``triton`` module, so it cannot share an environment with upstream
 Triton. For every kernel the Ascend launch plans use (``*_tile`` and ``*_loop``: the planner never
-picks ``split`` on Ascend, which cannot promise residency; and the kernels of rows sharded across
-ranks, ``distributed.py``), for softmax and log-softmax, fp32, bf16
+picks ``split`` on Ascend, which cannot promise residency; the kernels of rows sharded across
+ranks, ``distributed.py``; and the cross-entropy kernels), for softmax and log-softmax, fp32, bf16
 and fp16, and the block shapes the npu tuning table yields, it builds the same ASTSource a launch
 would and runs triton-ascend's own stages (``AscendBackend.add_stages`` for
 ``GPUTarget('npu', 'Ascend910B3', 0)``) in order, stopping before the first stage that needs CANN
@@ -58,6 +58,21 @@ PLANS = {
 SHARDED_PLANS = [(1, 8192), (8, 1024), (64, 128), (32, 256)]
 
 
+# The cross-entropy kernels (``kernels/loss.py``) in the block shapes the npu tuning table yields:
+# tiles of whole rows (up to 8192 columns; 4096 where the gradient is formed from the same
+# registers), rows streamed in 8192-element chunks, the backward in either block; each plain, with
+# every option, and with probability targets.
+LOSS_PLANS = {
+    ("forward", "tile", False): [(8, 1024), (1, 8192)],
+    ("forward", "tile", True): [(8, 1024), (2, 4096)],
+    ("forward", "loop", False): [(1, 8192)],
+    ("forward", "loop", True): [(1, 8192)],
+    ("backward", "loop", False): [(8, 1024), (1, 8192)],
+}
+LOSS_FORMS = {"plain": {}, "every option": {"weight": True, "smoothing": True, "z_loss": True, "softcap": True},
+              "probabilities": {"prob_target": True, "smoothing": True}}
+
+
 def lowering_jobs():
     """(kernel name, its key in the variant table, a label, the constexprs) of every lowering."""
     for (direction, regime), shapes in PLANS.items():
@@ -92,6 +107,15 @@ def lowering_jobs():
                 config = types.SimpleNamespace(regime="loop", block_m=block_m, block_n=block_n, chunks=1)
                 yield (variants.sharded_kernel_name(phase), phase, f"M={block_m} N={block_n} LOG={int(log)}",
                        variants.sharded_constexprs(phase, config, log, False, 2))
+    for (direction, regime, write_grad), shapes in LOSS_PLANS.items():
+        for (block_m, block_n), (form, flags) in itertools.product(shapes, LOSS_FORMS.items()):
+            config = types.SimpleNamespace(block_m=block_m, block_n=block_n)
+            facts = variants.LossFacts(write_grad=write_grad, **flags)
+            yield (variants.loss_kernel_name(direction, regime), ("loss", direction, facts.prob_target),
+                   f"M={block_m} N={block_n} {form}" + (" WRITE_GRAD" if write_grad else ""),
+                   variants.loss_constexprs(direction, config, facts))
+    yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
+           {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False})
 
 
 def load_module(name, path, package=False):
@@ -114,10 +138,20 @@ variants = load_module("portable_softmax_variants", VARIANTS_PY)
 
 def kernel_parameters(kernel):
     """The variant table's tensors (name -> element type, None for the data's) and parameter
-    names of ``kernel``: (direction, regime), or a phase of sharded rows (partials in fp32)."""
+    names of ``kernel``: (direction, regime), a phase of sharded rows (partials in fp32), a
+    cross-entropy kernel ("loss", direction, probability targets), or the gradient's rescale."""
+    if kernel == "grad_scale":
+        return {"grad_ptr": None, "dloss_ptr": None}, variants.GRAD_SCALE_PARAMETERS
     if isinstance(kernel, str):
         tensors = {f"{t}_ptr": ("fp32" if t == "stats" else None) for t in variants.SHARDED_TENSORS[kernel]}
         return tensors, variants.sharded_parameter_names(kernel)
+    if kernel[0] == "loss":
+        # Class targets int64 (probabilities: the data's dtype); weights, stats, loss rows, lse fp32.
+        _, direction, probabilities = kernel
+        types = {"target": None if probabilities else "i64", "weight": "fp32", "stats": "fp32", "loss": "fp32",
+                 "lse": "fp32"}
+        return ({f"{t}_ptr": types.get(t) for t in variants.LOSS_TENSORS[direction]},
+                variants.loss_parameter_names(direction))
     direction, regime = kernel
     return ({f"{t}_ptr": None for t in variants.tensor_names(direction, regime)},
             variants.parameter_names(direction, regime))

@@ -16,6 +16,8 @@ from portable_softmax import torch_ops  # noqa: F401,E402  (registers the custom
 from portable_softmax import distributed  # noqa: F401,E402  (sharded dimensions; routes DTensors to it)
 from portable_softmax import fused  # noqa: F401,E402  (scale, mask, causal; ops routes those calls to it)
 from portable_softmax.enable import Served, disable, enable, enabled  # whole models: torch's softmax served
+from portable_softmax.loss import cross_entropy, logsumexp  # noqa: E402
+from portable_softmax import nn  # noqa: F401,E402  (CrossEntropyLoss, Softmax, LogSoftmax)
 from portable_softmax.planner import LaunchPlan
 from portable_softmax.targets import plan_launch
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -29,12 +31,15 @@ __all__ = [
     "KernelResources",
     "LaunchPlan",
     "Served",
+    "cross_entropy",
     "device_info",
     "disable",
     "enable",
     "enabled",
     "get_backend",
     "log_softmax",
+    "logsumexp",
+    "nn",
     "plan_launch",
     "register_backend",
     "registered_backends",

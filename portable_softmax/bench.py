@@ -213,6 +213,19 @@ def _real_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
            bench_cases.table(results))
 
 
+def _loss_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
+    """``--cases loss``: cross_entropy of (tokens, vocabulary) logits (``bench_loss``); ``--small``
+    as for the real cases."""
+    from portable_softmax import bench_cases, bench_loss
+
+    if as_device(args.device).type == "cpu" and not args.small:
+        raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use --cases loss "
+                           "--small)")
+    timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
+    results = bench_loss.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes)
+    _write(results, out, _stem("loss", results), bench_loss.plot, bench_loss.table(results))
+
+
 def main(args: Any) -> int:
     shapes = [(args.M, args.N)] if args.M and args.N else SHAPES
     dtypes = [getattr(torch, d) for d in args.dtype]
@@ -225,6 +238,9 @@ def main(args: Any) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.cases in ("real", "fused"):
         _real_cases(args, dtypes, out)
+        return 0
+    if args.cases == "loss":
+        _loss_cases(args, dtypes, out)
         return 0
     if args.eager:
         from portable_softmax import host_time

@@ -186,7 +186,8 @@ class LaunchRecord:
         # Regimes that fuse take two more tensors: a call that brings none gets its input there.
         self._arity = len(variants.TENSORS["backward" if kernel.fn.__name__.startswith("softmax_backward")
                                            else "forward"])
-        self._pad = plan.regime in variants.FUSED_REGIMES
+        # (The softmax kernels only: the cross-entropy kernels' tensors are their own, ``loss_launch``.)
+        self._pad = plan.regime in variants.FUSED_REGIMES and kernel.fn.__name__.startswith("softmax_")
         self._direct: Optional[Callable[[int, tuple], None]] = None
         self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
         self._current = None if backend.interpreted else compat.current_device_getter(device)

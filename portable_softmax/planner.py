@@ -693,3 +693,61 @@ def plan_sharded(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwa
                  None, backward)
     assert plan is not None  # the loop regime always has a grid
     return dataclasses.replace(plan, reason=f"sharded rows, {plan.reason}")
+
+
+def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
+              rows_per_group: Optional[int] = None, resources: ResourceSource = None,
+              input_bytes: Optional[int] = None) -> LaunchPlan:
+    """Plan a cross-entropy kernel (``kernels/loss.py``): ``tile`` where a tile of whole rows fits
+    a program (``_row_limit``; where the gradient is formed from the same registers, rows half as
+    long, as the softmax backward's), else ``loop`` (rows streamed in chunks of
+    ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time,
+    from L2). The backward kernel streams with the same blocks: a row that fits is one chunk.
+    Sized as the softmax tiles and loops are (``_size``), from the compiled kernel's resources.
+
+    Args:
+        target: the device's target.
+        n_rows: positions (rows) in all groups; n_cols: the classes.
+        dtype: the accumulation's dtype name (``float32`` or ``float64``).
+        writes_gradient: the kernel writes the gradient (the forward with a held gradient, or the
+            backward).
+        rows_per_group: rows per group of the row view (defaults to ``n_rows``).
+        resources: the compiled kernel's use, or a function from config to it; estimated if None.
+        input_bytes: bytes a column reads (the logits', plus probability targets').
+
+    Returns:
+        The plan (regime ``tile`` or ``loop``).
+    """
+    record = target.record
+    tuning = target.tuning
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    if input_bytes is None:
+        input_bytes = DTYPE_BYTES[dtype]
+    width = next_power_of_2(n_cols)
+    if width <= _row_limit(tuning, dtype, writes_gradient):
+        block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
+        config = KernelConfig("tile", block_m, width, 1,
+                              _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
+    else:
+        chunk = min(tuning.loop_chunk, width)
+        config = KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps))
+    kernel = _resources(resources, target, config, writes_gradient, input_bytes)
+    plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient)
+    assert plan is not None  # tiles and loops always have a grid
+    return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
+
+
+def plan_elementwise(target: Target, n_elements: int, block: int) -> LaunchPlan:
+    """A grid over ``n_elements`` in blocks of ``block`` (the held gradient's rescale): a
+    program per block up to a few waves of the chip, each program stepping through the rest."""
+    record = target.record
+    tuning = target.tuning
+    warps = _warps(block, tuning.elements_per_thread, record, tuning.max_warps)
+    config = KernelConfig("loop", 1, block, 1, warps)
+    blocks = max(1, _cdiv(n_elements, block))
+    programs = max(1, min(blocks, record.compute_units * max(tuning.tile_waves, 1) * 4, record.grid_limit,
+                          tuning.max_programs))
+    return LaunchPlan(record.backend, "loop", 1, block, 1, warps, 1, programs, 1, blocks, blocks,
+                      _cdiv(blocks, programs), f"elementwise: blocks of {block}, {programs} programs")

@@ -23,6 +23,11 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **op
     return planner.plan_launch(target_for(record), n_rows, n_cols, dtype, **options)
 
 
+def plan_loss(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **options: Any) -> LaunchPlan:
+    """``planner.plan_loss`` for ``record``'s target."""
+    return planner.plan_loss(target_for(record), n_rows, n_cols, dtype, **options)
+
+
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **options: Any) -> KernelConfig:
     """``planner.select_config`` for ``record``'s target."""
     return planner.select_config(target_for(record), n_rows, n_cols, dtype, **options)

@@ -224,3 +224,74 @@ def sharded_scalar_arguments(phase: str, config: Config, n_outer: int, rows_per_
     counts = (-(-n_cols // cols) if n_cols else 1, cols)
     extra = (_parts(config, ranks),) if phase in COMBINED_PHASES else ()
     return (total, per_outer, rows_per_outer, n_cols, *counts, *extra, *(s for triple in strides for s in triple))
+
+
+# The cross-entropy kernels (``kernels/loss.py``): a tile of rows held whole (``tile``: the
+# forward may write the gradient in the same pass) or rows streamed in chunks (``loop``); one
+# backward kernel that streams the gradient from the saved lse; and the held gradient's rescale.
+# Tensors in argument order (absent ones: the input stands in, never read or written); the row
+# tensors are walked through the row view with (outer, row, column) strides (one value per
+# position: column stride 0); ``weight`` (classes) and ``stats`` (the reduction's denominators
+# and the summed weights, ``kernels/loss.py``'s ``_constants``) are indexed directly.
+LOSS_REGIMES = ("tile", "loop")
+LOSS_TENSORS = {
+    "forward": ("x", "target", "weight", "stats", "loss", "lse", "grad"),
+    "backward": ("x", "target", "weight", "stats", "lse", "dloss", "grad"),
+}
+LOSS_DIRECT_TENSORS = ("weight", "stats")
+LOSS_SCALARS = ("ignore_index",)
+# What ``stats`` holds, in order: the call's values, formed on the device.
+LOSS_STATS = ("ce_denominator", "z_denominator", "weight_sum", "smoothing", "z_loss", "softcap")
+GRAD_SCALE_KERNEL = "cross_entropy_grad_scale"
+# Its parameters (a dense buffer of n_elements, times one value) and block.
+GRAD_SCALE_PARAMETERS = ("grad_ptr", "dloss_ptr", "n_elements")
+GRAD_SCALE_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class LossFacts:
+    """What a cross-entropy call specialises its kernels on, besides the configuration: float64
+    accumulation, the options present, and whether the forward writes the gradient."""
+
+    acc_fp64: bool = False
+    weight: bool = False
+    prob_target: bool = False
+    smoothing: bool = False
+    z_loss: bool = False
+    softcap: bool = False
+    write_grad: bool = False
+
+
+def loss_kernel_name(direction: str, regime: str) -> str:
+    if direction not in DIRECTIONS or regime not in LOSS_REGIMES:
+        raise ValueError(f"no cross-entropy kernel for {direction!r} {regime!r}")
+    return f"cross_entropy_forward_{regime}" if direction == "forward" else "cross_entropy_backward"
+
+
+def loss_row_tensors(direction: str) -> tuple[str, ...]:
+    """The tensors of ``direction`` walked through the row view, in argument order."""
+    return tuple(t for t in LOSS_TENSORS[direction] if t not in LOSS_DIRECT_TENSORS)
+
+
+def loss_constexprs(direction: str, config: Config, facts: LossFacts) -> dict[str, Any]:
+    values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "ACC_FP64": facts.acc_fp64,
+                              "WEIGHT": facts.weight, "PROB_TARGET": facts.prob_target,
+                              "SMOOTHING": facts.smoothing, "Z_LOSS": facts.z_loss, "SOFTCAP": facts.softcap}
+    if direction == "forward":
+        values["WRITE_GRAD"] = facts.write_grad
+    return values
+
+
+def loss_scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_cols: int,
+                          strides: Sequence[tuple[int, int, int]], scalars: Sequence[Any]) -> tuple[Any, ...]:
+    """The arguments after the tensors: ``COUNTS``, each row tensor's strides, ``LOSS_SCALARS``."""
+    per_outer, total = tiles(config, n_outer, rows_per_outer)
+    return (total, per_outer, rows_per_outer, n_cols, *(s for triple in strides for s in triple), *scalars)
+
+
+def loss_parameter_names(direction: str) -> tuple[str, ...]:
+    """A cross-entropy kernel's non-constexpr parameters, in order, as ``kernels/loss.py`` spells them."""
+    names = [f"{t}_ptr" for t in LOSS_TENSORS[direction]]
+    names += ["n_tiles", *COUNTS[1:]]
+    names += [f"{t}_{axis}_stride" for t in loss_row_tensors(direction) for axis in ("outer", "row", "col")]
+    return (*names, *LOSS_SCALARS)

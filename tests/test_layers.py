@@ -13,10 +13,11 @@ LAYERS = [
     ("records", {"record"}),
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
     ("planning", {"tuning", "planner", "targets"}),
-    ("runtime", {"variants", "kernels", "interpreter", "launch"}),
-    ("public API and torch integration", {"ops", "torch_ops", "distributed", "fused", "enable", "__init__"}),
+    ("runtime", {"variants", "kernels", "interpreter", "launch", "loss_launch"}),
+    ("public API and torch integration", {"ops", "torch_ops", "distributed", "fused", "enable", "__init__", "loss",
+                                          "loss_rows", "loss_ops", "nn"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
-               "machine_code"}),
+               "machine_code", "bench_loss"}),
 ]
 
 

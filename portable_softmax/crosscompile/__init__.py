@@ -25,8 +25,8 @@ Modules: ``targets`` (targets, their device records, whether this machine can co
 in worker processes), ``checks`` (what a binary holds: resources, wait loops), ``report`` (the run,
 its report and the ``compile`` command line).
 """
-from portable_softmax.crosscompile.cases import (Case, case_configs, cases_for, launch_arguments, planned_configs,
-                                                 sharded_arguments, variant_spec)
+from portable_softmax.crosscompile.cases import (Case, case_configs, cases_for, launch_arguments, loss_arguments,
+                                                 planned_configs, sharded_arguments, variant_spec)
 from portable_softmax.crosscompile.checks import (called_shared_memory, cubin_resources, cubin_sass, wait_loop_check,
                                                   wait_source_lines)
 from portable_softmax.crosscompile.compiling import compile_all, compile_variant, compiled_variant
@@ -36,6 +36,6 @@ from portable_softmax.crosscompile.targets import Target, parse_target, target_p
 __all__ = [
     "Case", "Target", "add_arguments", "called_shared_memory", "case_configs", "cases_for", "compile_all",
     "compile_variant", "compiled_variant", "cubin_resources", "cubin_sass", "format_report", "launch_arguments",
-    "parse_target", "planned_configs", "run", "run_command", "sharded_arguments", "target_problem",
+    "loss_arguments", "parse_target", "planned_configs", "run", "run_command", "sharded_arguments", "target_problem",
     "target_record", "toolchain_missing", "variant_spec", "wait_loop_check", "wait_source_lines",
 ]

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from portable_softmax import variants
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
                                       call_windows, input_bytes_per_column, next_power_of_2)
-from portable_softmax.targets import dense_form, select_config, target_for, ticketed_forms
+from portable_softmax.targets import dense_form, plan_loss, select_config, target_for, ticketed_forms
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 from portable_softmax.crosscompile.targets import Target
@@ -40,6 +40,19 @@ DEFAULT_FUSED_SHAPES = ((16384, 2048), (256, 151936))
 
 FUSED_FORM = {"scale": 2, "mask": 1, "causal": True}
 
+# The cross-entropy kernels (``kernels/loss.py``), as tokens x vocabulary: rows held in tiles, and a
+# vocabulary streamed (the loop regime). Each compiles in the forms ``LOSS_FORMS`` names, by role.
+DEFAULT_LOSS_SHAPES = ((16384, 4096), (8192, 128256))
+
+# The forms of the loss kernels compiled for each problem, by role: the forward that writes the
+# gradient (plain, and with every option: class weights, smoothing, z-loss, softcap), the forward
+# alone (no gradient needed), and the backward of reduction='none' with every option.
+ALL_OPTIONS = {"weight": True, "smoothing": True, "z_loss": True, "softcap": True}
+LOSS_FORMS = {
+    "forward": {"grad": {"write_grad": True}, "grad, all": {**ALL_OPTIONS, "write_grad": True}, "no grad": {}},
+    "backward": {"all": ALL_OPTIONS},
+}
+
 # The ranks whose partials the sharded kernels combine, as compiled here.
 SHARDED_RANKS = 2
 
@@ -54,7 +67,8 @@ class Case:
     ``strided`` a contiguous [cols, rows] one, softmax over the first (rows side by side); with
     ``sharded`` a rank's contiguous slice of rows sharded across ranks (``distributed.py``); with
     ``fused`` the fused variants (``_fused_scalars``); with ``sliced`` rows sliced from a padded
-    [rows, cols rounded up to SLICED_PADDING] input, the output contiguous."""
+    [rows, cols rounded up to SLICED_PADDING] input, the output contiguous; with ``loss`` the
+    cross-entropy of [rows, cols] logits, class targets of int64 (``LOSS_FORMS``)."""
 
     rows: int
     cols: int
@@ -65,6 +79,7 @@ class Case:
     sharded: bool = False
     fused: bool = False
     sliced: bool = False
+    loss: bool = False
 
     @property
     def direction(self) -> str:
@@ -111,7 +126,9 @@ class Case:
 
     @property
     def input_bytes(self) -> int:
-        # As launch.py passes it.
+        # As launch.py passes it (the loss: the logits', as loss_launch passes it).
+        if self.loss:
+            return DTYPE_BYTES[self.dtype]
         return input_bytes_per_column(DTYPE_BYTES[self.dtype], self.backward)
 
     @property
@@ -125,6 +142,8 @@ class Case:
         return "float64" if self.dtype == "float64" else "float32"
 
     def label(self) -> str:
+        if self.loss:
+            return f"{self.rows}x{self.cols} {self.dtype} {self.direction} cross_entropy"
         function = "log_softmax" if self.log else "softmax"
         over = f"{self.cols}x{self.rows} over dim 0" if self.strided else f"{self.rows}x{self.cols}"
         if self.sharded:
@@ -140,17 +159,21 @@ def cases_for(shapes: Iterable[tuple[int, int]], dtypes: Iterable[str], logs: It
               strided_shapes: Iterable[tuple[int, int]] = (),
               sharded_shapes: Iterable[tuple[int, int]] = (),
               fused_shapes: Iterable[tuple[int, int]] = (),
-              sliced_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
+              sliced_shapes: Iterable[tuple[int, int]] = (),
+              loss_shapes: Iterable[tuple[int, int]] = ()) -> list[Case]:
     """Every case of the shapes, dtypes and logs, both directions; the strided shapes also fused
-    where any shape is fused."""
+    where any shape is fused; the loss shapes once per dtype and direction (no log)."""
     strided_shapes, fused_shapes = list(strided_shapes), list(fused_shapes)
     forms = ([(shape, {}) for shape in shapes] + [(shape, {"strided": True}) for shape in strided_shapes]
              + [(shape, {"sharded": True}) for shape in sharded_shapes]
              + [(shape, {"fused": True}) for shape in fused_shapes]
              + [(shape, {"sliced": True}) for shape in sliced_shapes]
              + [(shape, {"strided": True, "fused": True}) for shape in strided_shapes if fused_shapes])
-    return [Case(rows, cols, dtype, backward, log, **form) for (rows, cols), form in forms for dtype in dtypes
-            for log in logs for backward in (False, True)]
+    dtypes = list(dtypes)
+    cases = [Case(rows, cols, dtype, backward, log, **form) for (rows, cols), form in forms for dtype in dtypes
+             for log in logs for backward in (False, True)]
+    return cases + [Case(rows, cols, dtype, backward, False, loss=True) for rows, cols in loss_shapes
+                    for dtype in dtypes for backward in (False, True)]
 
 
 def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
@@ -158,7 +181,15 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     until its wait loops are shown to read memory), the split configurations a record with
     residency would plan: every split kernel is compiled and checked on every target. For
     sharded rows, the planned configuration of each phase of the direction (the role names it),
-    as for a sliced configuration."""
+    as for a sliced configuration. For the loss, the plan's configuration in each of its forms
+    (``LOSS_FORMS``: the role names it)."""
+    if case.loss:
+        forms = LOSS_FORMS[case.direction]
+        configs = {role: plan_loss(record, case.rows, case.cols, case.plan_dtype,
+                                   writes_gradient=form.get("write_grad", False) or case.backward,
+                                   rows_per_group=case.rows, input_bytes=case.input_bytes).config
+                   for role, form in forms.items()}
+        return list(configs.items())
     if case.sharded:
         plan = plan_sharded(target_for(record), case.rows, case.cols, case.plan_dtype, backward=case.backward,
                             rows_per_group=case.rows, input_bytes=case.input_bytes)
@@ -213,7 +244,9 @@ def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, cas
                  role: str = "") -> dict[str, Any]:
     """Everything a worker needs to compile one variant (plain data: it crosses a process); for
     sharded rows and sliced configs ``role`` is the phase (``case_configs``)."""
-    if case.sharded or config.regime == variants.SLICED:
+    if case.loss:
+        kernel, args, constexprs = loss_arguments(config, case, role)
+    elif case.sharded or config.regime == variants.SLICED:
         kernel, args, constexprs = sharded_arguments(config, case, role)
     else:
         kernel, args, constexprs = launch_arguments(config, case, tuning_for(record).split_wait_atomic)
@@ -272,6 +305,28 @@ def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
     constexprs = variants.sharded_constexprs(phase, config, case.log, case.dtype == "float64", SHARDED_RANKS)
     return variants.sharded_kernel_name(phase), tuple(args), constexprs
+
+
+def loss_arguments(config: KernelConfig, case: Case, role: str) -> tuple[str, tuple, dict]:
+    """``launch_arguments`` for a cross-entropy kernel in the form ``role`` names (``LOSS_FORMS``),
+    as ``loss_launch`` passes them: the logits and their gradient [rows, cols] contiguous, class
+    targets int64 and the per-position tensors (loss rows, lse, the incoming gradient of 'none')
+    one value a row (column stride 0), the weights and stats in the accumulation's dtype."""
+    pointer = POINTER_TYPES[case.dtype]
+    accumulation = POINTER_TYPES[case.plan_dtype]
+    types = {"target": "*i64", "weight": accumulation, "stats": accumulation, "loss": accumulation,
+             "lse": accumulation}
+    args: list[tuple[str, Any]] = [(types.get(name, pointer), True) for name in variants.LOSS_TENSORS[case.direction]]
+    row = case.cols if case.rows > 1 else 0
+    per_position = (0, 1 if case.rows > 1 else 0, 0)
+    strides = [(0, row, 1) if name in ("x", "grad") else per_position
+               for name in variants.loss_row_tensors(case.direction)]
+    for value in variants.loss_scalar_arguments(config, 1, case.rows, case.cols, strides, (-100,)):
+        kind = _int_type(value)
+        args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
+    facts = variants.LossFacts(acc_fp64=case.dtype == "float64", **LOSS_FORMS[case.direction][role])
+    return (variants.loss_kernel_name(case.direction, config.regime), tuple(args),
+            variants.loss_constexprs(case.direction, config, facts))
 
 
 def _fused_scalars(case: Case) -> tuple[Any, ...]:

@@ -13,13 +13,14 @@ from typing import Any, Callable, Optional, Sequence
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
 from portable_softmax.planner import DTYPE_BYTES, KernelConfig
-from portable_softmax.targets import plan_launch
+from portable_softmax.targets import plan_launch, plan_loss
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for
 from portable_softmax.crosscompile.targets import (_TARGET_FORMS, DEFAULT_TARGETS, parse_target, Target, target_problem,
                                                    target_record, toolchain_missing)
 from portable_softmax.crosscompile.cases import (_cost, _spec_key, Case, case_configs, cases_for, DEFAULT_DTYPES,
-                                                 DEFAULT_FUSED_SHAPES, DEFAULT_SHAPES, DEFAULT_SHARDED_SHAPES,
+                                                 DEFAULT_FUSED_SHAPES, DEFAULT_LOSS_SHAPES, DEFAULT_SHAPES,
+                                                 DEFAULT_SHARDED_SHAPES, LOSS_FORMS,
                                                  DEFAULT_SLICED_SHAPES, DEFAULT_STRIDED_SHAPES, SLICED_PADDING,
                                                  variant_spec)
 from portable_softmax.crosscompile.compiling import compile_all, DEFAULT_TIMEOUT_S
@@ -144,7 +145,21 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                "direction": case.direction, "log": case.log, "role": role, "variant": variant["id"],
                "regime": config.regime, "block_m": config.block_m, "problems": []}
         compiled_for_case = by_case.get(case, {})
-        if case.sharded:
+        if case.loss and "resources" in variant:
+            # Each form is its own binary: the plan from that form's resources.
+            form = LOSS_FORMS[case.direction][role]
+            plan = plan_loss(record, case.rows, case.cols, case.plan_dtype,
+                             writes_gradient=form.get("write_grad", False) or case.backward, rows_per_group=case.rows,
+                             resources=lambda c, found=variant["resources"]: found, input_bytes=case.input_bytes)
+            resident = record.compute_units * plan.occupancy
+            row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
+                       compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),
+                       allowed_waves=tuning.tile_waves, reason=plan.reason)
+            if plan.config != config:
+                row["problems"].append(f"the plan from compiled resources differs: {plan.reason}")
+        elif case.loss:
+            row["problems"].append(f"variant {variant['id']} did not compile")
+        elif case.sharded:
             # Streamed like the loop regime: no program waits on another, so any grid is safe.
             row["note"] = "sharded rows: streamed, no program waits on another"
         elif config in compiled_for_case:
@@ -269,6 +284,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"rows x length of rows sliced from a vocabulary padded to {SLICED_PADDING}, written "
                              "contiguous (unaligned); repeat for several (default: "
                              f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_SLICED_SHAPES)}, unless --shape is given)")
+    parser.add_argument("--loss-shape", type=_shape, action="append",
+                        help="tokens x vocabulary of the cross-entropy kernels; repeat for several (default: "
+                             f"{' '.join(f'{r}x{c}' for r, c in DEFAULT_LOSS_SHAPES)}, unless --shape is given)")
     parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
                         help=f"repeat for several (default: {' '.join(DEFAULT_DTYPES)})")
     parser.add_argument("--log", action="store_true", help="also compile the log_softmax (LOG=True) variants")
@@ -286,8 +304,9 @@ def run_command(args: argparse.Namespace) -> int:
     sharded = args.sharded_shape or (() if args.shape else DEFAULT_SHARDED_SHAPES)
     fused = args.fused_shape or (() if args.shape else DEFAULT_FUSED_SHAPES)
     sliced = args.sliced_shape or (() if args.shape else DEFAULT_SLICED_SHAPES)
+    loss = args.loss_shape or (() if args.shape else DEFAULT_LOSS_SHAPES)
     cases = cases_for(args.shape or DEFAULT_SHAPES, args.dtype or DEFAULT_DTYPES, logs, strided, sharded, fused,
-                      sliced)
+                      sliced, loss)
     show = getattr(args, "verbose", False) or sys.stderr.isatty()
     report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
                  progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)

@@ -1,0 +1,398 @@
+"""The cross-entropy kernels: the loss of ``loss.cross_entropy`` and its gradient, one Triton source
+for every backend (CPU tensors run it through the interpreter, as the rest of the package).
+
+Rows are the package's row view (``__init__``) (``n_outer`` groups of ``rows_per_outer`` rows of
+``n_cols`` classes, (outer, row, column) strides per tensor): classes on dim 1 of an
+(N, C, d1, ...) input need no copy. Tensors of one value per position (the class targets, the
+loss rows, lse, a per-position incoming gradient) are walked through the same view with a column
+stride of 0; probability targets have the input's shape.
+
+Per row, with z the logits (``SOFTCAP``: ``softcap * tanh(x / softcap)``), lse = log sum exp z,
+w the class weights (1 without ``WEIGHT``), W = sum w, t the target, eps the smoothing, C the
+classes and q' = q (1 - eps) + eps / C the smoothed probability targets:
+
+    class targets:  ce = (1 - eps) w_t (lse - z_t) + eps / C (W lse - sum_c w_c z_c)
+    prob. targets:  ce = A lse - sum_c w_c q'_c z_c,  A = sum_c w_c q'_c
+    loss row = ce * ce_scale + z_loss * lse^2 * z_scale   (0 where t is ignore_index)
+
+and d loss row / d z_j = (p_j [(1 - eps) w_t + eps / C W] - (1 - eps) w_t [j == t] - eps / C w_j)
+* ce_scale + 2 z_loss lse p_j z_scale (prob. targets: (p_j A - w_j q'_j) * ce_scale + ...), times
+the softcap's 1 - tanh^2. ce_scale and z_scale are 1 / the denominators the caller formed on the
+device (``stats``: for 'mean' the summed weights of the counted targets and their count, else 1;
+then W, eps, the z-loss factor and the softcap: ``_constants``), applied to ignored rows too, so
+that a 'mean' over a batch with every target ignored is 0 / 0 = NaN, as torch's.
+
+The gradient is formed in float32 (float64 for float64 input) and rounded once: p - 1 of a
+confident true class is exp(z_t - lse) - 1 in float32, never a difference of rounded values.
+
+Kernels (``variants.LOSS_KERNELS``):
+
+* ``cross_entropy_forward_tile``: a tile of rows held whole in registers: one read; the loss
+  rows and lse, and with ``WRITE_GRAD`` the gradient in the same pass (the backward then only
+  rescales it, ``cross_entropy_grad_scale``).
+* ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum): loss
+  rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that finds
+  the row in L2 (asked to keep it): memory still sees one read and one write.
+* ``cross_entropy_backward``: the gradient streamed from the saved lse and the incoming gradient
+  (one value, or one per position for ``reduction='none'``): one read, one write.
+* ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
+  the device: no host synchronisation).
+
+A target outside [0, C) that is not ``ignore_index`` gives NaN at its row (loss and gradient);
+it is never used as an address. Column offsets are 32-bit (the row view makes a strided row
+spanning 2**31 elements contiguous first), except in rows of 2**31 columns or more, whose loop
+counter Triton types as 64-bit.
+"""
+from .common import LOG2E, _cast, _load, _row_starts, _store, _tile_rows
+from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
+
+TWO_LOG2E = tl.constexpr(2.8853900817779268)
+
+
+@_jit
+def _wide(v, ACC_FP64: tl.constexpr):
+    """``v`` in the accumulation type: float32, or float64 for float64 input."""
+    if ACC_FP64:
+        v = v.to(tl.float64)
+    else:
+        v = v.to(tl.float32)
+    return v
+
+
+@_jit
+def _capped(x, mask, softcap, SOFTCAP: tl.constexpr):
+    """The logits: ``softcap * tanh(x / softcap)`` with ``SOFTCAP`` (and tanh, for the derivative),
+    -inf where not ``mask``. tanh from one exponential of -2|u|, which never overflows."""
+    if SOFTCAP:
+        u = x / softcap
+        e = tl.exp2(tl.where(u < 0, u, -u) * TWO_LOG2E)
+        t = (1.0 - e) / (1.0 + e)
+        t = tl.where(u < 0, -t, t)
+        z = tl.where(mask, softcap * t, -float("inf"))
+    else:
+        t = x
+        z = x
+    return z, t
+
+
+@_jit
+def _class_terms(target_ptr, target_base, row_mask, cols, weight_ptr, ignore_index, n_cols,
+                 WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Each row's target (int32, -1 where it names no class), whether it is ignored, whether it
+    names a class, where the block's columns hold it ([rows, cols]), and its weight (no address
+    from an invalid target)."""
+    wide = tl.load(target_ptr + target_base, mask=row_mask, other=ignore_index).to(tl.int64)
+    ignored = wide == ignore_index
+    valid = (wide >= 0) & (wide < n_cols)
+    # Compared with the columns in 32 bits (a class index is below n_cols): -1 where none.
+    target = tl.where(valid, wide, -1).to(tl.int32)
+    hit = cols == target[:, None]
+    if WEIGHT:
+        w_t = _wide(tl.load(weight_ptr + tl.where(valid, target, 0), mask=row_mask & valid, other=0.0), ACC_FP64)
+    else:
+        w_t = _wide(tl.where(valid, 1.0, 0.0), ACC_FP64)
+    return target, ignored, valid, hit, w_t
+
+
+@_jit
+def _constants(stats_ptr, ACC_FP64: tl.constexpr):
+    """The call's values, from ``stats`` (the caller forms them on the device: no host
+    synchronisation, and float64 for float64 input): the reduction's factors ce_scale and
+    z_scale (1 / the denominators of 'mean'; 1 otherwise), the summed class weights W, the
+    smoothing, the z-loss factor and the softcap."""
+    ce_scale = 1.0 / _wide(tl.load(stats_ptr), ACC_FP64)
+    z_scale = 1.0 / _wide(tl.load(stats_ptr + 1), ACC_FP64)
+    weight_sum = _wide(tl.load(stats_ptr + 2), ACC_FP64)
+    smoothing = _wide(tl.load(stats_ptr + 3), ACC_FP64)
+    z_loss = _wide(tl.load(stats_ptr + 4), ACC_FP64)
+    softcap = _wide(tl.load(stats_ptr + 5), ACC_FP64)
+    return ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap
+
+
+@_jit
+def _weights(weight_ptr, cols, col_mask, WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr):
+    """The class weights of block columns ``cols`` ([1, N]; 1 without ``WEIGHT``, 0 past the row)."""
+    if WEIGHT:
+        w = _wide(tl.load(weight_ptr + cols, mask=col_mask, other=0.0), ACC_FP64)
+    else:
+        w = _wide(tl.where(col_mask, 1.0, 0.0), ACC_FP64)
+    return w
+
+
+@_jit
+def _smoothed(q, mask, smoothing, n_cols, SMOOTHING: tl.constexpr):
+    """Probability targets smoothed as torch: q (1 - eps) + eps / C, 0 past the row."""
+    if SMOOTHING:
+        q = q * (1.0 - smoothing) + smoothing / n_cols
+    return tl.where(mask, q, 0.0)
+
+
+@_jit
+def _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
+              weight_sum, smoothing, z_loss, n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr,
+              Z_LOSS: tl.constexpr):
+    """A row's loss from its sums (module docstring): scaled, 0 (times the scale) where ignored,
+    NaN for a target outside the classes or a +inf logit (torch's log_softmax gives NaN there)."""
+    if PROB_TARGET:
+        ce = prob_sum * lse - prob_dot
+    else:
+        ce = w_t * (lse - z_t)
+        if SMOOTHING:
+            ce = (1.0 - smoothing) * ce + smoothing / n_cols * (weight_sum * lse - smooth_sum)
+    loss = tl.where(ignored, 0.0, ce) * ce_scale
+    if Z_LOSS:
+        loss += tl.where(ignored, 0.0, z_loss * lse * lse) * z_scale
+    return tl.where((valid | ignored) & (row_max != float("inf")), loss, float("nan"))
+
+
+@_jit
+def _row_lse(row_max, total):
+    """log sum exp from the maximum and the sum of exponentials taken against it (against 0 for a
+    row of -inf, whose lse is then -inf)."""
+    ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+    return ref + tl.log(total)
+
+
+@_jit
+def _grad(z, t, mask, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing,
+          z_loss, n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr,
+          SOFTCAP: tl.constexpr):
+    """d loss row / d x of a block ([rows, cols]; module docstring), in the accumulation type."""
+    p = tl.exp2((z - lse[:, None]) * LOG2E)
+    if PROB_TARGET:
+        g = (p * prob_sum[:, None] - w * q) * ce_scale
+    else:
+        true = w_t
+        coef = w_t
+        if SMOOTHING:
+            true = (1.0 - smoothing) * w_t
+            coef = true + smoothing / n_cols * weight_sum
+        # p_t - 1 of a confident true class: formed here, once, in the accumulation type.
+        g = p * coef[:, None] - tl.where(hit, true[:, None], 0.0)
+        if SMOOTHING:
+            g -= smoothing / n_cols * w
+        g = g * ce_scale
+    if Z_LOSS:
+        g += (2.0 * z_loss * lse * z_scale)[:, None] * p
+    if SOFTCAP:
+        g = g * (1.0 - t * t)
+    g = tl.where(ignored[:, None], 0.0, g)
+    return tl.where((valid | ignored)[:, None], g, float("nan"))
+
+
+@_jit
+def cross_entropy_forward_tile(
+    x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr,
+    n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, target_outer_stride, target_row_stride, target_col_stride,
+    loss_outer_stride, loss_row_stride, loss_col_stride, lse_outer_stride, lse_row_stride, lse_col_stride,
+    grad_outer_stride, grad_row_stride, grad_col_stride,
+    ignore_index,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
+    PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    col_mask = cols < n_cols
+    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
+    w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        mask = row_mask[:, None] & col_mask
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, "")
+        z, t = _capped(x, mask, softcap, SOFTCAP)
+        row_max = tl.max(z, 1)
+        ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+        lse = _row_lse(row_max, tl.sum(tl.exp2((z - ref[:, None]) * LOG2E), 1))
+        # Padding is -inf: kept out of every sum that multiplies it.
+        finite_z = tl.where(mask, z, 0.0)
+        if PROB_TARGET:
+            q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
+            prob_sum = tl.sum(w * q, 1)
+            prob_dot = tl.sum(w * q * finite_z, 1)
+            ignored = rows < 0
+            valid = row_mask
+            hit = cols < 0
+            w_t = prob_sum
+            z_t = prob_sum
+            smooth_sum = prob_sum
+        else:
+            q = w
+            target, ignored, valid, hit, w_t = _class_terms(target_ptr, target_base, row_mask, cols, weight_ptr,
+                                                            ignore_index, n_cols, WEIGHT, ACC_FP64)
+            z_t = tl.sum(tl.where(hit, z, 0.0), 1)
+            smooth_sum = tl.sum(w * finite_z, 1) if SMOOTHING else z_t
+            prob_sum = z_t
+            prob_dot = z_t
+        loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
+                         weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
+        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
+        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=row_mask)
+        if WRITE_GRAD:
+            g = _grad(z, t, mask, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum,
+                      smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+            grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
+            _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g)
+
+
+@_jit
+def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
+                     grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored,
+                     valid, factor, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N: tl.constexpr,
+                     ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr, PROB_TARGET: tl.constexpr,
+                     SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, EVICT: tl.constexpr):
+    """Stream rows once more, writing their gradient (``_grad``) times ``factor`` per row: x read
+    again (``EVICT``: its cache policy), the gradient written once."""
+    for start in tl.range(0, n_cols, BLOCK_N):
+        cols = start + chunk_cols
+        col_mask = cols < n_cols
+        mask = row_mask[:, None] & col_mask
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, EVICT)
+        z, t = _capped(x, mask, softcap, SOFTCAP)
+        w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+        if PROB_TARGET:
+            q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
+        else:
+            q = w
+        g = _grad(z, t, mask, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
+                  weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+        _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g * factor[:, None])
+
+
+@_jit
+def cross_entropy_forward_loop(
+    x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr,
+    n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, target_outer_stride, target_row_stride, target_col_stride,
+    loss_outer_stride, loss_row_stride, loss_col_stride, lse_outer_stride, lse_row_stride, lse_col_stride,
+    grad_outer_stride, grad_row_stride, grad_col_stride,
+    ignore_index,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
+    PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+):
+    # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
+    # first pass asks to keep it there; a program's row at a time, one or a few programs a unit),
+    # so memory sees one read and one write, as a held tile's.
+    keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
+    chunk_cols = tl.arange(0, BLOCK_N)[None, :]
+    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        if not PROB_TARGET:
+            target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
+                                                               weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
+        else:
+            target = rows
+            ignored = rows < 0
+            valid = row_mask
+        row_max = _wide(tl.full([BLOCK_M], -float("inf"), tl.float32), ACC_FP64)
+        total = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
+        z_t = total
+        smooth_sum = total
+        prob_sum = total
+        prob_dot = total
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            col_mask = cols < n_cols
+            mask = row_mask[:, None] & col_mask
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, keep)
+            z, tanh = _capped(x, mask, softcap, SOFTCAP)
+            new_max = tl.maximum(row_max, tl.max(z, 1))
+            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
+            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
+            # sum is 0, and 0 * exp(0 - new_ref) could be 0 * inf (kernels._online_stats).
+            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((z - new_ref[:, None]) * LOG2E), 1)
+            row_max = new_max
+            finite_z = tl.where(mask, z, 0.0)
+            w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+            if PROB_TARGET:
+                q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                    target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols, SMOOTHING)
+                prob_sum += tl.sum(w * q, 1)
+                prob_dot += tl.sum(w * q * finite_z, 1)
+            else:
+                z_t += tl.sum(tl.where(cols == target[:, None], z, 0.0), 1)
+                if SMOOTHING:
+                    smooth_sum += tl.sum(w * finite_z, 1)
+        if PROB_TARGET:
+            w_t = prob_sum
+        lse = _row_lse(row_max, total)
+        loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
+                         weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
+        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
+        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=row_mask)
+        if WRITE_GRAD:
+            grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
+            _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
+                             grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
+                             prob_sum, ignored, valid, lse * 0.0 + 1.0, ce_scale, z_scale, weight_sum, smoothing,
+                             z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP,
+                             "evict_first")
+
+
+@_jit
+def cross_entropy_backward(
+    x_ptr, target_ptr, weight_ptr, stats_ptr, lse_ptr, dloss_ptr, grad_ptr,
+    n_tiles, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, target_outer_stride, target_row_stride, target_col_stride,
+    lse_outer_stride, lse_row_stride, lse_col_stride, dloss_outer_stride, dloss_row_stride, dloss_col_stride,
+    grad_outer_stride, grad_row_stride, grad_col_stride,
+    ignore_index,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
+    PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    # dloss: the incoming gradient, one value (strides 0) or one per position ('none').
+    chunk_cols = tl.arange(0, BLOCK_N)[None, :]
+    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        lse = _wide(tl.load(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), mask=row_mask,
+                            other=0.0), ACC_FP64)
+        dloss = _wide(tl.load(dloss_ptr + _row_starts(outer, rows, dloss_outer_stride, dloss_row_stride, False),
+                              mask=row_mask, other=0.0), ACC_FP64)
+        if PROB_TARGET:
+            # A = sum_c w_c q'_c first: a streamed pass over the targets alone.
+            target = rows
+            ignored = rows < 0
+            valid = row_mask
+            prob_sum = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
+            for start in tl.range(0, n_cols, BLOCK_N):
+                cols = start + chunk_cols
+                mask = row_mask[:, None] & (cols < n_cols)
+                q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                    target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
+                prob_sum += tl.sum(_weights(weight_ptr, cols, cols < n_cols, WEIGHT, ACC_FP64) * q, 1)
+            w_t = prob_sum
+        else:
+            target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
+                                                               weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
+            prob_sum = w_t
+        _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
+                         _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False), grad_col_stride, row_mask,
+                         chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored, valid, dloss, ce_scale, z_scale,
+                         weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING,
+                         Z_LOSS, SOFTCAP, "")
+
+
+@_jit
+def cross_entropy_grad_scale(grad_ptr, dloss_ptr, n_elements, BLOCK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """``grad *= dloss`` over a dense buffer of ``n_elements``, unless dloss is 1: every program
+    reads it and returns at once then (the usual ``loss.backward()``)."""
+    dloss = _wide(tl.load(dloss_ptr), ACC_FP64)
+    if dloss != 1.0:
+        offsets = tl.arange(0, BLOCK)
+        step = tl.num_programs(0).to(tl.int64) * BLOCK
+        for start in tl.range(tl.program_id(0).to(tl.int64) * BLOCK, n_elements, step):
+            where = start + offsets
+            mask = where < n_elements
+            g = _wide(tl.load(grad_ptr + where, mask=mask, other=0.0), ACC_FP64)
+            tl.store(grad_ptr + where, _cast(g * dloss, grad_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,204 @@
+"""``cross_entropy`` and ``logsumexp``: ``torch.nn.functional.cross_entropy`` and
+``torch.logsumexp`` from the package's kernels, with autograd, ``torch.compile`` (custom
+operators, ``loss_ops.py``), meta tensors and autocast as torch's.
+
+``cross_entropy`` adds what LLM training asks of a loss: a z-loss, logit softcapping, lse per
+position returned, and the gradient written into the logits' own storage. The row work (kernels,
+the reduction's values on the device) is ``loss_rows.py``'s.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from portable_softmax import loss_ops, loss_rows, ops
+from portable_softmax.loss_rows import Options
+
+_NAME = "portable_softmax.cross_entropy"
+
+
+@functools.lru_cache(maxsize=None)
+def _autocast_dtype(device_type: str, dtype: torch.dtype, autocast: torch.dtype) -> Optional[torch.dtype]:
+    """The dtype torch's own cross_entropy computes ``dtype`` logits in under autocast on
+    ``device_type`` (float32 on CUDA and CPU in torch 2.x), asked of torch once per state."""
+    if device_type == "meta":
+        return None
+    with torch.autocast(device_type, dtype=autocast):
+        found = F.cross_entropy(torch.zeros(1, 2, dtype=dtype, device=device_type),
+                                torch.zeros(1, dtype=torch.long, device=device_type)).dtype
+    return None if found == dtype else found
+
+
+def _after_autocast(x: torch.Tensor) -> torch.Tensor:
+    if not x.is_floating_point() or not torch.amp.is_autocast_available(x.device.type) \
+            or not torch.is_autocast_enabled(x.device.type):
+        return x
+    dtype = _autocast_dtype(x.device.type, x.dtype, torch.get_autocast_dtype(x.device.type))
+    return x if dtype is None else x.to(dtype)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """The eager path: the forward's gradient (``loss_rows.writes_gradient``) rescaled in the
+    backward, or the gradient recomputed from the saved lse."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
+                write_grad: bool, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, lse, grad, stats, read = loss_rows.forward(x, target, weight, options, write_grad, inplace)
+        # The held gradient is kept out of save_for_backward: written into x's storage, it would
+        # fail the saved-version check by design.
+        ctx.held, ctx.was_held, ctx.options, ctx.inplace = grad, grad is not None, options, inplace
+        ctx.save_for_backward(*((target,) if grad is not None else (read, target, weight, stats, lse)))
+        if grad is not None and inplace:
+            # x now holds its gradient: a later use of it in autograd must raise, not read that.
+            torch.autograd.graph.increment_version(x)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dloss: torch.Tensor, _: Optional[torch.Tensor]):
+        if ctx.was_held:
+            grad = ctx.held
+            if grad is None:
+                raise RuntimeError(f"{_NAME}: its gradient was written in the forward and has been used; a second "
+                                   f"backward through the same loss is not supported (call the loss again)")
+            # Let autograd take the buffer (x.grad can be it, not a copy).
+            ctx.held = None
+            return loss_rows.rescale(grad, dloss), None, None, None, None, None
+        x, target, weight, stats, lse = ctx.saved_tensors
+        options = ctx.options
+        target_grad = None
+        if ctx.needs_input_grad[1]:
+            target_grad = loss_rows.target_gradient(x, weight, stats, lse, dloss, options, target.dtype)
+        grad = None
+        if ctx.needs_input_grad[0]:
+            grad = loss_rows.backward(x, target, weight, stats, lse, dloss, options, ctx.inplace)
+            if ctx.inplace:
+                torch.autograd.graph.increment_version(x)
+        return grad, target_grad, None, None, None, None
+
+
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, *,
+                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                  z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
+                  inplace_backward: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The cross-entropy of ``input`` logits against ``target``, as
+    ``torch.nn.functional.cross_entropy`` (same arguments, order and defaults), with extras.
+
+    Args:
+        input: logits (C,), (N, C) or (N, C, d1, ...) (classes on dim 1), any floating dtype and
+            strides; math in float32 (float64 for float64 input).
+        target: class indices of any integer dtype, shape (), (N) or (N, d1, ...); or class
+            probabilities, floating, of input's shape.
+        weight: a weight per class (C,), as torch's (with smoothing too).
+        ignore_index: a class index whose positions count for nothing (class indices only).
+        reduction: 'mean' (divided by the summed weights of the counted targets; probability
+            targets: by the positions), 'sum' or 'none'. A 'mean' over no counted target is NaN.
+        label_smoothing: eps in [0, 1], as torch's: (1 - eps) of the loss against the target, eps
+            against the uniform distribution (probability targets: q (1 - eps) + eps / C).
+        z_loss: adds ``z_loss * lse**2`` per counted position (PaLM's auxiliary loss), not
+            weighted by the class weights; 'mean' divides it by the number of counted positions,
+            'sum' sums it, 'none' gives it per position.
+        softcap: logits become ``softcap * tanh(logits / softcap)`` before everything else
+            (Gemma 2), differentiated through.
+        return_lse: also return lse (log-sum-exp of the logits, after the softcap) per position,
+            shape of the positions, float32 (float64 for float64 input), not differentiable.
+        inplace_backward: write the gradient into ``input``'s storage (its memory saved); the
+            logits are then gone: a later autograd use of ``input`` raises (its version counter
+            is bumped). Where they cannot be written in place (rows not walkable in place; under
+            ``torch.compile``) a new buffer is used.
+
+    Returns:
+        The loss in input's dtype (a scalar, or per position with 'none'), differentiable once
+        with respect to ``input`` and probability targets; with ``return_lse``, ``(loss, lse)``.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type, shape, device or range (named).
+        IndexError: on CPU, a target outside [0, C) that is not ``ignore_index`` (on an
+            accelerator its position's loss is NaN instead: no host synchronisation).
+    """
+    options = loss_rows.validate(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    x = _after_autocast(input)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or target.requires_grad)
+    if x.device.type == "meta":
+        loss, lse = loss_ops.fake(x, options)
+    elif loss_ops.AVAILABLE and ops._compiling():
+        write_grad = loss_rows.writes_gradient(x, options, needs_grad and not target.requires_grad, False)
+        loss, lse = loss_ops.call(x, target, weight, options, write_grad)
+    else:
+        # A gradient for probability targets needs the logits kept: the gradient is then recomputed.
+        write_grad = loss_rows.writes_gradient(x, options, needs_grad and not target.requires_grad,
+                                              inplace_backward)
+        if needs_grad:
+            loss, lse = _CrossEntropy.apply(x, target, weight, options, write_grad, inplace_backward)
+        else:
+            loss, lse, _, _, _ = loss_rows.forward(x, target, weight, options, False, False)
+    return (loss, lse) if return_lse else loss
+
+
+def _dims(x: torch.Tensor, dim: Union[int, Sequence[int]]) -> tuple[int, ...]:
+    rank = max(x.dim(), 1)
+    found = (dim,) if isinstance(dim, int) and not isinstance(dim, bool) else tuple(dim)
+    for d in found:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise TypeError(f"portable_softmax.logsumexp: dim must be an int or a sequence of ints, got {dim!r}")
+        if not -rank <= d < rank:
+            raise ops.DimensionError(f"portable_softmax.logsumexp: dim {d} is out of range for a tensor of "
+                                     f"{x.dim()} dimension(s) (expected {-rank} to {rank - 1})")
+    normalized = tuple(sorted({d % rank for d in found}))
+    if not normalized:
+        raise ValueError("portable_softmax.logsumexp: dim must name at least one dimension")
+    return normalized
+
+
+class _LogSumExp(torch.autograd.Function):
+    """backward: softmax over the reduced dims times the incoming gradient (the softmax kernels)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.dims, ctx.keepdim = dims, keepdim
+        return loss_rows.lse_rows(x, dims, keepdim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return loss_rows.softmax_times(x, grad, ctx.dims, ctx.keepdim), None, None
+
+
+def logsumexp(x: torch.Tensor, dim: Union[int, Sequence[int]], keepdim: bool = False) -> torch.Tensor:
+    """log(sum(exp(x))) over ``dim``, as ``torch.logsumexp``: any dim or dims, any strides,
+    differentiable (the backward is the softmax kernels' times the incoming gradient).
+
+    Args:
+        x: a tensor (integer inputs are cast to the default floating dtype, as torch does).
+        dim: a dimension or a sequence of them.
+        keepdim: keep the reduced dimensions with size 1.
+
+    Returns:
+        The result in x's (floating) dtype.
+
+    Raises:
+        IndexError: a dim out of range (a :class:`DimensionError`, also a ValueError).
+        TypeError: dim is not an int or a sequence of ints.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"portable_softmax.logsumexp: expected a tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    dims = _dims(x, dim)
+    if x.device.type == "meta":
+        return torch.logsumexp(x, dims, keepdim)
+    if loss_ops.AVAILABLE and ops._compiling():
+        return loss_ops.logsumexp_op(x, list(dims), keepdim)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _LogSumExp.apply(x, dims, keepdim)
+    return loss_rows.lse_rows(x, dims, keepdim)
+
+
+__all__ = ["cross_entropy", "logsumexp"]

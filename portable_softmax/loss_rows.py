@@ -1,0 +1,312 @@
+"""The row work of ``loss.cross_entropy``: validation, the reduction's values formed on the
+device, and the launches of the cross-entropy kernels (``kernels/loss.py``) forward and backward.
+
+The loss of an (N, C) or (N, C, d1, ...) input is formed per position by the kernels (float32
+math, float64 for float64 input), then reduced here. Where the input needs a gradient and the
+reduction is 'mean' or 'sum' (``writes_gradient``), the forward writes the gradient (rows held
+whole: in the same pass; streamed rows: a second pass that finds them in L2) and the backward only
+rescales it by the incoming gradient (``rescale``: decided on the device, nothing when it is 1).
+With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming gradient of
+each position: one more read of the logits.
+
+No host synchronisation: the denominators of 'mean' are formed on the device (``_stats``) and
+read by the kernels through a pointer. A target outside [0, C) that is not ``ignore_index`` raises
+on CPU (checked with torch operations there) and gives NaN at its position on an accelerator.
+
+``logsumexp`` takes the same forward kernel with every position ignored (``lse_rows``), and the
+softmax kernels for its backward (``softmax_times``).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from numbers import Real
+from typing import Optional, Union
+
+import torch
+
+from portable_softmax import loss_launch, ops, variants
+
+REDUCTIONS = ("none", "mean", "sum")
+_NAME = "portable_softmax.cross_entropy"
+
+
+@dataclass(frozen=True)
+class Options:
+    """A validated call's options (hashable: part of launch signatures)."""
+
+    n_classes: int
+    prob_target: bool
+    reduction: str
+    ignore_index: int
+    smoothing: float
+    z_loss: float
+    softcap: Optional[float]
+    weighted: bool
+
+
+def _positions(shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of one value per position: the input's without its class dim (dim 1; a 1-D
+    input's class dim is 0, with one position)."""
+    shape = tuple(shape)
+    return () if len(shape) == 1 else (shape[0], *shape[2:])
+
+
+def validate(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+             reduction: str, label_smoothing: float, z_loss: float, softcap: Optional[float]) -> Options:
+    """The options of a call, or one error naming the argument at fault."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{_NAME}: input must be a tensor, got {type(input).__name__}")
+    if not input.is_floating_point() or input.dtype not in ops.FLOATING:
+        raise TypeError(f"{_NAME}: input must be float16, bfloat16, float32 or float64, got {input.dtype}")
+    if input.dim() == 0:
+        raise ValueError(f"{_NAME}: input must have a class dimension (shape (C,), (N, C) or (N, C, d1, ...)), "
+                         f"got a 0-d tensor")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{_NAME}: target must be a tensor, got {type(target).__name__}")
+    n_classes = input.shape[0 if input.dim() == 1 else 1]
+    prob = target.is_floating_point()
+    if prob:
+        if target.shape != input.shape:
+            raise ValueError(f"{_NAME}: target of class probabilities must have input's shape {tuple(input.shape)}, "
+                             f"got {tuple(target.shape)}")
+        if ignore_index >= 0:
+            raise ValueError(f"{_NAME}: ignore_index ({ignore_index}) is not supported with class probabilities")
+    elif target.dtype == torch.bool or target.is_complex():
+        raise TypeError(f"{_NAME}: target must hold class indices (an integer dtype) or class probabilities "
+                        f"(floating), got {target.dtype}")
+    elif target.shape != _positions(input.shape):
+        raise ValueError(f"{_NAME}: target of class indices must have shape {_positions(input.shape)} for input of "
+                         f"shape {tuple(input.shape)}, got {tuple(target.shape)}")
+    if target.device != input.device:
+        raise ValueError(f"{_NAME}: target is on {target.device}, input on {input.device}; move it to input's device")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            raise TypeError(f"{_NAME}: weight must be a floating tensor of one value per class, got "
+                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
+        if weight.shape != (n_classes,):
+            raise ValueError(f"{_NAME}: weight must have shape ({n_classes},) (one value per class), got "
+                             f"{tuple(weight.shape)}")
+        if weight.device != input.device:
+            raise ValueError(f"{_NAME}: weight is on {weight.device}, input on {input.device}; move it to input's "
+                             f"device")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{_NAME}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{_NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not _real(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{_NAME}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if not _real(z_loss) or not math.isfinite(z_loss):
+        raise ValueError(f"{_NAME}: z_loss must be a finite number, got {z_loss!r}")
+    if softcap is not None and (not _real(softcap) or not 0.0 < softcap < math.inf):
+        raise ValueError(f"{_NAME}: softcap must be a positive number or None, got {softcap!r}")
+    return Options(n_classes, prob, reduction, ignore_index, float(label_smoothing), float(z_loss),
+                   None if softcap is None else float(softcap), weight is not None)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _facts(x: torch.Tensor, options: Options, write_grad: bool) -> variants.LossFacts:
+    return variants.LossFacts(x.dtype == torch.float64, options.weighted, options.prob_target,
+                              options.smoothing > 0, options.z_loss != 0, options.softcap is not None, write_grad)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(device: torch.device, dtype: torch.dtype, values: tuple[float, ...]) -> torch.Tensor:
+    """A device tensor of ``values``, made once (its copy to the device is the first call's)."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options) -> torch.Tensor:
+    """``variants.LOSS_STATS`` on the device, in the accumulation dtype: the denominators of
+    'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
+    for the z-loss; positions for probability targets), W, eps, the z-loss factor, the softcap."""
+    acc = _acc(x.dtype)
+    n_classes = options.n_classes
+    values: list[Union[float, torch.Tensor]] = [1.0, 1.0]
+    if options.reduction == "mean":
+        if options.prob_target:
+            positions = float(math.prod(_positions(x.shape)))
+            values = [positions, positions]
+        else:
+            counted = target != options.ignore_index
+            count = counted.sum(dtype=acc)
+            # A target outside the classes reads class 0's weight here: its loss is NaN anyway.
+            values = [weight.to(acc)[target.clamp(0, n_classes - 1)].masked_fill(~counted, 0).sum()
+                      if weight is not None else count, count]
+    values.append(weight.sum(dtype=acc) if weight is not None else float(n_classes))
+    values += [options.smoothing, options.z_loss, options.softcap or 1.0]
+    fixed = _constant(x.device, acc, tuple(0.0 if isinstance(v, torch.Tensor) else v for v in values))
+    if not any(isinstance(v, torch.Tensor) for v in values):
+        return fixed
+    return torch.stack([v.to(acc) if isinstance(v, torch.Tensor) else fixed[i] for i, v in enumerate(values)])
+
+
+def _check_targets(target: torch.Tensor, options: Options) -> None:
+    """On CPU, where it costs no synchronisation: every class index in [0, C) or ignore_index."""
+    bad = ((target < 0) | (target >= options.n_classes)) & (target != options.ignore_index)
+    if bad.any():
+        raise IndexError(f"{_NAME}: target {int(target[bad].flatten()[0])} is out of bounds for "
+                         f"{options.n_classes} classes (expected 0 to {options.n_classes - 1}, or ignore_index "
+                         f"{options.ignore_index})")
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill their span of memory, in some order of its dims."""
+    expected = 1
+    for size, stride in sorted(((n, abs(s)) for n, s in zip(t.shape, t.stride()) if n > 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _rows(x: torch.Tensor, *per_position: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``x`` with a leading dim for a 1-D input, and the per-position tensors expanded to its shape
+    (a column stride of 0), as the kernels walk them."""
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+        per_position = tuple(t.unsqueeze(0) if t.dim() == 1 else t.reshape(1) for t in per_position)
+    return (x, *(t if t.shape == x.shape else t.unsqueeze(1).expand(x.shape) for t in per_position))
+
+
+def writes_gradient(x: torch.Tensor, options: Options, needs_grad: bool, inplace: bool) -> bool:
+    """Whether the forward writes the gradient (module docstring): a reduced loss, and a dense
+    buffer for the rescale."""
+    return needs_grad and options.reduction != "none" and x.numel() > 0 and not (inplace and not _dense(x))
+
+
+def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
+            write_grad: bool, inplace: bool) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor],
+                                                      torch.Tensor, torch.Tensor]:
+    """The loss, lse per position, the gradient (with ``write_grad``; into x's storage with
+    ``inplace``), the stats and the logits the kernels read (x, or where its rows cannot be walked
+    in place, a contiguous copy)."""
+    if x.device.type == "cpu" and not options.prob_target:
+        _check_targets(target, options)
+    stats = _stats(x, target, weight, options)
+    acc = _acc(x.dtype)
+    rows = torch.empty(_positions(x.shape), dtype=acc, device=x.device)
+    lse = torch.empty_like(rows)
+    if x.numel() == 0:
+        grad = torch.zeros_like(x) if write_grad else None
+        return _reduced(rows, x.dtype, options), lse, grad, stats, x
+    grad = (x if inplace else torch.empty_like(x)) if write_grad else None
+    tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
+    view = ops.row_view(tensors[0].shape, 1, *tensors)
+    if view is None:
+        x, target = x.contiguous(), target.contiguous()
+        if write_grad:
+            grad = x if inplace else torch.empty_like(x)
+        tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
+        view = ops.row_view(tensors[0].shape, 1, *tensors)
+    x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
+    loss_launch.run("forward", (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows,
+                                lse_rows, grad_rows), view, _facts(x, options, write_grad), (options.ignore_index,))
+    return _reduced(rows, x.dtype, options), lse, grad, stats, x
+
+
+def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:
+    """The loss from its rows (already divided by the denominators of 'mean'); 'mean' of no
+    position is NaN, as torch's."""
+    if options.reduction == "none":
+        return rows.to(dtype)
+    if rows.numel() == 0 and options.reduction == "mean":
+        return torch.full((), math.nan, dtype=dtype, device=rows.device)
+    return rows.sum().to(dtype)
+
+
+def backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
+             lse: torch.Tensor, dloss: torch.Tensor, options: Options, inplace: bool) -> torch.Tensor:
+    """The gradient with respect to the logits from the saved lse: one read, one write (into x's
+    storage with ``inplace``)."""
+    grad = x if inplace else torch.empty_like(x)
+    if x.numel() == 0:
+        return grad.zero_()
+    incoming = dloss if options.reduction == "none" else dloss.reshape(()).expand(lse.shape)
+    tensors = _rows(x, target, lse, incoming, grad)
+    view = ops.row_view(tensors[0].shape, 1, *tensors)
+    if view is None:
+        x, target, incoming = x.contiguous(), target.contiguous(), incoming.contiguous()
+        grad = x if inplace else torch.empty_like(x)
+        tensors = _rows(x, target, lse, incoming, grad)
+        view = ops.row_view(tensors[0].shape, 1, *tensors)
+    x_rows, target_rows, lse_rows, dloss_rows, grad_rows = tensors
+    loss_launch.run("backward", (x_rows, target_rows, weight if weight is not None else x_rows, stats, lse_rows,
+                                 dloss_rows, grad_rows), view, _facts(x, options, False), (options.ignore_index,))
+    return grad
+
+
+def rescale(grad: torch.Tensor, dloss: torch.Tensor) -> torch.Tensor:
+    """A held gradient times the incoming one (nothing to do when it is 1: decided on the device)."""
+    if grad.numel():
+        loss_launch.run_grad_scale(grad, dloss.reshape(()))
+    return grad
+
+
+def target_gradient(x: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor, lse: torch.Tensor,
+                    dloss: torch.Tensor, options: Options, dtype: torch.dtype) -> torch.Tensor:
+    """d loss / d target for probability targets, in torch operations: -(1 - eps) w_c log p_c,
+    times the reduction's factor and the incoming gradient."""
+    z = x.to(_acc(x.dtype))
+    if options.softcap is not None:
+        z = options.softcap * torch.tanh(z / options.softcap)
+    class_dim = 0 if x.dim() == 1 else 1
+    log_p = z - lse.unsqueeze(class_dim)
+    grad = -(1.0 - options.smoothing) * log_p / stats[0]
+    if weight is not None:
+        grad = grad * weight.to(grad.dtype).reshape(-1, *([1] * (x.dim() - class_dim - 1)))
+    incoming = dloss.unsqueeze(class_dim) if options.reduction == "none" else dloss
+    return (grad * incoming).to(dtype)
+
+
+def _rows_last(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``x`` with the reduced ``dims`` merged into one, moved to dim 1 (dim 0 of a 1-D result), as
+    ``cross_entropy`` takes classes: the row view walks one reduced dim in place; several are
+    merged (a copy only where they do not merge)."""
+    if x.dim() == 0:
+        return x.reshape(1)
+    if len(dims) > 1:
+        moved = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim())))
+        x = moved.reshape(*moved.shape[:x.dim() - len(dims)], -1)
+        dims = (x.dim() - 1,)
+    return x.movedim(dims[0], 1 if x.dim() > 1 else 0)
+
+
+def lse_rows(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+    """log-sum-exp over ``dims`` (normalized) by the cross-entropy forward kernel (every target
+    ignored), in x's dtype."""
+    rows = _rows_last(x, dims)
+    if rows.numel() == 0:
+        return torch.logsumexp(x, dims if x.dim() else 0, keepdim)
+    # Every position ignored: the kernel forms lse alone (the target is one value, stride 0).
+    positions = _positions(rows.shape)
+    ignored = torch.full((), -1, dtype=torch.int32, device=x.device).expand(positions)
+    options = Options(rows.shape[0 if rows.dim() == 1 else 1], False, "none", -1, 0.0, 0.0, None, False)
+    _, lse, _, _, _ = forward(rows, ignored, None, options, False, False)
+    out = lse.to(x.dtype)
+    if keepdim:
+        out = out.reshape([1 if d in dims else size for d, size in enumerate(x.shape)])
+    return out
+
+
+def softmax_times(x: torch.Tensor, grad: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+    """softmax(x) over ``dims`` times ``grad`` (the reduced result's gradient), in x's shape."""
+    if not keepdim and x.dim():
+        for d in dims:
+            grad = grad.unsqueeze(d)
+    if x.dim() == 0:
+        return grad * torch.ones_like(x)
+    if len(dims) == 1:
+        return ops.softmax(x, dims[0]) * grad
+    moved = x.movedim(dims, tuple(range(x.dim() - len(dims), x.dim())))
+    p = ops.softmax(moved.reshape(*moved.shape[:x.dim() - len(dims)], -1), -1).reshape(moved.shape)
+    return p.movedim(tuple(range(x.dim() - len(dims), x.dim())), dims) * grad

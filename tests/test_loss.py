@@ -1,0 +1,442 @@
+"""portable_softmax.cross_entropy, logsumexp and the nn modules against torch in float64.
+
+Each case compares the loss and the input's gradient (relative error of the whole tensor) with
+torch's ``F.cross_entropy`` of the same logits in float64; z-loss and softcap with their torch
+composites. Cases are paired options, not their product (every kernel runs through Triton's
+interpreter on the CPU): each option appears with several others, in every reduction, dtype and
+target kind. Shapes are labelled with the path they take.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import portable_softmax as ps
+from portable_softmax import loss_launch, loss_ops
+from portable_softmax.selfcheck import relative_error
+from regimes import force_regime
+
+# Relative error of the whole tensor allowed per dtype: the output's rounding (loss and gradient
+# are rounded once to it), float32 for float32, near-exact for float64.
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def reference(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
+              softcap=None):
+    """torch's loss in float64 of the same logits (a float64 leaf of them), with the z-loss and
+    softcap as their definitions compose: z = softcap * tanh(x / softcap); + z_loss * lse^2 per
+    counted position, reduced as the issue states ('mean': over the counted positions)."""
+    leaf = x.detach().double().requires_grad_()
+    z = softcap * torch.tanh(leaf / softcap) if softcap is not None else leaf
+    prob = target.is_floating_point()
+    t = target.double() if prob else target.long()
+    w = weight.double() if weight is not None else None
+    loss = F.cross_entropy(z, t, w, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+    if z_loss:
+        lse = torch.logsumexp(z, 0 if z.dim() == 1 else 1)
+        counted = torch.ones_like(lse) if prob else (t != ignore_index).double()
+        extra = z_loss * lse**2 * counted
+        if reduction == "mean":
+            extra = extra.sum() / counted.sum()
+        elif reduction == "sum":
+            extra = extra.sum()
+        loss = loss + extra
+    return loss, leaf
+
+
+def check(x, target, dtype_tol=None, grad_output=None, **options):
+    """Our loss and input gradient against ``reference``'s, within the dtype's tolerance."""
+    tol = dtype_tol or TOLERANCE[x.dtype]
+    ours_x = x.detach().clone().requires_grad_()
+    ours = ps.cross_entropy(ours_x, target, **options)
+    theirs, leaf = reference(x, target, **options)
+    assert ours.dtype == x.dtype and ours.shape == theirs.shape
+    assert relative_error(ours, theirs) <= tol, (relative_error(ours, theirs), options)
+    upstream = torch.randn_like(theirs) if grad_output is None else grad_output
+    ours.backward(upstream.to(ours.dtype))
+    theirs.backward(upstream.to(ours.dtype).double())
+    assert ours_x.grad.dtype == x.dtype
+    assert relative_error(ours_x.grad, leaf.grad) <= tol, (relative_error(ours_x.grad, leaf.grad), options)
+    return ours_x.grad
+
+
+def class_targets(shape, n_classes, device, ignored=0.0, dtype=torch.long):
+    target = torch.randint(0, n_classes, shape, device=device)
+    if ignored:
+        target[torch.rand(shape, device=device) < ignored] = -100
+    return target.to(dtype)
+
+
+def logits(shape, dtype, device, spread=3.0):
+    return (torch.randn(shape, device=device) * spread).to(dtype)
+
+
+# (shape, dtype, target, options): every option with others, every reduction and dtype.
+CASES = [
+    pytest.param((5, 781), torch.float32, "class", dict(), id="plain-781-held"),
+    pytest.param((5, 781), torch.bfloat16, "class", dict(reduction="sum", weight=True, label_smoothing=0.1),
+                 id="bf16-sum-weight-smoothing-held"),
+    pytest.param((4, 781), torch.float64, "class", dict(reduction="none", weight=True, ignored=0.3),
+                 id="fp64-none-weight-ignored"),
+    pytest.param((4, 1), torch.float32, "class", dict(label_smoothing=0.3), id="one-class"),
+    pytest.param((3, 781), torch.float16, "class", dict(ignored=0.4, z_loss=1e-3, softcap=5.0),
+                 id="fp16-ignored-zloss-softcap"),
+    pytest.param((6, 33), torch.float32, "class", dict(weight=True, label_smoothing=0.2, ignored=0.3, z_loss=0.01),
+                 id="mean-weight-smoothing-ignored-zloss"),
+    pytest.param((2, 32001), torch.bfloat16, "class", dict(reduction="none", label_smoothing=0.1, softcap=30.0),
+                 id="bf16-32001-none-smoothing-softcap"),
+    pytest.param((2, 50257), torch.bfloat16, "class", dict(weight=True, label_smoothing=0.1),
+                 id="bf16-50257-streamed-weight-smoothing"),
+    pytest.param((5, 33), torch.float32, "prob", dict(weight=True, label_smoothing=0.1), id="prob-weight-smoothing"),
+    pytest.param((4, 33), torch.float64, "prob", dict(reduction="sum", z_loss=0.01, softcap=4.0),
+                 id="prob-fp64-sum-zloss-softcap"),
+    pytest.param((3, 33), torch.bfloat16, "prob", dict(reduction="none"), id="prob-bf16-none"),
+    pytest.param((3, 5, 4, 2), torch.float32, "class", dict(weight=True, label_smoothing=0.1, ignored=0.3),
+                 id="spatial-classes-on-dim1"),
+    pytest.param((2, 7, 3), torch.float64, "prob", dict(reduction="none", label_smoothing=0.2, weight=True),
+                 id="spatial-prob-none"),
+    pytest.param((2, 6, 5), torch.float32, "class", dict(reduction="none", z_loss=0.1, ignored=0.3),
+                 id="spatial-none-zloss"),
+]
+
+
+def _case(shape, dtype, kind, options, device):
+    options = dict(options)
+    n_classes = shape[1] if len(shape) > 1 else shape[0]
+    x = logits(shape, dtype, device)
+    if kind == "prob":
+        target = torch.softmax(torch.randn(shape, device=device) * 2, 1).to(dtype)
+    else:
+        target = class_targets((shape[0], *shape[2:]), n_classes, device, options.pop("ignored", 0.0))
+    if options.pop("weight", False):
+        options["weight"] = torch.rand(n_classes, device=device, dtype=dtype) + 0.5
+    return x, target, options
+
+
+@pytest.mark.parametrize("shape, dtype, kind, options", CASES)
+def test_matches_torch(device, shape, dtype, kind, options):
+    x, target, options = _case(shape, dtype, kind, options, device)
+    check(x, target, **options)
+
+
+@pytest.mark.parametrize("regime", ["tile", "loop"])
+def test_every_option_in_each_regime(device, monkeypatch, regime):
+    # 781 classes: a held tile row; forced to stream in chunks of 128 for "loop".
+    force_regime(monkeypatch, regime, device)
+    x, target, options = _case((4, 781), torch.float32, "class",
+                               dict(weight=True, label_smoothing=0.15, ignored=0.3, z_loss=0.02, softcap=6.0),
+                               device)
+    for reduction in ("mean", "none"):
+        check(x, target, reduction=reduction, **options)
+    check(x, target, grad_output=torch.tensor(2.5), reduction="sum", **options)
+    # Forward with and without the gradient, and the backward of 'none': each in the regime.
+    assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
+
+
+def test_integer_target_dtypes_and_strided_logits(device):
+    # Transposed logits (classes strided), a target of int32, rows sliced from a padded vocabulary.
+    base = logits((781, 6), torch.float32, device)
+    target = class_targets((6,), 781, device, 0.2, torch.int32)
+    check(base.t(), target)
+    padded = logits((5, 800), torch.bfloat16, device)
+    check(padded[:, :781], class_targets((5,), 781, device, 0.2, torch.int16), reduction="sum")
+
+
+def test_one_dimensional_input(device):
+    x = logits((781,), torch.float32, device)
+    check(x, torch.tensor(17, device=device), label_smoothing=0.1)
+    check(x, torch.softmax(torch.randn(781, device=device), 0), reduction="sum")
+
+
+def test_every_target_ignored(device):
+    x = logits((3, 33), torch.float32, device).requires_grad_()
+    target = torch.full((3,), -100, device=device)
+    for options in (dict(), dict(label_smoothing=0.1, weight=torch.rand(33, device=device)), dict(z_loss=0.1)):
+        ours = ps.cross_entropy(x, target, **options)
+        theirs = F.cross_entropy(x.double(), target, **{k: v.double() if torch.is_tensor(v) else v
+                                                         for k, v in options.items() if k != "z_loss"})
+        assert torch.isnan(ours) and torch.isnan(theirs)
+        (grad,) = torch.autograd.grad(ours, x)
+        assert torch.equal(grad, torch.zeros_like(grad))
+    assert ps.cross_entropy(x, target, reduction="sum").item() == 0.0
+    assert torch.equal(ps.cross_entropy(x, target, reduction="none"), torch.zeros(3, device=device))
+
+
+def test_empty_batch(device):
+    x = torch.randn(0, 7, device=device, requires_grad=True)
+    target = torch.zeros(0, dtype=torch.long, device=device)
+    assert torch.isnan(ps.cross_entropy(x, target)) and torch.isnan(F.cross_entropy(x, target))
+    loss = ps.cross_entropy(x, target, reduction="sum")
+    loss.backward()
+    assert loss.item() == 0.0 and x.grad.shape == (0, 7)
+    assert ps.cross_entropy(x, target, reduction="none").shape == (0,)
+
+
+def test_confident_bf16_row_keeps_its_gradient(device):
+    # p = 0.999 on the true class: its gradient p - 1 = -0.001 (over the batch) must keep its
+    # value to bf16 rounding, not become 0 or lose its digits (formed in float32, rounded once).
+    n_classes = 781
+    x = torch.zeros(4, n_classes, device=device)
+    target = torch.tensor([3, 100, 500, 780], device=device)
+    x[torch.arange(4), target] = math.log(0.999 * (n_classes - 1) / 0.001)
+    x = x.to(torch.bfloat16).requires_grad_()
+    ps.cross_entropy(x, target).backward()
+    leaf = x.detach().double().requires_grad_()
+    F.cross_entropy(leaf, target).backward()
+    true_ours, true_exact = x.grad[torch.arange(4), target].double(), leaf.grad[torch.arange(4), target]
+    assert (true_exact - (-0.001 / 4)).abs().max() < 2e-5
+    assert ((true_ours - true_exact).abs() / true_exact.abs()).max() <= 2**-8
+    assert relative_error(x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
+
+
+def test_return_lse(device):
+    x = logits((3, 5, 2), torch.bfloat16, device)
+    target = class_targets((3, 2), 5, device)
+    loss, lse = ps.cross_entropy(x, target, softcap=2.0, return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == target.shape and not lse.requires_grad
+    expected = torch.logsumexp(2.0 * torch.tanh(x.double() / 2.0), 1)
+    assert relative_error(lse, expected) < 1e-6
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_inplace_backward(device, reduction):
+    h = torch.randn(4, 781, device=device, requires_grad=True)
+    target = class_targets((4,), 781, device, 0.25)
+    logits = h * 2.0
+    loss = ps.cross_entropy(logits, target, reduction=reduction, inplace_backward=True)
+    storage = logits.data_ptr()
+    loss.sum().backward()
+    leaf = (h.detach().double() * 2).requires_grad_()
+    F.cross_entropy(leaf, target, reduction=reduction).sum().backward()
+    assert relative_error(h.grad, 2 * leaf.grad) <= TOLERANCE[torch.float32]
+    # The gradient is in the logits' own storage now.
+    assert logits.data_ptr() == storage and relative_error(logits.detach(), leaf.grad) <= TOLERANCE[torch.float32]
+
+
+def test_inplace_backward_bumps_the_version(device):
+    h = torch.randn(4, 33, device=device, requires_grad=True)
+    logits = h * 2.0
+    aux = (logits ** 2).sum()  # saves the logits for its backward
+    loss = ps.cross_entropy(logits, class_targets((4,), 33, device), inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + aux).backward()
+
+
+def test_meta_tensors():
+    x = torch.empty(8, 50257, 3, device="meta", dtype=torch.bfloat16)
+    target = torch.empty(8, 3, device="meta", dtype=torch.long)
+    loss, lse = ps.cross_entropy(x, target, return_lse=True)
+    assert loss.shape == () and loss.dtype == torch.bfloat16 and loss.device.type == "meta"
+    assert lse.shape == (8, 3) and lse.dtype == torch.float32
+    assert ps.cross_entropy(x, target, reduction="none").shape == (8, 3)
+    assert ps.logsumexp(x, (1, 2), keepdim=True).shape == (8, 1, 1)
+
+
+def test_autocast_as_torch(device):
+    if not torch.amp.is_autocast_available(device):
+        pytest.skip(f"no autocast for {device}")
+    x = logits((4, 33), torch.bfloat16, device)
+    target = class_targets((4,), 33, device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ours, theirs = ps.cross_entropy(x, target), F.cross_entropy(x, target)
+    assert ours.dtype == theirs.dtype
+    assert relative_error(ours, F.cross_entropy(x.double(), target)) < 1e-5 if theirs.dtype == torch.float32 else True
+
+
+@pytest.mark.skipif(not loss_ops.AVAILABLE, reason="torch.library.custom_op needs torch >= 2.4")
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_torch_compile_fullgraph(device, reduction):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = logits((4, 33), torch.float32, device)
+    target = class_targets((4,), 33, device, 0.25)
+    weight = torch.rand(33, device=device)
+
+    def step(x, target, weight):
+        loss, lse = ps.cross_entropy(x, target, weight, reduction=reduction, z_loss=0.01, return_lse=True)
+        return loss.sum() + ps.logsumexp(x, -1).sum(), lse
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    ours_x = x.clone().requires_grad_()
+    (loss, lse) = compiled(ours_x, target, weight)
+    loss.backward()
+    ref_x = x.clone().requires_grad_()
+    theirs = step(ref_x, target, weight)[0]
+    theirs.backward()
+    assert relative_error(loss, theirs) < 1e-6 and relative_error(ours_x.grad, ref_x.grad) < 1e-6
+
+
+def test_logsumexp_matches_torch(device):
+    x = logits((3, 781, 4), torch.float32, device).requires_grad_()
+    for dim, keepdim in ((1, False), (-1, True), (0, False), ((0, 2), False), ((2, 1), True)):
+        ours = ps.logsumexp(x, dim, keepdim)
+        theirs = torch.logsumexp(x.double(), dim, keepdim)
+        assert ours.shape == theirs.shape and relative_error(ours, theirs) < 1e-6
+        upstream = torch.randn(theirs.shape, device=device)
+        (ours_grad,) = torch.autograd.grad(ours, x, upstream)
+        (their_grad,) = torch.autograd.grad(torch.logsumexp(x.double(), dim, keepdim), x, upstream.double())
+        assert relative_error(ours_grad, their_grad) < 1e-5
+    special = torch.tensor([[-math.inf, -math.inf], [0.0, -math.inf], [1e4, 1e4]], device=device)
+    assert torch.equal(ps.logsumexp(special, 1), torch.logsumexp(special, 1))
+    bf16 = logits((5, 50), torch.bfloat16, device)
+    assert ps.logsumexp(bf16, 1).dtype == torch.bfloat16
+    assert relative_error(ps.logsumexp(bf16, 1), torch.logsumexp(bf16.double(), 1)) < TOLERANCE[torch.bfloat16]
+    assert ps.logsumexp(torch.tensor(2.0, device=device), 0).item() == 2.0
+
+
+def test_nn_modules(device):
+    x = logits((4, 33), torch.float32, device)
+    target = class_targets((4,), 33, device, 0.25)
+    weight = torch.rand(33, device=device)
+    ours = ps.nn.CrossEntropyLoss(weight, label_smoothing=0.1, reduction="sum")(x, target)
+    theirs = torch.nn.CrossEntropyLoss(weight.double(), label_smoothing=0.1, reduction="sum")(x.double(), target)
+    assert relative_error(ours, theirs) < 1e-5
+    assert relative_error(ps.nn.Softmax(dim=0)(x), torch.softmax(x.double(), 0)) < 1e-5
+    assert relative_error(ps.nn.LogSoftmax(dim=1)(x), torch.log_softmax(x.double(), 1)) < 1e-5
+    assert isinstance(ps.nn.CrossEntropyLoss(z_loss=0.1, return_lse=True)(x, target), tuple)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, t: ps.cross_entropy(x, t.float()), ValueError, "target of class probabilities"),
+    (lambda x, t: ps.cross_entropy(x, t[:2]), ValueError, "target of class indices must have shape"),
+    (lambda x, t: ps.cross_entropy(x, t.bool()), TypeError, "target must hold class indices"),
+    (lambda x, t: ps.cross_entropy(x, t, torch.ones(5)), ValueError, r"weight must have shape \(7,\)"),
+    (lambda x, t: ps.cross_entropy(x, t, reduction="avg"), ValueError, "reduction must be one of"),
+    (lambda x, t: ps.cross_entropy(x, t, label_smoothing=1.5), ValueError, "label_smoothing"),
+    (lambda x, t: ps.cross_entropy(x, t, softcap=0.0), ValueError, "softcap"),
+    (lambda x, t: ps.cross_entropy(x, t, z_loss=math.nan), ValueError, "z_loss"),
+    (lambda x, t: ps.cross_entropy(x.long(), t), TypeError, "input must be float16"),
+    (lambda x, t: ps.cross_entropy(x, torch.softmax(x, 1), ignore_index=2), ValueError, "ignore_index"),
+    (lambda x, t: ps.logsumexp(x, 2), IndexError, "dim 2 is out of range"),
+])
+def test_errors_name_the_argument(call, error, match):
+    x = torch.randn(4, 7)
+    t = torch.tensor([0, 1, 2, 6])
+    with pytest.raises(error, match=match):
+        call(x, t)
+
+
+def test_target_out_of_range_raises_on_cpu():
+    x = torch.randn(3, 7)
+    with pytest.raises(IndexError, match="target 7 is out of bounds for 7 classes"):
+        ps.cross_entropy(x, torch.tensor([0, 7, -100]))
+    with pytest.raises(IndexError, match="target -3 is out of bounds"):
+        ps.cross_entropy(x, torch.tensor([0, -3, 1]), reduction="none")
+
+
+@pytest.mark.parametrize("name", ["cuda", "hip", "npu"])
+def test_target_out_of_range_is_nan_on_accelerators(name):
+    from conftest import PRESENT, TORCH_DEVICE
+
+    if not PRESENT[name]:
+        pytest.skip(f"no {name} device here (CPU raises instead: test_target_out_of_range_raises_on_cpu)")
+    x = torch.randn(3, 7, device=TORCH_DEVICE[name])
+    rows = ps.cross_entropy(x, torch.tensor([0, 7, -100], device=x.device), reduction="none")
+    assert torch.isnan(rows[1]) and not torch.isnan(rows[0]) and rows[2].item() == 0.0
+    assert torch.isnan(ps.cross_entropy(x, torch.tensor([0, 7, 1], device=x.device)))
+
+
+def test_more_than_2_31_logits(device):
+    if device == "cpu":
+        pytest.skip("2**31 logits through the interpreter would take hours: accelerators only")
+    n_classes, rows = 131072, 2**31 // 131072 + 2
+    if torch.cuda.get_device_properties(0).total_memory < 24 * rows * n_classes:
+        pytest.skip("not enough device memory for 2**31 bf16 logits and their gradient")
+    x = torch.randn(rows, n_classes, device=device, dtype=torch.bfloat16).requires_grad_()
+    target = torch.randint(0, n_classes, (rows,), device=device)
+    ps.cross_entropy(x, target).backward()
+    last = x[-3:].detach().double().requires_grad_()
+    F.cross_entropy(last, target[-3:], reduction="sum").backward()
+    assert relative_error(x.grad[-3:], last.grad / rows) <= TOLERANCE[torch.bfloat16]
+
+
+def test_graph_capture(device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs: cuda only")
+    x = logits((64, 32001), torch.bfloat16, device).requires_grad_()
+    target = class_targets((64,), 32001, device, 0.1)
+    for _ in range(2):  # warm up: compile and plan before capture
+        x.grad = None
+        ps.cross_entropy(x, target, label_smoothing=0.1).backward()
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        loss = ps.cross_entropy(x, target, label_smoothing=0.1)
+        loss.backward()
+    with torch.no_grad():
+        x.copy_(logits((64, 32001), torch.bfloat16, device))
+    graph.replay()
+    theirs, leaf = reference(x.detach(), target, label_smoothing=0.1)
+    theirs.backward()
+    assert relative_error(loss, theirs) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
+
+
+def test_repeated_call_is_one_record(device):
+    x = logits((4, 33), torch.float32, device)
+    target = class_targets((4,), 33, device)
+    ps.cross_entropy(x, target)
+    records = len(loss_launch._records)
+    for _ in range(3):
+        ps.cross_entropy(logits((4, 33), torch.float32, device), target)
+    assert len(loss_launch._records) == records
+
+
+def test_strided_incoming_gradient_of_none(device):
+    # 'none': the backward kernel reads the incoming gradient through its strides (here a
+    # transposed one of the (N, d) positions, and one expanded from a single value).
+    x = logits((3, 33, 4), torch.float32, device)
+    target = class_targets((3, 4), 33, device, 0.25)
+    check(x, target, grad_output=torch.randn(4, 3, device=device).t(), reduction="none", z_loss=0.01)
+    check(x, target, grad_output=torch.tensor(0.5, device=device).expand(3, 4), reduction="none")
+
+
+@pytest.mark.parametrize("profile", ["h100", "mi300x", "ascend910b"])
+def test_plans_for_recorded_chips(profile):
+    # The pure planner, for chips that are not here: whole rows in tiles while they fit (half as
+    # long where the gradient is formed from them), longer ones streamed; grids within limits.
+    from portable_softmax import planner, profiles, targets
+
+    target = targets.target_for(profiles.profile_record(profile))
+    limit = planner._row_limit(target.tuning, "float32", True)
+    for n_rows, n_cols in ((8192, 781), (8192, limit), (8192, limit + 1), (4096, 256000), (1, 50257)):
+        for writes in (True, False):
+            plan = planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2)
+            held = planner.next_power_of_2(n_cols) <= planner._row_limit(target.tuning, "float32", writes)
+            assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
+            assert plan.block_n >= (planner.next_power_of_2(n_cols) if held else 1)
+            assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
+
+
+def test_compile_report_covers_the_loss(monkeypatch):
+    # The loss kernels with every option compile for sm_90 and gfx942 (tiles, and a streamed
+    # vocabulary), and the plan from the compiled resources keeps the planned configuration. The
+    # heaviest forms only: CI's compile report (`portable-softmax compile`) compiles every form.
+    from portable_softmax import crosscompile
+    from portable_softmax.crosscompile import cases as compile_cases
+
+    heaviest = {"grad, all": compile_cases.LOSS_FORMS["forward"]["grad, all"]}
+    monkeypatch.setitem(compile_cases.LOSS_FORMS, "forward", heaviest)
+    targets = [crosscompile.parse_target(t) for t in ("cuda:90", "hip:gfx942")]
+    targets = [t for t in targets if crosscompile.toolchain_missing(t) is None]
+    if not targets:
+        pytest.skip("no GPU toolchain here to compile for")
+    cases = crosscompile.cases_for([], ["bfloat16"], [False], loss_shapes=[(64, 4096), (64, 50257)])
+    report = crosscompile.run(targets, cases, jobs=2, timeout=300)
+    assert report["ok"], crosscompile.format_report(report)
+    for target in report["targets"]:
+        kernels = {v["kernel"] for v in target["variants"]}
+        assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_loop", "cross_entropy_backward"}
+        assert {p["regime"] for p in target["plans"]} == {"tile", "loop"}
+
+
+def test_ignore_index_inside_the_classes(device):
+    # ignore_index may name a class: its positions count for nothing, as torch's.
+    x = logits((6, 33), torch.float32, device)
+    target = torch.tensor([3, 0, 3, 32, 5, 3], device=device)
+    check(x, target, ignore_index=3, weight=torch.rand(33, device=device) + 0.5, label_smoothing=0.1)
+    check(x, target, ignore_index=3, reduction="none", z_loss=0.01)
