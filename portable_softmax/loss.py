@@ -33,9 +33,19 @@ def _autocast_dtype(device_type: str, dtype: torch.dtype, autocast: torch.dtype)
     return None if found == dtype else found
 
 
+# Whether torch has autocast for a device type, asked once per type, outside any trace: torch
+# 2.11's dynamo cannot trace ``torch._C._is_autocast_available`` (fullgraph fails on CUDA), a
+# dictionary lookup it can.
+_AUTOCAST_AVAILABLE = {name: torch.amp.is_autocast_available(name) for name in ("cpu", "cuda")}
+
+
 def _after_autocast(x: torch.Tensor) -> torch.Tensor:
-    if not x.is_floating_point() or not torch.amp.is_autocast_available(x.device.type) \
-            or not torch.is_autocast_enabled(x.device.type):
+    if not x.is_floating_point():
+        return x
+    available = _AUTOCAST_AVAILABLE.get(x.device.type)
+    if available is None:
+        available = _AUTOCAST_AVAILABLE[x.device.type] = torch.amp.is_autocast_available(x.device.type)
+    if not available or not torch.is_autocast_enabled(x.device.type):
         return x
     dtype = _autocast_dtype(x.device.type, x.dtype, torch.get_autocast_dtype(x.device.type))
     return x if dtype is None else x.to(dtype)
