@@ -431,8 +431,9 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = No
         scale: a number, or a floating tensor that broadcasts to ``x`` with size 1 along ``dim``
             (a per-row temperature is ``1 / T``): ``x`` is multiplied by it first.
         mask: a tensor that broadcasts to ``x``: bool keeps the elements where it is True (as
-            ``scaled_dot_product_attention``); floating is added after the scaling (-inf allowed).
-            Masked positions take no gradient; a row a bool mask leaves empty gives 0.
+            ``scaled_dot_product_attention``); floating is added after the scaling (-inf allowed)
+            and takes its gradient where it requires one. Masked positions take no gradient; a row
+            a bool mask leaves empty gives 0.
         causal: mask element (i, j) of the last two dimensions where j > i (``is_causal``,
             top-left aligned); only with ``dim=-1``.
 
