@@ -13,8 +13,10 @@ query nothing.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -419,18 +421,58 @@ def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, n
     return _forward(x, dim, dtype, log)
 
 
-def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None, scale: Any = None,
+def _torch_form(x: Any, dim: Any, dtype: Any, f_dtype: Optional[torch.dtype], stacklevel: int,
+                name: str) -> tuple[Any, Optional[torch.dtype]]:
+    """``dim`` and ``dtype`` from the call forms torch takes besides ``(input, int dim, dtype)``:
+    ``F.softmax(input, dim, _stacklevel, dtype)`` (an int third is its ``_stacklevel``; a
+    torch.dtype third is ``torch.softmax``'s dtype, which F.softmax would silently ignore),
+    ``dim=None`` (F.softmax's implicit dimension, with its warning) and an index-like ``dim``
+    (a NumPy integer, a one-element integer tensor). Any other ``dim`` is refused.
+
+    The warning is issued here, called by ``softmax`` / ``log_softmax`` directly: F.softmax's
+    ``_stacklevel`` (3, the caller of the public function) then names the same frame."""
+    if dtype.__class__ is int:
+        stacklevel, dtype = dtype, f_dtype
+    elif f_dtype is not None:
+        raise TypeError(f"portable_softmax.{name}: a dtype in fourth place is F.{name}'s (input, dim, _stacklevel, "
+                        f"dtype) form and needs an int _stacklevel third, got {dtype!r}; pass dtype= instead")
+    if dim is None and isinstance(x, torch.Tensor):
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
+                      "as an argument.", stacklevel=stacklevel)
+        dim = 0 if x.dim() in (0, 1, 3) else 1
+    elif isinstance(dim, str):
+        raise TypeError(f"portable_softmax.{name}: dim must be an int, got the name {dim!r} (named dimensions are "
+                        "not supported: pass its index)")
+    elif not isinstance(dim, bool) and hasattr(type(dim), "__index__"):
+        dim = operator.index(dim)
+    elif dim is not None:
+        # Refused here, not left to the call's key: True and 1.0 hash as 1 and would find its record.
+        raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
+    return dim, dtype
+
+
+def softmax(input: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None,
+            _dtype: Optional[torch.dtype] = None, *, _stacklevel: int = 3, scale: Any = None,
             mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
-    """Softmax of ``x`` along ``dim``, as ``torch.softmax`` computes it.
+    """Softmax of ``input`` along ``dim``, as ``torch.softmax`` computes it.
+
+    Takes the call forms of ``torch.softmax(input, dim, dtype)`` and of
+    ``torch.nn.functional.softmax(input, dim=None, _stacklevel=3, dtype=None)``: an int in third
+    place is F.softmax's ``_stacklevel`` (``dtype`` then fourth), ``dim=None`` is F.softmax's
+    implicit dimension (with its deprecation warning). ``scale``, ``mask`` and ``causal`` are
+    keyword-only.
 
     Args:
-        x: a float16, bfloat16, float32 or float64 tensor of any rank and strides, on any device a
-            backend serves (CPU tensors run through Triton's interpreter), or a meta tensor.
+        input: a float16, bfloat16, float32 or float64 tensor of any rank and strides, on any
+            device a backend serves (CPU tensors run through Triton's interpreter), or a meta
+            tensor.
         dim: the dimension to normalise over; negative counts from the end.
-        dtype: if given, ``x`` is cast to it first and the result has this dtype (as in torch).
-        scale: a number, or a floating tensor that broadcasts to ``x`` with size 1 along ``dim``
-            (a per-row temperature is ``1 / T``): ``x`` is multiplied by it first.
-        mask: a tensor that broadcasts to ``x``: bool keeps the elements where it is True (as
+        dtype: if given, ``input`` is cast to it first and the result has this dtype (as in torch).
+        _dtype: F.softmax's ``dtype`` where its ``_stacklevel`` is passed third.
+        _stacklevel: as F.softmax's: the frame the ``dim=None`` warning names.
+        scale: a number, or a floating tensor that broadcasts to ``input`` with size 1 along
+            ``dim`` (a per-row temperature is ``1 / T``): ``input`` is multiplied by it first.
+        mask: a tensor that broadcasts to ``input``: bool keeps the elements where it is True (as
             ``scaled_dot_product_attention``); floating is added after the scaling (-inf allowed)
             and takes its gradient where it requires one. Masked positions take no gradient; a row
             a bool mask leaves empty gives 0.
@@ -438,29 +480,36 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = No
             top-left aligned); only with ``dim=-1``.
 
     Returns:
-        A tensor of ``x``'s shape; differentiable with respect to ``x`` (autograd, forward-mode
-        AD and ``torch.func`` transforms).
+        A tensor of ``input``'s shape; differentiable with respect to ``input`` (autograd,
+        forward-mode AD and ``torch.func`` transforms).
 
     Raises:
-        TypeError: ``x`` is not a floating tensor, or its dtype is unsupported on its device.
+        TypeError: ``input`` is not a floating tensor, its dtype is unsupported on its device, or
+            ``dim`` is not an integer.
         IndexError: ``dim`` is out of range (a :class:`DimensionError`, also a ValueError).
-        RuntimeError: no backend serves ``x``'s device.
+        RuntimeError: no backend serves ``input``'s device.
     """
+    if dim.__class__ is not int or dtype.__class__ is int or _dtype is not None:
+        dim, dtype = _torch_form(input, dim, dtype, _dtype, _stacklevel, "softmax")
     if scale is not None or mask is not None or causal:
-        return _fused_call(x, dim, dtype, False, scale, mask, causal)
-    return _apply(x, dim, dtype, False, "softmax")
+        return _fused_call(input, dim, dtype, False, scale, mask, causal)
+    return _apply(input, dim, dtype, False, "softmax")
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None, scale: Any = None,
+def log_softmax(input: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None,
+                _dtype: Optional[torch.dtype] = None, *, _stacklevel: int = 3, scale: Any = None,
                 mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
-    """Log-softmax of ``x`` along ``dim``, as ``torch.log_softmax`` computes it; a row a bool
-    mask leaves empty gives -inf.
+    """Log-softmax of ``input`` along ``dim``, as ``torch.log_softmax`` computes it; a row a bool
+    mask leaves empty gives -inf. The call forms of ``torch.log_softmax`` and
+    ``torch.nn.functional.log_softmax``, as :func:`softmax` takes softmax's.
 
     Args, Returns and Raises as :func:`softmax`.
     """
+    if dim.__class__ is not int or dtype.__class__ is int or _dtype is not None:
+        dim, dtype = _torch_form(input, dim, dtype, _dtype, _stacklevel, "log_softmax")
     if scale is not None or mask is not None or causal:
-        return _fused_call(x, dim, dtype, True, scale, mask, causal)
-    return _apply(x, dim, dtype, True, "log_softmax")
+        return _fused_call(input, dim, dtype, True, scale, mask, causal)
+    return _apply(input, dim, dtype, True, "log_softmax")
 
 
 __all__ = ["softmax", "log_softmax", "DimensionError"]
