@@ -46,11 +46,13 @@ def _check(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor]
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"{where}: mask must be a tensor, got {type(mask).__name__}")
+        ops._check_served(mask, name, "mask")
         if mask.dtype != torch.bool and not mask.is_floating_point():
             raise TypeError(f"{where}: mask must be bool (keep where True) or floating (added), got {mask.dtype}")
         if not _broadcasts(mask.shape, x.shape):
             raise ValueError(f"{where}: mask of shape {tuple(mask.shape)} does not broadcast to {tuple(x.shape)}")
     if isinstance(scale, torch.Tensor):
+        ops._check_served(scale, name, "scale")
         if not scale.is_floating_point():
             raise TypeError(f"{where}: a scale tensor must be floating, got {scale.dtype}")
         if not _broadcasts(scale.shape, x.shape):
@@ -169,7 +171,10 @@ def _tensor_signature(t: torch.Tensor, device: torch.device) -> Optional[tuple]:
     # record holds its strides. A tensor on another device than x is copied each call: not kept.
     if type(t) is not torch.Tensor or t.device != device or torch._C._functorch.is_functorch_wrapped_tensor(t):
         return None
-    return t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0
+    try:
+        return t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0
+    except RuntimeError:  # no strides or data pointer (sparse, nested, MKL-DNN): validation says so
+        return None
 
 
 def _signature(inputs: tuple[torch.Tensor, ...], dim: int, dtype: Optional[torch.dtype], log: bool, scale: Scale,

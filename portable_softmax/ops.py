@@ -43,9 +43,29 @@ def _check_dtype(what: str, dtype: torch.dtype, name: str) -> None:
         raise TypeError(f"portable_softmax.{name}: {what} must be float16, bfloat16, float32 or float64, got {dtype}")
 
 
+def _check_served(t: torch.Tensor, name: str, argument: str = "input") -> None:
+    """One line for the kinds of tensors the kernels do not read (they walk one dense strided
+    buffer): sparse, nested and MKL-DNN layouts, quantized tensors. Raised before anything asks
+    such a tensor for strides or a data pointer, which it lacks."""
+    where = f"portable_softmax.{name}"
+    if t.is_nested:  # strided or jagged layout
+        raise NotImplementedError(f"{where}: a nested {argument} is not supported; call it on each component "
+                                  f"({argument}.unbind()) or use torch.{name}")
+    if t.is_sparse or t.layout not in (torch.strided, torch._mkldnn):
+        # torch.softmax does not take them either; torch.sparse's treats unspecified elements as -inf.
+        sparse = f", or torch.sparse.{name} for a {name} over the specified elements" if argument == "input" else ""
+        raise NotImplementedError(f"{where}: a sparse {argument} ({t.layout}) is not supported; use "
+                                  f"{argument}.to_dense(){sparse}")
+    if t.layout == torch._mkldnn:
+        raise NotImplementedError(f"{where}: an MKL-DNN {argument} is not supported; use {argument}.to_dense()")
+    if t.is_quantized:
+        raise TypeError(f"{where}: a quantized {argument} ({t.dtype}) is not supported; use {argument}.dequantize()")
+
+
 def _validate(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str) -> tuple[int, torch.dtype]:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"portable_softmax.{name}: expected a torch.Tensor, got {type(x).__name__}")
+    _check_served(x, name)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
     rank = max(x.dim(), 1)
@@ -232,6 +252,7 @@ def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: 
 def _validate_meta(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str) -> tuple[int, torch.dtype]:
     """``_validate`` for meta tensors, which no backend serves and which need no device record:
     torch infers their shape, dtype and layout, and so do we."""
+    _check_served(x, name)
     rank = max(x.dim(), 1)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
@@ -252,7 +273,12 @@ def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool)
     if autocast is None:
         _autocast_available[device.type] = torch.amp.is_autocast_available(device.type)
         return _forward(x, dim, dtype, log)
-    key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
+    try:
+        key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
+    except RuntimeError:
+        # Sparse, nested and MKL-DNN tensors have no strides or data pointer: one line for them.
+        _check_served(x, "log_softmax" if log else "softmax")
+        raise
     call = _forward_calls.get(key) or _remember(_forward_calls, key, lambda: _forward_call(x, dim, dtype, log, autocast))
     return call(x)
 
