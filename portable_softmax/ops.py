@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -421,20 +422,29 @@ def use_fused(call: Callable[..., torch.Tensor]) -> None:
     _fused_call = call
 
 
-# DTensor's class and the call that takes DTensors (``distributed`` registers them): a DTensor
-# sharded on the softmax dimension keeps its shards.
-_dtensor: Optional[tuple[type, Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]]] = None
+# The call that takes DTensors (``distributed`` registers it): a DTensor sharded on the softmax
+# dimension keeps its shards.
+_dtensor_call: Optional[Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]] = None
+# Where DTensor lives. A DTensor exists only once its module is loaded, so the routing looks the
+# class up there and never imports it: importing torch.distributed.tensor takes longer than the
+# rest of the package's import together.
+_DTENSOR_MODULE = "torch.distributed.tensor"
 
 
-def use_dtensor(kind: type, call: Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]) -> None:
-    """Route calls on tensors of type ``kind`` (DTensor) to ``call(x, dim, dtype, log)``."""
-    global _dtensor
-    _dtensor = (kind, call)
+def use_dtensor(call: Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]) -> None:
+    """Route calls on DTensors to ``call(x, dim, dtype, log)``."""
+    global _dtensor_call
+    _dtensor_call = call
+
+
+def _is_dtensor(x: Any) -> bool:
+    kind = getattr(sys.modules.get(_DTENSOR_MODULE), "DTensor", None)
+    return kind is not None and isinstance(x, kind)
 
 
 def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, name: str) -> torch.Tensor:
-    if type(x) is not torch.Tensor and _dtensor is not None and isinstance(x, _dtensor[0]):
-        return _dtensor[1](x, dim, dtype, log)
+    if type(x) is not torch.Tensor and _dtensor_call is not None and _is_dtensor(x):
+        return _dtensor_call(x, dim, dtype, log)
     if _custom_op_call is not None and _compiling():
         dim, out_dtype = _validate(x, dim, dtype, name)
         return _custom_op_call(x, dim, out_dtype, log)
