@@ -190,7 +190,8 @@ def _write(results: dict[str, Any], out: Path, stem: str, plotter: Callable[[dic
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     plotted = plotter(results, out / f"{stem}.png")
     print(text)
-    print(f"\nwrote {out / stem}.json" + (" and .png" if plotted else " (no plot: matplotlib is not installed)"))
+    written = f"{(out / stem).resolve()}.json"
+    print(f"\nwrote {written}" + (" and .png" if plotted else " (no plot: matplotlib is not installed)"))
 
 
 def _stem(kind: str, results: dict[str, Any]) -> str:
@@ -250,7 +251,7 @@ def main(args: Any) -> int:
         stem = _stem("eager", results)
         (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
         print(host_time.table(results))
-        print(f"\nwrote {out / stem}.json")
+        print(f"\nwrote {(out / stem).resolve()}.json")
         return 0
     results = run(shapes, dtypes, set(args.peers), args.backward, args.warmup, args.rep, args.device,
                   progress=not args.no_progress)

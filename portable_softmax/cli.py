@@ -12,9 +12,11 @@ Global options (before or after the command): --device DEV, -v/--verbose.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import logging
+import os
 import sys
 from typing import NoReturn, Optional, Sequence
 
@@ -77,8 +79,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     from portable_softmax import validate
 
-    passed = validate.run(args.device, Path(args.out), benchmark=not args.no_bench)
-    print(Path(args.out, "report.md").read_text())
+    out = Path(args.out)
+    passed = validate.run(args.device, out, benchmark=not args.no_bench)
+    print((out / "report.md").read_text())
+    written = [name for name in ("report.md", "report.json", "bandwidth.png") if (out / name).exists()]
+    print(f"wrote {', '.join(written)} in {out.resolve()}")
     return 0 if passed else 1
 
 
@@ -203,8 +208,26 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "without a GPU; report registers, spills, shared memory",
                                        parents=common)
     crosscompile.add_arguments(compile_)
-    compile_.set_defaults(func=crosscompile.run_command)
+    compile_.set_defaults(func=crosscompile.run_command, check_values=functools.partial(_check_compile, compile_))
     return parser
+
+
+def _check_compile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What ``compile``'s option types (declared with its code) let through: a timeout of 0 s or
+    less would time every compile out at once, no jobs would compile nothing."""
+    if not args.timeout > 0:
+        parser.error(f"argument --timeout: expected a positive number of seconds, got {args.timeout:g}")
+    if args.jobs < 1:
+        parser.error(f"argument --jobs: expected 1 or more, got {args.jobs}")
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device: Python flushes it again at exit, which would raise once
+    more into a closed pipe (the recipe of Python's ``signal`` documentation)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (captured, in tests)
+        pass
 
 
 def _one_line(error: BaseException) -> str:
@@ -214,12 +237,21 @@ def _one_line(error: BaseException) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The ``portable-softmax`` command; returns its exit status (argument mistakes exit 2)."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "check_values", None) is not None:
+        args.check_values(args)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is answered below, not at exit
+        return status
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`portable-softmax plan ... | head`): stop quietly, with the status of a
+        # tool that SIGPIPE ended (128 + 13).
+        _quiet_stdout()
+        return 141
     except (ValueError, TypeError, RuntimeError, OSError) as error:
         logger.debug("traceback", exc_info=True)
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)

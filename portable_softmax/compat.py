@@ -16,6 +16,7 @@ Newer versions than the newest tested (3.9) are not refused: nothing here caps a
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 import sys
@@ -28,9 +29,19 @@ MIN_PYTHON = (3, 9)
 MIN_TORCH = Version("2.6")
 MIN_TRITON = Version("3.2")
 
-_INSTALL_HINT = ("install or upgrade torch (on a GPU or NPU machine the vendor's build), then Triton: upstream "
-                 "with `pip install \"portable-softmax[cpu]\"` (or `[cuda]`), or the vendor's build, which provides "
-                 "the `triton` module (ROCm: pytorch-triton-rocm, Ascend: triton-ascend)")
+COMMAND = "portable-softmax"
+
+# Where each requirement comes from, said where it is missing or too old. `portable-softmax[cpu]`
+# is on no index: the extras install from a checkout (`pip install -e ".[cpu]"`).
+_INSTALL_HINTS = {
+    "Python": f"Python {'.'.join(map(str, MIN_PYTHON))} or newer",
+    "torch": (f"torch from PyPI (`pip install \"torch>={MIN_TORCH}\"`; a CPU-only machine takes the CPU build from "
+              "PyTorch's index: add `--index-url https://download.pytorch.org/whl/cpu`) or your vendor's build "
+              "(ROCm's from download.pytorch.org, Ascend's paired with torch_npu)"),
+    "Triton": (f"Triton from PyPI (`pip install \"triton>={MIN_TRITON}\"`, CPU and NVIDIA; from a checkout of this "
+               "project `pip install -e \".[cpu]\"` does the same), on ROCm the pytorch-triton-rocm that ROCm's torch "
+               "brings, on Ascend `pip install triton-ascend`"),
+}
 
 
 def _release(text: str) -> Optional[Version]:
@@ -73,6 +84,17 @@ def _imported_version(module: str) -> tuple[Optional[str], Optional[str]]:
     return str(getattr(imported, "__version__", "")), None
 
 
+def _running_the_command() -> bool:
+    """Whether this import is the ``portable-softmax`` command's: its console script (whose
+    ``sys.argv[0]`` is the script's path while it imports the package; ``.exe`` on Windows) or
+    ``python -m portable_softmax`` (whose ``sys.argv[0]`` is "-m" while the package is imported;
+    the command line is in ``sys.orig_argv``, Python 3.10+)."""
+    if re.sub(r"(\.exe|-script\.pyw?)$", "", os.path.basename(sys.argv[0])) == COMMAND:
+        return True
+    line = getattr(sys, "orig_argv", [])
+    return sys.argv[:1] == ["-m"] and any(a == "-m" and b == "portable_softmax" for a, b in zip(line, line[1:]))
+
+
 def _check_requirements() -> tuple[Version, Version]:
     """The torch and Triton versions, or one ImportError naming every one that does not do."""
     torch_version, torch_error = _imported_version("torch")
@@ -80,8 +102,12 @@ def _check_requirements() -> tuple[Version, Version]:
     why = {name: error for name, error in (("torch", torch_error), ("triton", triton_error)) if error}
     problems = requirement_problems(sys.version_info, torch_version, triton_version, why)
     if problems:
-        raise ImportError(f"portable_softmax needs Python >= {'.'.join(map(str, MIN_PYTHON))}, torch >= {MIN_TORCH} "
-                          f"and Triton >= {MIN_TRITON}: {'; '.join(problems)}. To fix: {_INSTALL_HINT}.")
+        hints = [hint for name, hint in _INSTALL_HINTS.items() if any(p.startswith(f"{name} ") for p in problems)]
+        message = (f"portable_softmax needs Python >= {'.'.join(map(str, MIN_PYTHON))}, torch >= {MIN_TORCH} and "
+                   f"Triton >= {MIN_TRITON}: {'; '.join(problems)}. To fix: install {'; and '.join(hints)}.")
+        if _running_the_command():
+            raise SystemExit(f"{COMMAND}: {message}")  # the line alone: a command's user needs no traceback
+        raise ImportError(message)
     return _release(torch_version or "") or MIN_TORCH, _release(triton_version or "") or MIN_TRITON
 
 

@@ -54,10 +54,25 @@ def as_device(device: DeviceLike) -> torch.device:
         return torch.device("cuda", device)
     device = torch.device(device)
     if device.type != "cpu" and device.index is None:
+        _check_present(device)
         module = getattr(torch, device.type, None)
         index = module.current_device() if module is not None and hasattr(module, "current_device") else 0
         device = torch.device(device.type, index)
     return device
+
+
+def _check_present(device: torch.device) -> None:
+    """One line where torch has no device of ``device``'s type (a CPU-only torch asked for
+    "cuda"), rather than the AssertionError of torch's lazy initialization, frames deeper."""
+    module = getattr(torch, device.type, None)
+    available = getattr(module, "is_available", None)
+    if device.type in ("cpu", "meta") or available is None or available():
+        return
+    build = ""
+    if device.type == "cuda" and torch.version.cuda is None and torch.version.hip is None:
+        build = " is a CPU-only build: install a CUDA or ROCm build of torch to use it"
+    raise RuntimeError(f"portable_softmax: no {device.type!r} device is available (torch.{device.type}.is_available() "
+                       f"is False; torch {torch.__version__}{build})")
 
 
 def backend_for(device: DeviceLike) -> Backend:
@@ -155,6 +170,7 @@ def _record_or_error(device: torch.device) -> Union[DeviceRecord, Exception]:
     if found is not None:
         return found
     try:
+        _check_present(device)
         found = _resolved[key] = _record(backend_for(device).name, device.type, device.index)
         return found
     except Exception as error:  # noqa: BLE001  (raised again by device_record)

@@ -3,7 +3,7 @@
 Each rank holds a slice of every row (a tensor-parallel vocabulary shard; slices may differ in
 length). The result is this rank's slice of ``torch.softmax`` over the whole dimension, computed
 without gathering the rows: one read of the slice writes each row's partials (maximum, sum of
-exponentials, ``kernels.softmax_forward_partials``); one ``all_gather_into_tensor`` of those
+exponentials, ``kernels.softmax_forward_partials``); one all-gather into one tensor of those
 partials (8 bytes a row per rank); one more read of the slice combines every rank's partials and
 writes the output. The backward is the same shape: the slice's sums (``sum(dy * y)`` for softmax,
 ``sum(dy)`` for log_softmax), one ``all_reduce``, then dx. The floor is three passes over the local
@@ -23,6 +23,11 @@ import torch.distributed as dist
 
 from portable_softmax import launch, ops
 from portable_softmax.launch import RowView
+
+
+# One tensor gathered into one: ``all_gather_single`` where torch has it (it deprecated
+# ``all_gather_into_tensor``, with a FutureWarning on every call, for it), the older name before.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _partials_dtype(out_dtype: torch.dtype) -> torch.dtype:
@@ -68,7 +73,7 @@ def _forward(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool,
         partials[:, 1] = 0
     # Every rank's partials, rank after rank ([ranks * rows, 2]: the form every backend gathers into).
     gathered = torch.empty((ranks * rows, 2), dtype=partials.dtype, device=x.device)
-    dist.all_gather_into_tensor(gathered, partials, group=group)
+    _all_gather(gathered, partials, group=group)
     if x.numel():
         x, (y,), view = _view(x, dim, y)
         launch.run_sharded("forward_normalize", (x, gathered, y), view, log, acc_fp64, ranks)
@@ -175,14 +180,8 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _register() -> None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without DTensor's public module (before 2.4): plain tensors only
-        return
-    ops.use_dtensor(DTensor, _dtensor_softmax)
-
-
-_register()
+# DTensors reach ``_dtensor_softmax`` through ``ops``, which recognises them without importing
+# torch.distributed.tensor (``ops._is_dtensor``).
+ops.use_dtensor(_dtensor_softmax)
 
 __all__ = ["softmax", "log_softmax"]

@@ -9,6 +9,11 @@ composed from torch operations and the plain kernels, with the same results. A r
 leaves empty gives 0 (log_softmax: -inf), as ``torch._masked_softmax``; a row an additive mask
 makes all -inf gives NaN, as the composite does.
 
+Gradients reach x, a scale tensor that requires one and a floating mask that requires one (a
+learnable position bias, as ``torch.softmax(x * scale + mask)`` trains it: d mask is the gradient
+with respect to the scaled and masked input, summed over the dimensions the mask broadcasts
+along); none flows where the bias is -inf. A bool mask is a constant.
+
 Calls are kept by signature (``_signature``), as ``ops`` keeps plain ones: a repeated call is a
 lookup, an allocation and a launch on the call's own tensors.
 
@@ -41,11 +46,13 @@ def _check(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor]
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"{where}: mask must be a tensor, got {type(mask).__name__}")
+        ops._check_served(mask, name, "mask")
         if mask.dtype != torch.bool and not mask.is_floating_point():
             raise TypeError(f"{where}: mask must be bool (keep where True) or floating (added), got {mask.dtype}")
         if not _broadcasts(mask.shape, x.shape):
             raise ValueError(f"{where}: mask of shape {tuple(mask.shape)} does not broadcast to {tuple(x.shape)}")
     if isinstance(scale, torch.Tensor):
+        ops._check_served(scale, name, "scale")
         if not scale.is_floating_point():
             raise TypeError(f"{where}: a scale tensor must be floating, got {scale.dtype}")
         if not _broadcasts(scale.shape, x.shape):
@@ -83,7 +90,9 @@ def _bias(x: torch.Tensor, mask: Optional[torch.Tensor], causal: bool) -> Option
     """The composite's additive bias (float32, -inf where masked), or None without a mask."""
     bias = None
     if mask is not None:
-        bias = (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.float()).to(x.device)
+        # A floating mask keeps its own precision where it is wider than float32 (a float64 bias).
+        bias = (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool
+                else mask.to(torch.promote_types(mask.dtype, torch.float32))).to(x.device)
     if causal:
         rows, cols = x.shape[-2], x.shape[-1]
         upper = torch.ones(rows, cols, dtype=torch.bool, device=x.device).triu(1)
@@ -94,7 +103,8 @@ def _bias(x: torch.Tensor, mask: Optional[torch.Tensor], causal: bool) -> Option
 
 def _composite(x: torch.Tensor, dim: int, out_dtype: torch.dtype, log: bool, scale: Scale,
                mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
-    """The definition in torch operations and the plain kernels (differentiable through both)."""
+    """The definition in torch operations and the plain kernels (differentiable through both: the
+    gradient reaches x, a scale tensor and a floating mask, none where the bias is -inf)."""
     z = x.to(out_dtype) if not x.is_floating_point() else x
     if scale is not None:
         z = z * scale
@@ -159,9 +169,12 @@ on_registry_change(_forget_calls)
 def _tensor_signature(t: torch.Tensor, device: torch.device) -> Optional[tuple]:
     # The kernels are specialised on a tensor's dtype and its pointer's 16-byte alignment; the
     # record holds its strides. A tensor on another device than x is copied each call: not kept.
-    if type(t) is not torch.Tensor or t.device != device:
+    if type(t) is not torch.Tensor or t.device != device or torch._C._functorch.is_functorch_wrapped_tensor(t):
         return None
-    return t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0
+    try:
+        return t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0
+    except RuntimeError:  # no strides or data pointer (sparse, nested, MKL-DNN): validation says so
+        return None
 
 
 def _signature(inputs: tuple[torch.Tensor, ...], dim: int, dtype: Optional[torch.dtype], log: bool, scale: Scale,
@@ -284,31 +297,65 @@ def _fused_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: tor
     return dz.to(grad_dtype)
 
 
+def _learnable(mask: Optional[torch.Tensor]) -> bool:
+    """Whether ``mask`` is an input that takes a gradient: a floating mask that requires one (a
+    learnable position bias); a bool mask is a constant."""
+    return mask is not None and mask.requires_grad and mask.is_floating_point()
+
+
+def _dz_dtype(grad_dtype: torch.dtype, mask: Optional[torch.Tensor]) -> torch.dtype:
+    """The dtype of dz, the gradient with respect to ``x * scale + mask``: x's, or a learnable
+    mask's where that is wider (torch's ``softmax(x + mask)`` computes in the promoted dtype)."""
+    return grad_dtype if mask is None else torch.promote_types(grad_dtype, mask.dtype)
+
+
+def _through_terms(dz: torch.Tensor, x: Optional[torch.Tensor], dim: int, scale: Scale,
+                   mask: Optional[torch.Tensor], grad_dtype: Optional[torch.dtype]
+                   ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """dx, d scale and d mask from dz, the gradient with respect to ``z = x * scale + mask``:
+    dx = dz * scale (where ``grad_dtype`` is given: x takes one), d scale = the sum over the row of
+    x * dz (where ``x`` is given: the scale tensor takes one), d mask = dz (where ``mask`` is given:
+    it takes one); the scale's and the mask's summed over the dimensions they broadcast along, in
+    their dtypes and on their devices."""
+    wide = torch.promote_types(dz.dtype, torch.float32)
+    dscale = dmask = None
+    if x is not None:
+        dscale = (dz.to(wide) * x.to(wide)).sum(dim, keepdim=True).sum_to_size(scale.shape)
+        dscale = dscale.to(scale.device, scale.dtype)
+    if mask is not None:
+        dmask = dz.to(wide).sum_to_size(mask.shape).to(mask.device, mask.dtype)
+    dx = None
+    if grad_dtype is not None:
+        dx = (dz if scale is None else dz * scale).to(grad_dtype)
+    return dx, dscale, dmask
+
+
 class _FusedSoftmax(torch.autograd.Function):
-    """The fused kernels for autograd: the gradient reaches x, and a scale tensor that requires
-    it (a learnable temperature): d scale = sum over the row of x * dz, dz the gradient with
-    respect to the scaled input, summed to the scale's shape."""
+    """The fused kernels for autograd: the gradient reaches x, a scale tensor that requires it (a
+    learnable temperature) and a floating mask that requires it (a learnable position bias),
+    as ``_through_terms`` gives them."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, scale_tensor: Optional[torch.Tensor], y: torch.Tensor, dim: int,
                 scale: Scale, mask: Optional[torch.Tensor], causal: bool, log: bool) -> torch.Tensor:
         ctx.save_for_backward(y, x if scale_tensor is not None and scale_tensor.requires_grad else None)
         ctx.scale, ctx.mask, ctx.causal, ctx.log, ctx.grad_dtype, ctx.dim = scale, mask, causal, log, x.dtype, dim
+        ctx.learnable_mask = _learnable(mask)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: torch.Tensor):
         y, x = ctx.saved_tensors
-        learnable = x is not None
-        # With a learnable scale, dz (no scale factor) first: dx = dz * scale, d scale from dz.
-        dz = _fused_backward(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, None if learnable else ctx.scale, ctx.mask,
-                             ctx.causal)
-        if not learnable:
-            return dz, None, None, None, None, None, None, None
-        scale = ctx.scale
-        dscale = (dz.float() * x.float()).sum(ctx.dim, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
-        return (dz * scale).to(ctx.grad_dtype), dscale, None, None, None, None, None, None
+        mask = ctx.mask if ctx.learnable_mask else None
+        if x is None and mask is None:
+            dx = _fused_backward(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, ctx.scale, ctx.mask, ctx.causal)
+            return dx, None, None, None, None, None, None, None
+        # dz (no scale factor) first, then each input's gradient from it.
+        dz = _fused_backward(y, dy, ctx.dim, _dz_dtype(ctx.grad_dtype, mask), ctx.log, None, ctx.mask, ctx.causal)
+        dx, dscale, dmask = _through_terms(dz, x, ctx.dim, ctx.scale, mask,
+                                           ctx.grad_dtype if ctx.needs_input_grad[0] else None)
+        return dx, dscale, None, None, None, dmask, None, None
 
 
 def _as_scale(tensor: Optional[torch.Tensor], value: Optional[float]) -> Scale:
@@ -341,18 +388,21 @@ def _op_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     learnable = scale is not None and scale.requires_grad
     ctx.save_for_backward(output, x if learnable else None, scale, mask)
     ctx.scale_value, ctx.causal, ctx.log, ctx.grad_dtype, ctx.learnable = scale_value, causal, log, x.dtype, learnable
-    ctx.dim = dim
+    ctx.dim, ctx.learnable_mask = dim, _learnable(mask)
 
 
 def _op_gradient(ctx: Any, dy: torch.Tensor):
     """As ``_FusedSoftmax.backward``, through the backward operator."""
     y, x, scale, mask = ctx.saved_tensors
-    if not ctx.learnable:
+    if not (ctx.learnable or ctx.learnable_mask):
         dx = _fused_backward_op(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, scale, ctx.scale_value, mask, ctx.causal)
         return dx, None, None, None, None, None, None, None
-    dz = _fused_backward_op(y, dy, ctx.dim, ctx.grad_dtype, ctx.log, None, None, mask, ctx.causal)
-    dscale = (dz.float() * x.float()).sum(ctx.dim, keepdim=True).sum_to_size(scale.shape).to(scale.dtype)
-    return (dz * scale).to(ctx.grad_dtype), None, None, None, dscale, None, None, None
+    learnable_mask = mask if ctx.learnable_mask else None
+    dz = _fused_backward_op(y, dy, ctx.dim, _dz_dtype(ctx.grad_dtype, learnable_mask), ctx.log, None, None, mask,
+                            ctx.causal)
+    dx, dscale, dmask = _through_terms(dz, x, ctx.dim, _as_scale(scale, ctx.scale_value), learnable_mask,
+                                       ctx.grad_dtype if ctx.needs_input_grad[0] else None)
+    return dx, None, None, None, dscale, None, dmask, None
 
 
 _fused_op = _fused_backward_op = None
@@ -395,25 +445,34 @@ def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, sc
         tensor = scale if isinstance(scale, torch.Tensor) else None
         value = None if scale is None or tensor is not None else float(scale)
         return _fused_op(x, dim, out_dtype, log, tensor, value, mask, causal)
-    if not kernels or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if not kernels or _transformed(x, scale, mask):
         return _composite(x, dim, out_dtype, log, scale, mask, causal)
     contiguous, mask_on = x.contiguous(), _on(mask, x)
     with torch.no_grad():
         call = _kept(_forward_calls, key, "forward", (contiguous,), dim, out_dtype, log, scale, mask_on, causal)
-        if call is None:
-            return _composite(x, dim, out_dtype, log, scale, mask, causal)
-        y = call((contiguous,), scale, mask_on)
+        y = None if call is None else call((contiguous,), scale, mask_on)
+    if y is None:
+        # Composed with autograd on: its gradients are torch's through its operations.
+        return _composite(x, dim, out_dtype, log, scale, mask, causal)
     return _differentiable(x, y, dim, scale, mask, causal, log)
 
 
 def _differentiable(x: torch.Tensor, y: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor],
                     causal: bool, log: bool) -> torch.Tensor:
-    """``y``, attached to autograd where the call needs a gradient (of x, or of a scale tensor)."""
+    """``y``, attached to autograd where the call needs a gradient (of x, of a scale tensor or of a
+    floating mask)."""
     scale_tensor = scale if isinstance(scale, torch.Tensor) else None
-    grad = torch.is_grad_enabled() and (x.requires_grad or (scale_tensor is not None and scale_tensor.requires_grad))
+    grad = torch.is_grad_enabled() and (x.requires_grad or (scale_tensor is not None and scale_tensor.requires_grad)
+                                        or _learnable(mask))
     if not grad:
         return y
     return _FusedSoftmax.apply(x, scale_tensor, y, dim, scale, mask, causal, log)
+
+
+def _transformed(*tensors: Any) -> bool:
+    """Whether a ``torch.func`` transform wraps any of ``tensors`` (the composite takes those: its
+    torch operations are what the transforms see through)."""
+    return any(isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 ops.use_fused(fused)

@@ -13,8 +13,11 @@ query nothing.
 from __future__ import annotations
 
 import functools
+import operator
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -41,9 +44,29 @@ def _check_dtype(what: str, dtype: torch.dtype, name: str) -> None:
         raise TypeError(f"portable_softmax.{name}: {what} must be float16, bfloat16, float32 or float64, got {dtype}")
 
 
+def _check_served(t: torch.Tensor, name: str, argument: str = "input") -> None:
+    """One line for the kinds of tensors the kernels do not read (they walk one dense strided
+    buffer): sparse, nested and MKL-DNN layouts, quantized tensors. Raised before anything asks
+    such a tensor for strides or a data pointer, which it lacks."""
+    where = f"portable_softmax.{name}"
+    if t.is_nested:  # strided or jagged layout
+        raise NotImplementedError(f"{where}: a nested {argument} is not supported; call it on each component "
+                                  f"({argument}.unbind()) or use torch.{name}")
+    if t.is_sparse or t.layout not in (torch.strided, torch._mkldnn):
+        # torch.softmax does not take them either; torch.sparse's treats unspecified elements as -inf.
+        sparse = f", or torch.sparse.{name} for a {name} over the specified elements" if argument == "input" else ""
+        raise NotImplementedError(f"{where}: a sparse {argument} ({t.layout}) is not supported; use "
+                                  f"{argument}.to_dense(){sparse}")
+    if t.layout == torch._mkldnn:
+        raise NotImplementedError(f"{where}: an MKL-DNN {argument} is not supported; use {argument}.to_dense()")
+    if t.is_quantized:
+        raise TypeError(f"{where}: a quantized {argument} ({t.dtype}) is not supported; use {argument}.dequantize()")
+
+
 def _validate(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str) -> tuple[int, torch.dtype]:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"portable_softmax.{name}: expected a torch.Tensor, got {type(x).__name__}")
+    _check_served(x, name)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
     rank = max(x.dim(), 1)
@@ -230,6 +253,7 @@ def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: 
 def _validate_meta(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name: str) -> tuple[int, torch.dtype]:
     """``_validate`` for meta tensors, which no backend serves and which need no device record:
     torch infers their shape, dtype and layout, and so do we."""
+    _check_served(x, name)
     rank = max(x.dim(), 1)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
@@ -250,7 +274,12 @@ def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool)
     if autocast is None:
         _autocast_available[device.type] = torch.amp.is_autocast_available(device.type)
         return _forward(x, dim, dtype, log)
-    key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
+    try:
+        key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
+    except RuntimeError:
+        # Sparse, nested and MKL-DNN tensors have no strides or data pointer: one line for them.
+        _check_served(x, "log_softmax" if log else "softmax")
+        raise
     call = _forward_calls.get(key) or _remember(_forward_calls, key, lambda: _forward_call(x, dim, dtype, log, autocast))
     return call(x)
 
@@ -393,20 +422,29 @@ def use_fused(call: Callable[..., torch.Tensor]) -> None:
     _fused_call = call
 
 
-# DTensor's class and the call that takes DTensors (``distributed`` registers them): a DTensor
-# sharded on the softmax dimension keeps its shards.
-_dtensor: Optional[tuple[type, Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]]] = None
+# The call that takes DTensors (``distributed`` registers it): a DTensor sharded on the softmax
+# dimension keeps its shards.
+_dtensor_call: Optional[Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]] = None
+# Where DTensor lives. A DTensor exists only once its module is loaded, so the routing looks the
+# class up there and never imports it: importing torch.distributed.tensor takes longer than the
+# rest of the package's import together.
+_DTENSOR_MODULE = "torch.distributed.tensor"
 
 
-def use_dtensor(kind: type, call: Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]) -> None:
-    """Route calls on tensors of type ``kind`` (DTensor) to ``call(x, dim, dtype, log)``."""
-    global _dtensor
-    _dtensor = (kind, call)
+def use_dtensor(call: Callable[[torch.Tensor, int, Optional[torch.dtype], bool], torch.Tensor]) -> None:
+    """Route calls on DTensors to ``call(x, dim, dtype, log)``."""
+    global _dtensor_call
+    _dtensor_call = call
+
+
+def _is_dtensor(x: Any) -> bool:
+    kind = getattr(sys.modules.get(_DTENSOR_MODULE), "DTensor", None)
+    return kind is not None and isinstance(x, kind)
 
 
 def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, name: str) -> torch.Tensor:
-    if type(x) is not torch.Tensor and _dtensor is not None and isinstance(x, _dtensor[0]):
-        return _dtensor[1](x, dim, dtype, log)
+    if type(x) is not torch.Tensor and _dtensor_call is not None and _is_dtensor(x):
+        return _dtensor_call(x, dim, dtype, log)
     if _custom_op_call is not None and _compiling():
         dim, out_dtype = _validate(x, dim, dtype, name)
         return _custom_op_call(x, dim, out_dtype, log)
@@ -419,47 +457,95 @@ def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, n
     return _forward(x, dim, dtype, log)
 
 
-def softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None, scale: Any = None,
+def _torch_form(x: Any, dim: Any, dtype: Any, f_dtype: Optional[torch.dtype], stacklevel: int,
+                name: str) -> tuple[Any, Optional[torch.dtype]]:
+    """``dim`` and ``dtype`` from the call forms torch takes besides ``(input, int dim, dtype)``:
+    ``F.softmax(input, dim, _stacklevel, dtype)`` (an int third is its ``_stacklevel``; a
+    torch.dtype third is ``torch.softmax``'s dtype, which F.softmax would silently ignore),
+    ``dim=None`` (F.softmax's implicit dimension, with its warning) and an index-like ``dim``
+    (a NumPy integer, a one-element integer tensor). Any other ``dim`` is refused.
+
+    The warning is issued here, called by ``softmax`` / ``log_softmax`` directly: F.softmax's
+    ``_stacklevel`` (3, the caller of the public function) then names the same frame."""
+    if dtype.__class__ is int:
+        stacklevel, dtype = dtype, f_dtype
+    elif f_dtype is not None:
+        raise TypeError(f"portable_softmax.{name}: a dtype in fourth place is F.{name}'s (input, dim, _stacklevel, "
+                        f"dtype) form and needs an int _stacklevel third, got {dtype!r}; pass dtype= instead")
+    if dim is None and isinstance(x, torch.Tensor):
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
+                      "as an argument.", stacklevel=stacklevel)
+        dim = 0 if x.dim() in (0, 1, 3) else 1
+    elif isinstance(dim, str):
+        raise TypeError(f"portable_softmax.{name}: dim must be an int, got the name {dim!r} (named dimensions are "
+                        "not supported: pass its index)")
+    elif not isinstance(dim, bool) and hasattr(type(dim), "__index__"):
+        dim = operator.index(dim)
+    elif dim is not None:
+        # Refused here, not left to the call's key: True and 1.0 hash as 1 and would find its record.
+        raise TypeError(f"portable_softmax.{name}: dim must be an int, got {type(dim).__name__}")
+    return dim, dtype
+
+
+def softmax(input: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None,
+            _dtype: Optional[torch.dtype] = None, *, _stacklevel: int = 3, scale: Any = None,
             mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
-    """Softmax of ``x`` along ``dim``, as ``torch.softmax`` computes it.
+    """Softmax of ``input`` along ``dim``, as ``torch.softmax`` computes it.
+
+    Takes the call forms of ``torch.softmax(input, dim, dtype)`` and of
+    ``torch.nn.functional.softmax(input, dim=None, _stacklevel=3, dtype=None)``: an int in third
+    place is F.softmax's ``_stacklevel`` (``dtype`` then fourth), ``dim=None`` is F.softmax's
+    implicit dimension (with its deprecation warning). ``scale``, ``mask`` and ``causal`` are
+    keyword-only.
 
     Args:
-        x: a float16, bfloat16, float32 or float64 tensor of any rank and strides, on any device a
-            backend serves (CPU tensors run through Triton's interpreter), or a meta tensor.
+        input: a float16, bfloat16, float32 or float64 tensor of any rank and strides, on any
+            device a backend serves (CPU tensors run through Triton's interpreter), or a meta
+            tensor.
         dim: the dimension to normalise over; negative counts from the end.
-        dtype: if given, ``x`` is cast to it first and the result has this dtype (as in torch).
-        scale: a number, or a floating tensor that broadcasts to ``x`` with size 1 along ``dim``
-            (a per-row temperature is ``1 / T``): ``x`` is multiplied by it first.
-        mask: a tensor that broadcasts to ``x``: bool keeps the elements where it is True (as
-            ``scaled_dot_product_attention``); floating is added after the scaling (-inf allowed).
-            Masked positions take no gradient; a row a bool mask leaves empty gives 0.
+        dtype: if given, ``input`` is cast to it first and the result has this dtype (as in torch).
+        _dtype: F.softmax's ``dtype`` where its ``_stacklevel`` is passed third.
+        _stacklevel: as F.softmax's: the frame the ``dim=None`` warning names.
+        scale: a number, or a floating tensor that broadcasts to ``input`` with size 1 along
+            ``dim`` (a per-row temperature is ``1 / T``): ``input`` is multiplied by it first.
+        mask: a tensor that broadcasts to ``input``: bool keeps the elements where it is True (as
+            ``scaled_dot_product_attention``); floating is added after the scaling (-inf allowed)
+            and takes its gradient where it requires one. Masked positions take no gradient; a row
+            a bool mask leaves empty gives 0.
         causal: mask element (i, j) of the last two dimensions where j > i (``is_causal``,
             top-left aligned); only with ``dim=-1``.
 
     Returns:
-        A tensor of ``x``'s shape; differentiable with respect to ``x`` (autograd, forward-mode
-        AD and ``torch.func`` transforms).
+        A tensor of ``input``'s shape; differentiable with respect to ``input`` (autograd,
+        forward-mode AD and ``torch.func`` transforms).
 
     Raises:
-        TypeError: ``x`` is not a floating tensor, or its dtype is unsupported on its device.
+        TypeError: ``input`` is not a floating tensor, its dtype is unsupported on its device, or
+            ``dim`` is not an integer.
         IndexError: ``dim`` is out of range (a :class:`DimensionError`, also a ValueError).
-        RuntimeError: no backend serves ``x``'s device.
+        RuntimeError: no backend serves ``input``'s device.
     """
+    if dim.__class__ is not int or dtype.__class__ is int or _dtype is not None:
+        dim, dtype = _torch_form(input, dim, dtype, _dtype, _stacklevel, "softmax")
     if scale is not None or mask is not None or causal:
-        return _fused_call(x, dim, dtype, False, scale, mask, causal)
-    return _apply(x, dim, dtype, False, "softmax")
+        return _fused_call(input, dim, dtype, False, scale, mask, causal)
+    return _apply(input, dim, dtype, False, "softmax")
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: Optional[torch.dtype] = None, scale: Any = None,
+def log_softmax(input: torch.Tensor, dim: Optional[int] = -1, dtype: Optional[torch.dtype] = None,
+                _dtype: Optional[torch.dtype] = None, *, _stacklevel: int = 3, scale: Any = None,
                 mask: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
-    """Log-softmax of ``x`` along ``dim``, as ``torch.log_softmax`` computes it; a row a bool
-    mask leaves empty gives -inf.
+    """Log-softmax of ``input`` along ``dim``, as ``torch.log_softmax`` computes it; a row a bool
+    mask leaves empty gives -inf. The call forms of ``torch.log_softmax`` and
+    ``torch.nn.functional.log_softmax``, as :func:`softmax` takes softmax's.
 
     Args, Returns and Raises as :func:`softmax`.
     """
+    if dim.__class__ is not int or dtype.__class__ is int or _dtype is not None:
+        dim, dtype = _torch_form(input, dim, dtype, _dtype, _stacklevel, "log_softmax")
     if scale is not None or mask is not None or causal:
-        return _fused_call(x, dim, dtype, True, scale, mask, causal)
-    return _apply(x, dim, dtype, True, "log_softmax")
+        return _fused_call(input, dim, dtype, True, scale, mask, causal)
+    return _apply(input, dim, dtype, True, "log_softmax")
 
 
 __all__ = ["softmax", "log_softmax", "DimensionError"]

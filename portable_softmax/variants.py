@@ -135,8 +135,12 @@ def tensor_names(direction: str, regime: str) -> tuple[str, ...]:
 def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]:
     """Compile and launch options: warps, pipeline depth, and for a persistent split grid (its
     programs wait on each other) a cooperative launch where the stack offers one, so that the
-    driver refuses a grid that is not resident at once instead of letting it hang."""
-    values: dict[str, Any] = {"num_warps": num_warps, "num_stages": config.num_stages}
+    driver refuses a grid that is not resident at once instead of letting it hang.
+
+    Floating-point fusion (multiply-adds) is chosen, not left to Triton's default: the kernels
+    were measured with it, Triton 3.9 warns on a process's first compile that leaves it unset, and
+    3.10 turns the default off. Every backend's options take it (the interpreter ignores it)."""
+    values: dict[str, Any] = {"num_warps": num_warps, "num_stages": config.num_stages, "enable_fp_fusion": True}
     if config.regime == "split" and not config.ticketed and cooperative:
         values["launch_cooperative_grid"] = True
     return values

@@ -209,3 +209,46 @@ def test_peers_of_rows_serve_only_rows():
     assert serve(torch.randn(2, 3, 4), -1, {}) is not None
     assert serve(torch.randn(4, 3).t(), -1, {}) is None and serve(torch.randn(2, 3, 4), 1, {}) is None
     assert serve(torch.randn(2, 3, 4), -1, {"causal": True}) is None
+
+
+def test_validate_and_bench_say_where_they_write(tmp_path, capsys, monkeypatch):
+    """A relative ``--out`` (the default is one) is named as the absolute folder written."""
+    from portable_softmax import bench_cases
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(validate, "CONFORMANCE", [((4, 8), torch.float32)])
+    monkeypatch.setattr(validate, "FUSED", validate.FUSED[:1])
+    code, out, err = _run(["validate", "--device", "cpu", "--no-bench", "--out", "report"], capsys)
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == f"wrote report.md, report.json in {tmp_path.resolve() / 'report'}"
+    monkeypatch.setattr(bench_cases, "CASES", [c for c in bench_cases.CASES if "router" in c.name][:1])
+    code, out, err = _run(["bench", "--device", "cpu", "--cases", "real", "--small", "--dtype", "float32",
+                           "--peers", "torch", "--out", "results"], capsys)
+    assert code == 0, err
+    (written,) = (tmp_path / "results").glob("real-*.json")
+    assert out.strip().splitlines()[-1].startswith(f"wrote {written.resolve()}")
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_compile_refuses_a_timeout_that_is_not_positive(timeout, capsys):
+    _assert_one_line_error(["compile", "--target", "cuda:90", "--timeout", timeout], capsys, "--timeout")
+
+
+def test_compile_refuses_no_jobs(capsys):
+    _assert_one_line_error(["compile", "--target", "cuda:90", "--jobs", "0"], capsys, "--jobs")
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """``portable-softmax plan ... | head``: the pipe closes before the plan is written; the
+    command ends with SIGPIPE's status and no error or traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(cli.__file__).resolve().parent.parent  # this checkout's package first on the path
+    with subprocess.Popen([sys.executable, "-m", "portable_softmax", "plan", "--device", "cpu", "--shape", "4x8"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root) as process:
+        process.stdout.close()  # the reader is gone before anything is written
+        err = process.stderr.read().decode()
+        status = process.wait(timeout=300)
+    assert status == 141 and err == "", err

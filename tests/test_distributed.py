@@ -138,3 +138,31 @@ def _check_dtensor(rank: int, world: int, placement: str) -> None:
 @pytest.mark.parametrize("placement", ["softmax_dim", "other_dim", "replicated"])
 def test_dtensors_keep_their_placements(placement):
     _run(2, _check_dtensor, placement)
+
+
+def _check_without_warnings(rank: int, world: int) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning from the package's own calls fails the rank
+        _check_sharded(rank, world, (3, 20), -1, torch.float32, False)
+
+
+def test_the_collectives_raise_no_warnings():
+    """The all-gather of the partials uses torch's current collective (``all_gather_into_tensor``
+    warns FutureWarning on torch 2.13)."""
+    _run(2, _check_without_warnings)
+
+
+def test_importing_the_package_does_not_load_dtensor():
+    """DTensors are recognised without importing ``torch.distributed.tensor`` (over a second of a
+    bare import): importing the package leaves it unloaded."""
+    import subprocess
+    from pathlib import Path
+
+    import portable_softmax
+
+    code = "import sys, portable_softmax; print('torch.distributed.tensor' in sys.modules)"
+    root = Path(portable_softmax.__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert result.stdout.strip() == "False", result.stderr

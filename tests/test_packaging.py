@@ -1,10 +1,14 @@
-"""Packaging: the license the metadata names is shipped, no extra replaces the user's torch, and
-every package the library imports is declared (or is a peer or vendor package, said why)."""
+"""Packaging: the license the metadata names is shipped, no extra replaces the user's torch,
+every package the library imports is declared (or is a peer or vendor package, said why), and the
+built wheel carries the metadata pip shows and the typing marker."""
 from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,3 +77,56 @@ def test_bench_runs_without_tqdm(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
     cases = [(1, 2), (3, 4)]
     assert list(bench._progress(cases, enabled=True)) == cases
+
+
+def _built_wheel(tmp_path: Path) -> zipfile.ZipFile:
+    """The wheel pip builds from a copy of the project (offline, with the setuptools installed
+    here: the copy keeps build files out of the checkout)."""
+    pytest.importorskip("setuptools")
+    source = tmp_path / "source"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "portable_softmax", source / "portable_softmax",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(tmp_path / "wheel"), str(source)], check=True, capture_output=True, timeout=600)
+    (wheel,) = (tmp_path / "wheel").glob("portable_softmax-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_the_wheel_carries_the_metadata_pip_shows(tmp_path):
+    """What pip shows and installs: the license as an SPDX expression with its file, authors,
+    classifiers that agree with requires-python and the typing marker, no invented project URLs,
+    and ``py.typed`` inside the package (PEP 561), with the recorded profiles."""
+    wheel = _built_wheel(tmp_path)
+    names = wheel.namelist()
+    (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    fields: dict[str, list[str]] = {}
+    for line in wheel.read(metadata_name).decode().split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(": ")
+        fields.setdefault(key, []).append(value)
+    assert fields["License-Expression"] == ["MIT"] and fields["License-File"] == ["LICENSE"]
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert fields["Author"] == [author["name"] for author in PROJECT["authors"]]
+    classifiers = set(fields["Classifier"])
+    assert {"Programming Language :: Python :: 3 :: Only", "Typing :: Typed"} <= classifiers
+    # PEP 639: with a license expression, license classifiers are refused; the expression is the license.
+    assert not any(c.startswith("License ::") for c in classifiers)
+    minimum = tuple(int(part) for part in PROJECT["requires-python"].removeprefix(">=").split("."))
+    for classifier in classifiers:
+        version = re.fullmatch(r"Programming Language :: Python :: (\d+)\.(\d+)", classifier)
+        assert version is None or tuple(map(int, version.groups())) >= minimum, classifier
+    assert "Project-URL" not in fields and "Home-page" not in fields
+    assert "portable_softmax/py.typed" in names
+    assert any(n.startswith("portable_softmax/profiles/") and n.endswith(".json") for n in names)
+
+
+def test_the_readme_keeps_its_two_commands_and_tells_cpu_users_where_torch_is():
+    """CI runs the README's two commands as written (they reach only the ordinary index); a
+    CPU-only user is told where the CPU build of torch is (PyPI's Linux torch is the CUDA one)."""
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install torch==2.13.0 && pip install -e ".[cpu,test]" && portable-softmax\n' in readme
+    assert "python -m pytest tests -q\n" in readme
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu\n" in readme
+    assert '"portable-softmax[' not in readme  # no index has it: extras install from a checkout

@@ -59,3 +59,23 @@ def test_the_sharded_table_matches_the_kernel_source(phase):
     scalars = variants.sharded_scalar_arguments(phase, _config("loop"), 1, 10, 1000, strides, 3)
     assert len(scalars) + len(variants.SHARDED_TENSORS[phase]) == len(declared)
     assert variants.sharded_constexprs("forward_normalize", _config("loop"), False, False, 3)["RANKS_P2"] == 4
+
+
+def test_options_choose_floating_point_fusion():
+    """The compile options say whether to fuse multiply-adds (Triton 3.9 warns on the first compile
+    of a process that leaves it unset; 3.10 turns it off): none of them warns when a GPU backend
+    reads them."""
+    import warnings
+
+    from triton import _utils
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    for config in (_config("tile"), _config("split")):
+        options = variants.options(config, 4, True)
+        assert options["enable_fp_fusion"] is True
+        if hasattr(_utils, "warn_once"):
+            _utils.warn_once.cache_clear()  # a compile earlier in this process may have warned once
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert CUDABackend(GPUTarget("cuda", 90, 32)).parse_options(options).enable_fp_fusion

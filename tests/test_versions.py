@@ -94,4 +94,43 @@ def test_old_torch_and_triton_are_named_in_one_message(tmp_path):
 def test_a_missing_triton_says_how_to_install_one(tmp_path):
     line = _import_error(tmp_path, {}, prelude="import sys; sys.modules['triton'] = None; ")
     assert "Triton is not installed, 3.2 or newer needed" in line
-    assert "portable-softmax[cpu]" in line and "pytorch-triton-rocm" in line and "triton-ascend" in line
+    # From where: PyPI's triton, or the extra from a checkout (no index has portable-softmax[cpu]).
+    assert '`pip install "triton>=3.2"`' in line and '`pip install -e ".[cpu]"`' in line
+    assert '"portable-softmax[' not in line and "pytorch-triton-rocm" in line and "triton-ascend" in line
+    assert "torch from PyPI" not in line  # only what is missing
+
+
+def _missing_triton(tmp_path: Path) -> dict:
+    """An environment in which ``import triton`` fails as where it is not installed."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'triton'\", name='triton')\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+
+
+@pytest.mark.parametrize("how", ["console_script", "python_m"])
+def test_the_command_without_triton_prints_one_line(tmp_path, how):
+    """``portable-softmax`` (pip's console script, copied here as pip writes it) and ``python -m
+    portable_softmax`` without Triton: one line naming what to install from where, exit status 1,
+    no traceback."""
+    if how == "python_m" and sys.version_info < (3, 10):
+        pytest.skip("sys.orig_argv (Python 3.10+) tells python -m apart")
+    script = tmp_path / "bin" / compat.COMMAND
+    script.parent.mkdir()
+    script.write_text("import sys\nfrom portable_softmax.cli import main\nif __name__ == '__main__':\n"
+                      "    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit(main())\n")
+    command = [str(script), "info"] if how == "console_script" else ["-m", "portable_softmax", "info"]
+    result = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=_missing_triton(tmp_path),
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 1 and not result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("portable-softmax: portable_softmax needs") and '`pip install "triton>=3.2"`' in lines[0]
+
+
+def test_a_library_import_without_triton_still_raises_import_error(tmp_path):
+    """Code importing the package (not the command) gets the ImportError, which it can catch."""
+    result = subprocess.run([sys.executable, "-c", "import portable_softmax"], capture_output=True, text=True,
+                            env=_missing_triton(tmp_path), cwd=tmp_path, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("ImportError: portable_softmax needs")
