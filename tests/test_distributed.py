@@ -83,11 +83,21 @@ def _check_sharded(rank: int, world: int, shape: tuple[int, ...], dim: int, dtyp
     assert relative_error(dx, expected_dx) <= bound, f"rank {rank}: backward"
 
 
+def _check_each(rank: int, world: int, check, cases: list[tuple]) -> None:
+    """``check(rank, world, *case)`` for each case in one process group: its processes take
+    seconds to start (torch's import, gloo), a case's checks a fraction of one."""
+    for case in cases:
+        try:
+            check(rank, world, *case)
+        except AssertionError as error:
+            raise AssertionError(f"{check.__name__}{case}: {error}") from error
+
+
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_sharded_rows_match_torch(world, dtype, log):
-    _run(world, _check_sharded, (6, 13), -1, dtype, log)
+def test_sharded_rows_match_torch(world):
+    """Both functions, float32 and bfloat16, on 2 ranks and on 3 (a middle rank)."""
+    cases = [((6, 13), -1, dtype, log) for dtype in (torch.float32, torch.bfloat16) for log in (False, True)]
+    _run(world, _check_each, _check_sharded, cases)
 
 
 def test_a_sharded_middle_dimension():
@@ -135,9 +145,9 @@ def _check_dtensor(rank: int, world: int, placement: str) -> None:
         assert relative_error(dx.full_tensor(), expected) < 1e-5, f"rank {rank}: {placement} backward"
 
 
-@pytest.mark.parametrize("placement", ["softmax_dim", "other_dim", "replicated"])
-def test_dtensors_keep_their_placements(placement):
-    _run(2, _check_dtensor, placement)
+def test_dtensors_keep_their_placements():
+    """Sharded on the softmax dimension, on another, and replicated."""
+    _run(2, _check_each, _check_dtensor, [("softmax_dim",), ("other_dim",), ("replicated",)])
 
 
 def _check_without_warnings(rank: int, world: int) -> None:
