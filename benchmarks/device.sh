@@ -20,6 +20,13 @@
 #   real           `portable-softmax bench --cases real` with the peers: torch eager and
 #                  torch.compile; Liger and FlagGems from .whl/ when carried; QuACK when
 #                  QUACK_DIR names its prepared folder (../shared/peers/README.md)
+# The loss and whole models (issues 32, 34)
+#   tests-loss     the GPU tests of the loss, the learnable mask, enable(), the unserved tensors and
+#                  torch's call forms (every test with cuda in its name in those files)
+#   loss           `portable-softmax bench --cases loss` with the peers: torch eager, torch.compile,
+#                  Liger and FlagGems from .whl/, QuACK when QUACK_DIR names its prepared folder
+#   loss-sweep     loss_sweep.py: the loss's streamed settings (chunk, warps, the L2-fit grid)
+#   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 # Sweeps
 #   sweep          sweep.py over SWEEP_SHAPES (default: the split shapes) for the variants of
 #                  SWEEP_VARIANTS (default base) and SWEEP_DTYPES
@@ -95,6 +102,22 @@ for section in "$@"; do
       timeout 200 python3 -m portable_softmax bench --cases fused --peers torch compile --out "$OUT/fused" 2>&1 | quiet \
         | tee "$OUT/fused.log"
       timeout 150 python3 benchmarks/probes/fused_vs_plain.py ${FUSED_ARGS:-} 2>&1 | quiet | tee "$OUT/fused-vs-plain.log" ;;
+    tests-loss)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider -k cuda tests/test_loss.py tests/test_mask_grad.py \
+        tests/test_enable.py tests/test_unserved.py tests/test_softmax.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
+        | tail -20 | tee "$OUT/tests-loss.log" ;;
+    loss)
+      peer_wheels
+      peers="torch compile liger flaggems"
+      if [ -n "${QUACK_DIR:-}" ]; then
+        if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
+      fi
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases loss --peers $peers \
+        --out "$OUT/loss" --no-progress 2>&1 | quiet | tee "$OUT/loss.log" ;;
+    loss-sweep)
+      timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;
+    enable)
+      timeout 400 python3 benchmarks/enable_bench.py 2>&1 | quiet | tee "$OUT/enable.log" ;;
     real)
       peer_wheels
       peers="torch compile liger flaggems"
