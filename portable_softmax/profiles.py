@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any
 
 from portable_softmax.backend import get_backend
+from portable_softmax.device import COMPLETED_PROPERTIES
 from portable_softmax.record import DeviceRecord
 
 
@@ -43,4 +44,8 @@ def profile_record(name: str) -> DeviceRecord:
     target = profile["target"]
     # Named as the live device is (tuning rows may be keyed by that name), where the profile says.
     name = profile.get("device_name", profile["description"])
-    return get_backend(target["backend"]).normalize(profile["properties"], target["arch"], name)
+    # What device.py asks for beside the driver's properties on a live device, from the facts
+    # measured on the chip (the L2 size).
+    facts = profile.get("facts", {})
+    raw = {**{key: facts[key] for key in COMPLETED_PROPERTIES if key in facts}, **profile["properties"]}
+    return get_backend(target["backend"]).normalize(raw, target["arch"], name)
