@@ -120,10 +120,19 @@ def _hip_cooperative_launch(index: int) -> int:
     return value.value if status == 0 else 0
 
 
+def _cuda_l2_bytes(index: int) -> Optional[int]:
+    """The L2 size of CUDA device ``index`` as torch reports it (Triton's driver does not); None
+    where torch cannot say, so that no plan counts on it."""
+    return getattr(torch.cuda.get_device_properties(index), "L2_cache_size", None) or None
+
+
 # Properties a backend's record needs that some Triton versions' drivers leave out, and how to
-# ask for them: Triton 3.9's HIP driver reports cooperativeLaunch, older ones need not.
+# ask for them: Triton 3.9's HIP driver reports cooperativeLaunch, older ones need not; no
+# Triton driver reports the L2 size. ``profiles`` completes a recorded chip's from its facts.
+COMPLETED_PROPERTIES = ("cooperativeLaunch", "l2_cache_bytes")
 _MISSING_PROPERTIES: dict[str, dict[str, Callable[[int], Any]]] = {
     "hip": {"cooperativeLaunch": _hip_cooperative_launch},
+    "cuda": {"l2_cache_bytes": _cuda_l2_bytes},
 }
 
 

@@ -53,7 +53,7 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
         args = variants.loss_scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                               scalars)
         return kernel, args, variants.loss_constexprs(direction, config, facts), {"num_warps": config.num_warps,
-                                                                                  "num_stages": 1}
+                                                                                  "num_stages": config.num_stages}
 
     def resources(config: KernelConfig) -> KernelResources:
         kernel, args, constexprs, options = arguments(config)
@@ -61,7 +61,8 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
 
     plan = plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
                      writes_gradient=facts.write_grad or direction == "backward", rows_per_group=view.rows_per_outer,
-                     resources=resources, input_bytes=input_bytes)
+                     resources=resources, input_bytes=input_bytes,
+                     rereads=facts.write_grad and direction == "forward")
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     kernel, args, constexprs, options = arguments(plan.config)
     return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, None)

@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any
 
 from portable_softmax.backend import get_backend
+from portable_softmax.device import COMPLETED_PROPERTIES
 from portable_softmax.record import DeviceRecord
 
 
@@ -37,10 +38,18 @@ def load_profile(name: str) -> dict[str, Any]:
     return profiles[name]
 
 
+def recorded_properties(profile: dict[str, Any]) -> dict[str, Any]:
+    """A recorded chip's raw properties as a live device's record is built from them: the
+    driver's, with what ``device`` asks for beside them (the L2 size) from the facts measured on
+    the chip."""
+    facts = profile.get("facts", {})
+    return {**{key: facts[key] for key in COMPLETED_PROPERTIES if key in facts}, **profile["properties"]}
+
+
 def profile_record(name: str) -> DeviceRecord:
     """The normalized record of a recorded chip."""
     profile = load_profile(name)
     target = profile["target"]
     # Named as the live device is (tuning rows may be keyed by that name), where the profile says.
     name = profile.get("device_name", profile["description"])
-    return get_backend(target["backend"]).normalize(profile["properties"], target["arch"], name)
+    return get_backend(target["backend"]).normalize(recorded_properties(profile), target["arch"], name)

@@ -39,6 +39,8 @@ class DeviceRecord:
         residency_domains: the parts of the chip that each run only the programs dealt to them,
             with their own units (MI300X: 8 XCDs, programs dealt round-robin). Programs that
             wait on each other without a cooperative launch must fit one domain's units.
+        l2_cache_bytes: the last-level cache that every unit shares, in bytes (the H100's 50 MiB
+            L2); None where the backend does not report one as such (plans then do without).
     """
 
     backend: str
@@ -58,6 +60,7 @@ class DeviceRecord:
     # cooperative launch (so no persistent split grid), and the chip as one residency domain.
     cooperative_launch: bool = False
     residency_domains: int = 1
+    l2_cache_bytes: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,7 +130,17 @@ class Tuning:
             better: a register cap that makes room for every tile at once, or tiles of 2 or 4
             times the rows with such a cap. Short rows end in one or two waves, and a second
             wave a third full costs as much as a full one. 0 turns it off.
-        loop_chunk: chunk width of the streaming (two-read) path.
+        loop_chunk: chunk width of the streaming (two-read) path, the loss's too.
+        loss_loop_warps: warps of a streamed cross-entropy program; 0: from
+            ``elements_per_thread`` (8 for 4096-element chunks of 32-lane warps).
+        loss_loop_stages: Triton's ``num_stages`` for a streamed cross-entropy program: above 1
+            the next chunks are copied into shared memory while the current one is reduced (more
+            bytes in flight a program, without registers); 1: none.
+        loss_l2_share: the share of the device's L2 (``DeviceRecord.l2_cache_bytes``) that the
+            rows of a cross-entropy forward which streams each row twice (loss, then gradient,
+            in the same program) may hold at once: its grid is cut to that many rows' programs
+            (where that is at least one a unit), so that the second pass reads L2 rather than
+            memory. 0 turns it off (the loop grid of ``tile_waves``).
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -219,6 +232,9 @@ class Tuning:
     tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: both_directions(4))
     tile_wave_fill: float = 0.0
     loop_chunk: int = 4096
+    loss_loop_warps: int = 0
+    loss_loop_stages: int = 1
+    loss_l2_share: float = 0.75
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

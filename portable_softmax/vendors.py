@@ -144,6 +144,8 @@ def _cuda_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecor
         # cuLaunchCooperativeKernel needs compute capability 6.0 or newer (CUDA programming guide,
         # "Grid Synchronization"); Triton's CUDA driver does not report the attribute.
         cooperative_launch=capability >= CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY,
+        # Not in Triton's property set: device.py asks torch for a live device, a profile holds it.
+        l2_cache_bytes=int(raw["l2_cache_bytes"]) if raw.get("l2_cache_bytes") else None,
     )
 
 

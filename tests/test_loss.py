@@ -412,6 +412,35 @@ def test_plans_for_recorded_chips(profile):
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
 
 
+def test_streamed_twice_rows_fit_the_l2():
+    # The forward that streams each row twice (loss, then gradient) gets a grid whose rows in
+    # flight fit the share of L2 the tuning allows, where one program a unit fits; otherwise, and
+    # for one pass or a chip without a recorded L2, the loop grid as it was.
+    from portable_softmax import planner, profiles, targets
+    from portable_softmax.record import KernelResources
+
+    resources = KernelResources(registers=72, shared_memory=0, num_warps=8)
+    h100 = targets.target_for(profiles.profile_record("h100"))
+    budget = h100.record.l2_cache_bytes * h100.tuning.loss_l2_share
+    for n_cols, input_bytes in ((128256, 2), (32000, 2), (256000, 4)):
+        plans = {rereads: planner.plan_loss(h100, 8192, n_cols, "float32", writes_gradient=True, resources=resources,
+                                            input_bytes=input_bytes, rereads=rereads) for rereads in (False, True)}
+        row_bytes = n_cols * input_bytes
+        resident = h100.record.compute_units * plans[False].occupancy
+        if h100.record.compute_units * row_bytes <= budget < resident * row_bytes:
+            assert h100.record.compute_units <= plans[True].programs < plans[False].programs, plans[True].reason
+            assert plans[True].programs * row_bytes <= budget
+        else:
+            assert plans[True].programs == plans[False].programs, plans[True].reason
+    assert planner.plan_loss(h100, 8192, 128256, "float32", writes_gradient=True, resources=resources,
+                             input_bytes=2, rereads=True).programs < resident
+    mi300x = targets.target_for(profiles.profile_record("mi300x"))
+    assert mi300x.record.l2_cache_bytes is None
+    plans = [planner.plan_loss(mi300x, 8192, 128256, "float32", writes_gradient=True, input_bytes=2, rereads=rereads)
+             for rereads in (False, True)]
+    assert plans[0].programs == plans[1].programs
+
+
 def test_compile_report_covers_the_loss(monkeypatch):
     # The loss kernels with every option compile for sm_90 and gfx942 (tiles, and a streamed
     # vocabulary), and the plan from the compiled resources keeps the planned configuration. The

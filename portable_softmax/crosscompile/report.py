@@ -150,7 +150,8 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             form = LOSS_FORMS[case.direction][role]
             plan = plan_loss(record, case.rows, case.cols, case.plan_dtype,
                              writes_gradient=form.get("write_grad", False) or case.backward, rows_per_group=case.rows,
-                             resources=lambda c, found=variant["resources"]: found, input_bytes=case.input_bytes)
+                             resources=lambda c, found=variant["resources"]: found, input_bytes=case.input_bytes,
+                             rereads=form.get("write_grad", False) and not case.backward)
             resident = record.compute_units * plan.occupancy
             row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
                        compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),

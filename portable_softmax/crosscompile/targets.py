@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from portable_softmax.backend import get_backend
-from portable_softmax.profiles import load_profile, profile_names
+from portable_softmax.profiles import load_profile, profile_names, recorded_properties
 from portable_softmax.record import DeviceRecord
 
 DEFAULT_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx90a", "hip:gfx942", "hip:gfx950", "hip:gfx1100")
@@ -94,7 +94,7 @@ def target_record(target: Target) -> tuple[DeviceRecord, str, Optional[str]]:
     """The device record for ``target``, the profile it comes from, and a note if it is synthetic."""
     name = target.profile or TARGET_PROFILES.get(target.name) or _nearest_profile(target)
     profile = load_profile(name)
-    properties = dict(profile["properties"])
+    properties = recorded_properties(profile)
     # Named as the live device is, where the profile says: tuning rows may be keyed by that name
     # (the H200's), as ``profiles.profile_record`` names it.
     description = profile.get("device_name", profile["description"])

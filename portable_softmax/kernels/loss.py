@@ -30,7 +30,8 @@ Kernels (``variants.LOSS_KERNELS``):
 * ``cross_entropy_forward_tile``: a tile of rows held whole in registers: one read; the loss
   rows and lse, and with ``WRITE_GRAD`` the gradient in the same pass (the backward then only
   rescales it, ``cross_entropy_grad_scale``).
-* ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum): loss
+* ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum kept per
+  lane, reduced across threads once a row; the target's logit one load a row): loss
   rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that finds
   the row in L2 (asked to keep it): memory still sees one read and one write.
 * ``cross_entropy_backward``: the gradient streamed from the saved lse and the incoming gradient
@@ -264,6 +265,44 @@ def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, targe
 
 
 @_jit
+def _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap, ACC_FP64: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
+    """Each row's logit at its target (capped as the row's), 0 where the target names no class: one
+    load a row, rather than a compare and a sum over every streamed chunk (no address from an
+    invalid target)."""
+    found = row_mask & valid
+    x = _wide(_cast(tl.load(x_ptr + x_base + tl.where(found, target, 0) * x_col_stride, mask=found, other=0.0),
+                    x_ptr.dtype.element_ty), ACC_FP64)
+    z, _ = _capped(x, found, softcap, SOFTCAP)
+    return tl.where(found, z, 0.0)
+
+
+@_jit
+def _lane_update(lane_max, lane_sum, z):
+    """One step of the online maximum and sum of exponentials kept per lane (per element of the
+    streamed block): no cross-thread reduction while a row streams, one exponential a step. The
+    larger of the lane's maximum and z becomes its maximum and the smaller's exponential against
+    it is added (or, where z is larger, scales the sum). Against 0 while both are -inf (padding,
+    masked rows): the sum stays 0, never 0 * inf; a NaN logit makes the lane's sum NaN."""
+    rises = z > lane_max
+    high = tl.where(rises, z, lane_max)
+    low = tl.where(rises, lane_max, z)
+    e = tl.exp2((low - tl.where(high == -float("inf"), 0.0, high)) * LOG2E)
+    lane_sum = tl.where(rises, lane_sum * e + 1.0, lane_sum + e)
+    return high, lane_sum
+
+
+@_jit
+def _lane_combine(lane_max, lane_sum):
+    """Each row's maximum and its sum of exponentials against it (against 0 for a row of -inf)
+    from its lanes': the one cross-thread reduction of a streamed row. A lane still at -inf has
+    sum 0 and contributes 0."""
+    row_max = tl.max(lane_max, 1)
+    ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+    return row_max, tl.sum(lane_sum * tl.exp2((lane_max - ref[:, None]) * LOG2E), 1)
+
+
+@_jit
 def cross_entropy_forward_loop(
     x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr,
     n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -276,8 +315,11 @@ def cross_entropy_forward_loop(
     WRITE_GRAD: tl.constexpr,
 ):
     # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
-    # first pass asks to keep it there; a program's row at a time, one or a few programs a unit),
-    # so memory sees one read and one write, as a held tile's.
+    # first pass asks to keep it there; the planner sizes the grid so that the rows streamed at
+    # once fit: planner.plan_loss), so memory sees one read and one write, as a held tile's.
+    # The streamed pass keeps every running quantity per lane ([BLOCK_M, BLOCK_N]) and reduces
+    # across threads once per row, after it: a block-wide reduction (shuffles and barriers) per
+    # chunk would stall the loads of a memory-bound stream.
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
@@ -288,41 +330,47 @@ def cross_entropy_forward_loop(
         if not PROB_TARGET:
             target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
                                                                weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
+            z_t = _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap, ACC_FP64, SOFTCAP)
         else:
             target = rows
             ignored = rows < 0
             valid = row_mask
-        row_max = _wide(tl.full([BLOCK_M], -float("inf"), tl.float32), ACC_FP64)
-        total = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
-        z_t = total
-        smooth_sum = total
-        prob_sum = total
-        prob_dot = total
+        lane_max = _wide(tl.full([BLOCK_M, BLOCK_N], -float("inf"), tl.float32), ACC_FP64)
+        lane_sum = _wide(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), ACC_FP64)
+        # The smoothing's sum_c w_c z_c, or a probability target's sum_c w_c q'_c and
+        # sum_c w_c q'_c z_c, per lane likewise.
+        lane_dot = lane_sum
+        lane_prob = lane_sum
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             col_mask = cols < n_cols
             mask = row_mask[:, None] & col_mask
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, keep)
             z, tanh = _capped(x, mask, softcap, SOFTCAP)
-            new_max = tl.maximum(row_max, tl.max(z, 1))
-            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
-            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
-            # sum is 0, and 0 * exp(0 - new_ref) could be 0 * inf (kernels._online_stats).
-            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((z - new_ref[:, None]) * LOG2E), 1)
-            row_max = new_max
-            finite_z = tl.where(mask, z, 0.0)
-            w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
-            if PROB_TARGET:
-                q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
-                                    target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols, SMOOTHING)
-                prob_sum += tl.sum(w * q, 1)
-                prob_dot += tl.sum(w * q * finite_z, 1)
-            else:
-                z_t += tl.sum(tl.where(cols == target[:, None], z, 0.0), 1)
-                if SMOOTHING:
-                    smooth_sum += tl.sum(w * finite_z, 1)
+            lane_max, lane_sum = _lane_update(lane_max, lane_sum, z)
+            if PROB_TARGET or SMOOTHING:
+                # Padding is -inf: kept out of every sum that multiplies it.
+                finite_z = tl.where(mask, z, 0.0)
+                w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+                if PROB_TARGET:
+                    wq = w * _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                                             target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols,
+                                       SMOOTHING)
+                    lane_prob += wq
+                    lane_dot += wq * finite_z
+                else:
+                    lane_dot += w * finite_z
+        row_max, total = _lane_combine(lane_max, lane_sum)
         if PROB_TARGET:
+            prob_sum = tl.sum(lane_prob, 1)
+            prob_dot = tl.sum(lane_dot, 1)
             w_t = prob_sum
+            z_t = prob_sum
+            smooth_sum = prob_sum
+        else:
+            smooth_sum = tl.sum(lane_dot, 1) if SMOOTHING else z_t
+            prob_sum = z_t
+            prob_dot = z_t
         lse = _row_lse(row_max, total)
         loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
                          weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
@@ -364,13 +412,15 @@ def cross_entropy_backward(
             target = rows
             ignored = rows < 0
             valid = row_mask
-            prob_sum = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
+            lane_prob = _wide(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), ACC_FP64)
             for start in tl.range(0, n_cols, BLOCK_N):
                 cols = start + chunk_cols
                 mask = row_mask[:, None] & (cols < n_cols)
                 q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
                                     target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
-                prob_sum += tl.sum(_weights(weight_ptr, cols, cols < n_cols, WEIGHT, ACC_FP64) * q, 1)
+                lane_prob += _weights(weight_ptr, cols, cols < n_cols, WEIGHT, ACC_FP64) * q
+            # Summed per lane while streaming, across threads once (cross_entropy_forward_loop).
+            prob_sum = tl.sum(lane_prob, 1)
             w_t = prob_sum
         else:
             target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
