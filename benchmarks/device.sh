@@ -21,8 +21,8 @@
 #                  torch.compile; Liger and FlagGems from .whl/ when carried; QuACK when
 #                  QUACK_DIR names its prepared folder (../shared/peers/README.md)
 # The loss and whole models (issues 32, 34)
-#   tests-loss     the GPU tests of the loss, the learnable mask, enable(), the unserved tensors and
-#                  torch's call forms (every test with cuda in its name in those files)
+#   tests-loss     the GPU tests of the loss, the learnable mask, enable() and the unserved tensors
+#                  (every test with cuda in its name in those files; four pytest-xdist workers)
 #   loss           `portable-softmax bench --cases loss` with the peers: torch eager, torch.compile,
 #                  Liger and FlagGems from .whl/, QuACK when QUACK_DIR names its prepared folder
 #   loss-sweep     loss_sweep.py: the loss's streamed settings (chunk, warps, the L2-fit grid)
@@ -103,8 +103,8 @@ for section in "$@"; do
         | tee "$OUT/fused.log"
       timeout 150 python3 benchmarks/probes/fused_vs_plain.py ${FUSED_ARGS:-} 2>&1 | quiet | tee "$OUT/fused-vs-plain.log" ;;
     tests-loss)
-      timeout 400 python3 -m pytest -q -p no:cacheprovider -k cuda tests/test_loss.py tests/test_mask_grad.py \
-        tests/test_enable.py tests/test_unserved.py tests/test_softmax.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda -n 4 tests/test_loss.py tests/test_mask_grad.py \
+        tests/test_enable.py tests/test_unserved.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
         | tail -20 | tee "$OUT/tests-loss.log" ;;
     loss)
       peer_wheels
@@ -117,7 +117,7 @@ for section in "$@"; do
     loss-sweep)
       timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;
     enable)
-      timeout 400 python3 benchmarks/enable_bench.py 2>&1 | quiet | tee "$OUT/enable.log" ;;
+      timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     real)
       peer_wheels
       peers="torch compile liger flaggems"
