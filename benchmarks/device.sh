@@ -108,7 +108,9 @@ for section in "$@"; do
         | tail -20 | tee "$OUT/tests-loss.log" ;;
     loss)
       peer_wheels
-      peers="torch compile liger flaggems"
+      # LOSS_PEERS: FlagGems 5.0.2's cross_entropy_loss ended the H100 run of 2026-11-25 with an
+      # illegal memory access (the process's CUDA context with it), so it can be left out.
+      peers="${LOSS_PEERS:-torch compile liger flaggems}"
       if [ -n "${QUACK_DIR:-}" ]; then
         if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
       fi
