@@ -114,12 +114,19 @@ def _logsumexp_fake(x: torch.Tensor, dim: list[int], keepdim: bool) -> torch.Ten
 
 def _logsumexp_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     x, dim, keepdim = inputs
-    ctx.save_for_backward(x)
+    ctx.save_for_backward(x, output)
     ctx.dims, ctx.keepdim = tuple(dim), keepdim
 
 
 def _logsumexp_gradient(ctx: Any, grad: torch.Tensor):
-    (x,) = ctx.saved_tensors
+    x, lse = ctx.saved_tensors
+    if type(x) is not torch.Tensor:
+        # Traced (the fake and functional tensors of AOT autograd, which has no data for a kernel to
+        # read): torch's own formula for logsumexp's gradient, in operations the compiler sees.
+        if not ctx.keepdim:
+            for d in sorted(ctx.dims):
+                grad, lse = grad.unsqueeze(d), lse.unsqueeze(d)
+        return grad * torch.exp(x - lse), None, None
     return loss_rows.softmax_times(x, grad, ctx.dims, ctx.keepdim), None, None
 
 
