@@ -140,7 +140,10 @@ class Tuning:
             rows of a cross-entropy forward which streams each row twice (loss, then gradient,
             in the same program) may hold at once: its grid is cut to that many rows' programs
             (where that is at least one a unit), so that the second pass reads L2 rather than
-            memory. 0 turns it off (the loop grid of ``tile_waves``).
+            memory. 0 turns it off (the loop grid of ``tile_waves``), the default: on the H100
+            (2026-11-25, ``benchmarks/loss_sweep.py``) the cut grid of bf16 rows of 128256 (153
+            programs) read 0.42 of the floor forward + backward against 0.62 with the full grid,
+            too few bytes in flight for the L2 hits to pay.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -208,10 +211,11 @@ class Tuning:
             are hoisted out of it); the compile report checks that every wait loop reads memory.
         enable_min_bytes: under ``enable()`` (``enable.py``), calls whose input (forward) or
             output (backward) holds fewer bytes keep torch's own kernel: there the package's host
-            cost per call outweighs its kernel's gain (an H100, issue 34: 29-31 us a forward call
-            through the registration against torch's 13-15). Provisional: the H100's bandwidth
-            makes 32 MiB about where the kernel time (read and write, ~3.3 TB/s) covers the host
-            cost of a call; ``benchmarks/enable_bench.py`` measures the crossover per chip.
+            cost per call outweighs its kernel's gain. Measured on an H100 (2026-11-25,
+            ``benchmarks/enable_bench.py``, rows of 4096): served calls are at least as fast as
+            torch's from 16 MiB (bf16 forward and backward, float32 backward; float32 forward
+            level there: 16.7 against 16.0 us) and twice as fast from 64 MiB; below, torch's
+            7-10 us forward against the served 17-24.
     """
 
     tile_elements: int = 1024
@@ -234,7 +238,7 @@ class Tuning:
     loop_chunk: int = 4096
     loss_loop_warps: int = 0
     loss_loop_stages: int = 1
-    loss_l2_share: float = 0.75
+    loss_l2_share: float = 0.0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})
@@ -258,4 +262,4 @@ class Tuning:
     slice_elements: int = 1024
     slice_tile_elements: int = 8192
     slice_programs_per_unit: int = 4
-    enable_min_bytes: int = 32 * 2**20
+    enable_min_bytes: int = 16 * 2**20

@@ -8,6 +8,7 @@ target kind. Shapes are labelled with the path they take.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -420,7 +421,9 @@ def test_streamed_twice_rows_fit_the_l2():
     from portable_softmax.record import KernelResources
 
     resources = KernelResources(registers=72, shared_memory=0, num_warps=8)
-    h100 = targets.target_for(profiles.profile_record("h100"))
+    found = targets.target_for(profiles.profile_record("h100"))
+    # The cut is off by default (measured slower on the H100); a share turns it on.
+    h100 = dataclasses.replace(found, tuning=dataclasses.replace(found.tuning, loss_l2_share=0.75))
     budget = h100.record.l2_cache_bytes * h100.tuning.loss_l2_share
     for n_cols, input_bytes in ((128256, 2), (32000, 2), (256000, 4)):
         plans = {rereads: planner.plan_loss(h100, 8192, n_cols, "float32", writes_gradient=True, resources=resources,
