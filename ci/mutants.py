@@ -163,6 +163,7 @@ def _checkout_files(root: Path) -> list[str]:
 
 
 def _copy_checkout(root: Path, into: Path) -> None:
+    """``root``'s files (``_checkout_files``) under ``into``, at the same paths."""
     for name in _checkout_files(root):
         target = into / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -182,6 +183,8 @@ def _stale(mutant: Mutant, root: Path) -> Optional[str]:
 
 @dataclasses.dataclass
 class Outcome:
+    """What a mutant's tests did: ``killed`` (one failed, or they hung), the first that failed."""
+
     mutant: Mutant
     killed: bool
     evidence: str
@@ -204,6 +207,7 @@ def _pytest(copy: Path, tests: tuple[str, ...], timeout: float, stop_at_first: b
 
 
 def _first_failure(output: str) -> str:
+    """The node id of the first test pytest's summary (``-rfE``) names as failed."""
     found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
     return found.group(1) if found else "(no FAILED line)"
 
@@ -239,6 +243,7 @@ def run_mutant(mutant: Mutant, copy: Path, timeout: float) -> Outcome:
 
 
 def _table(outcomes: list[Outcome]) -> str:
+    """The outcomes as a Markdown table, a mutant a row."""
     lines = ["| mutant | file | result | failed first / why it survives | s |", "|---|---|---|---|---|"]
     for outcome in outcomes:
         mutant = outcome.mutant
@@ -253,6 +258,7 @@ def _table(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run the mutants the arguments name; the exit status of the module's docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--mutant", action="append", default=[], metavar="NAME",
