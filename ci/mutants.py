@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-# Where the kernels live: one field, to follow them when kernels.py becomes a package.
-KERNELS = "portable_softmax/kernels.py"
+# The kernel package: its files hold the math of a concern each (rows, split, fused, common).
+KERNELS = "portable_softmax/kernels"
 SPLIT_SURVIVES = ("split kernels do not run on CPU until issue 35 item 1 (the split math on CPU): Triton's "
                   "interpreter runs programs one after another, so a program that waits on its peers never ends, "
                   "and the split tests skip")
@@ -61,7 +61,7 @@ FUSED = "tests/test_fused.py::test_fused_variants_match_the_composite"
 
 MUTANTS = [
     # The four that passed the whole suite in issue 35.
-    Mutant("split_chunks_own_maximum", KERNELS,
+    Mutant("split_chunks_own_maximum", f"{KERNELS}/split.py",
            "        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total\n"
            "        shift = chunk_max - row_max - tl.log(row_total)\n",
            "        scale = tl.exp2((chunk_max - chunk_max) * LOG2E) / row_total\n"
@@ -86,19 +86,19 @@ MUTANTS = [
            "max(1, record.compute_units * max(occupancy, 1))",
            ("tests/test_device_layer.py::test_looping_grids_hold_waves_of_resident_programs",)),
     # Bugs the suite caught in issue 35, and their kind.
-    Mutant("max_shift_flipped", KERNELS,
+    Mutant("max_shift_flipped", f"{KERNELS}/rows.py",
            "    row_max = tl.max(x, 1)\n    z = x - row_max[:, None]\n",
            "    row_max = tl.max(x, 1)\n    z = x + row_max[:, None]\n",
            _ids(FORWARD, "cpu-softmax-torch.float32-1823x781", "cpu-log_softmax-torch.bfloat16-17x16")),
-    Mutant("log_softmax_shift_sign", KERNELS,
+    Mutant("log_softmax_shift_sign", f"{KERNELS}/rows.py",
            "    out = _normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG)\n",
            "    out = _normalized(z, e, (1.0 / total)[:, None], tl.log(total)[:, None], LOG)\n",
            _ids(FORWARD, "cpu-log_softmax-torch.float32-17x16")),
-    Mutant("online_rescale_dropped", KERNELS,
+    Mutant("online_rescale_dropped", f"{KERNELS}/rows.py",
            "        total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(",
            "        total = total + tl.sum(",
            _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")),
-    Mutant("backward_term_dropped", KERNELS,
+    Mutant("backward_term_dropped", f"{KERNELS}/common.py",
            "    return y * (dy - row_sum)\n",
            "    return y * dy\n",
            _ids("tests/test_softmax.py::test_backward_matches_torch", "cpu-torch.float32--1-softmax")),
@@ -106,15 +106,15 @@ MUTANTS = [
            "        dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)\n",
            "        dx = dy\n",
            _ids("tests/test_softmax.py::test_differentiable_gradients_match_torch", "cpu-log_softmax")),
-    Mutant("bool_mask_ignored", KERNELS,
+    Mutant("bool_mask_ignored", f"{KERNELS}/fused.py",
            "            bias = tl.where(kept, bias, -float(\"inf\"))\n",
            "            bias = bias\n",
            _ids(FUSED, "cpu-bool_mask-softmax-torch.float32-tile")),
-    Mutant("scale_ignored", KERNELS,
+    Mutant("scale_ignored", f"{KERNELS}/fused.py",
            "        scale = scale * scale_value\n",
            "        scale = scale\n",
            _ids(FUSED, "cpu-scale-softmax-torch.float32-tile")),
-    Mutant("causal_diagonal_masked", KERNELS,
+    Mutant("causal_diagonal_masked", f"{KERNELS}/fused.py",
            "            bias = tl.where(cols > q[:, None], -float(\"inf\"), bias)\n",
            "            bias = tl.where(cols >= q[:, None], -float(\"inf\"), bias)\n",
            _ids(FUSED, "cpu-causal-softmax-torch.float32-tile")),
@@ -127,7 +127,7 @@ MUTANTS = [
            "    sums = sums  # the all_reduce skipped\n",
            _ids("tests/test_distributed.py::test_sharded_rows_match_torch", "2")),
     Mutant("all_gather_skipped", "portable_softmax/distributed.py",
-           "    dist.all_gather_into_tensor(gathered, partials, group=group)\n",
+           "    _all_gather(gathered, partials, group=group)\n",
            "    gathered = partials.repeat(ranks, 1)  # every rank's partials taken to be this one's\n",
            _ids("tests/test_distributed.py::test_sharded_rows_match_torch", "3")),
     Mutant("eager_calls_through_the_operators", "portable_softmax/ops.py",
@@ -163,6 +163,7 @@ def _checkout_files(root: Path) -> list[str]:
 
 
 def _copy_checkout(root: Path, into: Path) -> None:
+    """``root``'s files (``_checkout_files``) under ``into``, at the same paths."""
     for name in _checkout_files(root):
         target = into / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -182,6 +183,8 @@ def _stale(mutant: Mutant, root: Path) -> Optional[str]:
 
 @dataclasses.dataclass
 class Outcome:
+    """What a mutant's tests did: ``killed`` (one failed, or they hung), the first that failed."""
+
     mutant: Mutant
     killed: bool
     evidence: str
@@ -204,6 +207,7 @@ def _pytest(copy: Path, tests: tuple[str, ...], timeout: float, stop_at_first: b
 
 
 def _first_failure(output: str) -> str:
+    """The node id of the first test pytest's summary (``-rfE``) names as failed."""
     found = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
     return found.group(1) if found else "(no FAILED line)"
 
@@ -239,6 +243,7 @@ def run_mutant(mutant: Mutant, copy: Path, timeout: float) -> Outcome:
 
 
 def _table(outcomes: list[Outcome]) -> str:
+    """The outcomes as a Markdown table, a mutant a row."""
     lines = ["| mutant | file | result | failed first / why it survives | s |", "|---|---|---|---|---|"]
     for outcome in outcomes:
         mutant = outcome.mutant
@@ -253,6 +258,7 @@ def _table(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run the mutants the arguments name; the exit status of the module's docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", "--mutant", action="append", default=[], metavar="NAME",
