@@ -634,5 +634,5 @@ def test_cpu_launch_leaves_gpu_compilation_working():
     constexprs = {"x_col_stride": 1, "y_col_stride": 1, **variants.constexprs(config, variants.CallFacts(log=False))}
     signature.update({name: "constexpr" for name in constexprs})
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),
-                              target=GPUTarget("cuda", 90, 32))
+                              target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": True})
     assert "cubin" in compiled.asm
