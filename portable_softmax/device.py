@@ -122,8 +122,14 @@ def _hip_cooperative_launch(index: int) -> int:
 
 def _cuda_l2_bytes(index: int) -> Optional[int]:
     """The L2 size of CUDA device ``index`` as torch reports it (Triton's driver does not); None
-    where torch cannot say, so that no plan counts on it."""
-    return getattr(torch.cuda.get_device_properties(index), "L2_cache_size", None) or None
+    where torch cannot say (no CUDA build or device: torch raises AssertionError or RuntimeError),
+    so that no plan counts on it."""
+    try:
+        properties = torch.cuda.get_device_properties(index)
+    except (AssertionError, RuntimeError) as error:
+        logger.debug("could not ask torch for CUDA device %d's L2 size (%s)", index, error)
+        return None
+    return getattr(properties, "L2_cache_size", None) or None
 
 
 # Properties a backend's record needs that some Triton versions' drivers leave out, and how to
