@@ -193,6 +193,12 @@ class Tuning:
             with a relaxed atomic that adds 0 (kernels ``_read_slots``) rather than a volatile
             load. Only the atomic is kept inside the loop on every target (AMD's volatile loads
             are hoisted out of it); the compile report checks that every wait loop reads memory.
+        split_two_launches: where the record promises no residency (a program may not wait on
+            another), whether the split path is open all the same, its exchange in two launches
+            of the same kernels (``planner.KernelConfig.phased``): every chunk's partials
+            published, then every chunk written from its rows' partials. Each chunk is read
+            twice, as the loop regime reads it; off in every backend's own row. The tests open it
+            on the interpreter, so that every split variant's numerics are checked on CPU.
     """
 
     tile_elements: int = 1024
@@ -227,6 +233,7 @@ class Tuning:
     dense_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
     split_wait_atomic: bool = True
+    split_two_launches: bool = False
     strided_rows: Mapping[int, int] = field(default_factory=lambda: {2: 16, 4: 32, 8: 16})
     strided_split_elements: int = 16384
     strided_split_rows: Mapping[tuple[str, int], int] = field(default_factory=dict)
