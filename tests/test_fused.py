@@ -96,7 +96,9 @@ def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, varian
     16-byte boundaries in bf16 where windowed) against the float64 composite, forward and
     backward, with a row the bool mask leaves empty, and scales of both signs (a negative one
     must not turn the tile's padding into +inf). 20 rows (2 x 2 heads x 5 queries); the split
-    regimes 4 rows of 301 on the interpreter (2 x 1 x 2: 3 chunks forward, 5 backward)."""
+    regimes 10 rows of 129 on the interpreter (one head: 2 chunks forward, 3 backward; with
+    fewer queries, causal rows keep too few keys for float32's error to stay within the bound:
+    torch's own backward went past it for 3% of draws on 2 queries of 301 keys, none on these)."""
     forced = "split" if regime == "windows" else regime
     force_regime(monkeypatch, forced, device)
     dtype = torch.float32
@@ -106,7 +108,7 @@ def test_fused_variants_in_every_regime(device, monkeypatch, regime, log, varian
                                                                split_windows=frozenset({"forward", "backward"})))
         dtype = torch.bfloat16
     plans = _spy_plans(monkeypatch)
-    shape = (2, 1, 2, 301) if forced in SPLIT_REGIMES and interpreted(device) else (2, 2, 5, 1001)
+    shape = (2, 1, 5, 129) if forced in SPLIT_REGIMES and interpreted(device) else (2, 2, 5, 1001)
     batch, heads, queries, keys = shape
     x = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
     if variant == "scale_tensor_bool_mask_causal":

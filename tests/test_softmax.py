@@ -302,10 +302,10 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, co
 def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
     """Rows whose values all lie below -88, where exp underflows: the streaming loop once
     rescaled its empty running sum by exp(0 - maximum) = inf and gave NaN (0 * inf). Also a row
-    that starts with a span of -inf (5 rows of the split regimes on the interpreter)."""
+    that starts with a span of -inf (5 rows of 600 for the split regimes on the interpreter)."""
     force_regime(monkeypatch, regime, device)
-    rows = 5 if regime in SPLIT_REGIMES and interpreted(device) else 37
-    x = torch.randn(rows, 1000, device=device) * 3 - 1000
+    shape = (5, 600) if regime in SPLIT_REGIMES and interpreted(device) else (37, 1000)
+    x = torch.randn(shape, device=device) * 3 - 1000
     x[3] = -100.0
     x[4, :500], x[4, 500:] = -float("inf"), x[4, 500:] - 4000
     y = torch.full_like(x, float("nan"))
@@ -346,13 +346,13 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     the elements that share a group with a neighbour's included, at every chunk boundary (chunks
     of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row. On the
     interpreter 9 rows, every offset still (rows of 129 and 1001 elements start one element
-    further past a group each), and rows of 385 for 1001: chunks inside the row still."""
+    further past a group each), and rows of 257 for 1001: a chunk inside the row still."""
     force_regime(monkeypatch, "split", device)
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
     fn = torch.log_softmax if log else torch.softmax
-    rows, cols = (9, min(cols, 385)) if interpreted(device) else (24, cols)
+    rows, cols = (9, min(cols, 257)) if interpreted(device) else (24, cols)
     x = torch.randn(rows, cols, device=device, dtype=dtype) * 3
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
@@ -380,12 +380,12 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     """A split row whose first chunks hold only -inf (a long masked span) and whose finite values
     lie far below 0: the row's maximum must come from its finite chunk, not from the 0 that a
     chunk of -inf takes as its local reference (that once gave exp(-1000) = 0 sums and NaN rows).
-    Rows of -inf only stay NaN, as in torch (4 rows on the interpreter)."""
+    Rows of -inf only stay NaN, as in torch (4 rows of 600 on the interpreter)."""
     ours, theirs = fns
     force_regime(monkeypatch, regime, device)
     if regime == "pipelined":
         monkeypatch.setenv(launch.PROGRAMS_ENV, "16")  # rows of 8 chunks: 3 items per program
-    x = torch.randn(4 if interpreted(device) else 6, 1000, device=device, dtype=dtype) - 1000
+    x = torch.randn((4, 600) if interpreted(device) else (6, 1000), device=device, dtype=dtype) - 1000
     x[:, :300] = -float("inf")
     x[1, 500:] = -float("inf")
     x[2] = -float("inf")
@@ -505,17 +505,18 @@ def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, pe
 def test_split_windows_over_views_and_casts(device, monkeypatch, case):
     """Windows where the tensors differ: x a view whose rows are 8 elements wider than y's
     (equally far past an aligned element, so one window fits both), a bf16 input written as
-    float32 (``dtype=``), and a 3-D view whose groups and rows both stride (rows of 1001, 24 of
-    them, 3 or 4 on the interpreter)."""
+    float32 (``dtype=``), and a 3-D view whose groups and rows both stride (24 rows of 1001; 3 or
+    4 rows of 257 on the interpreter)."""
     force_regime(monkeypatch, "split", device)
     few = interpreted(device)
+    rows, cols = (3, 257) if few else (24, 1001)
     if case == "wider_rows":
-        x = (torch.randn(3 if few else 24, 1009, device=device, dtype=torch.bfloat16) * 3)[:, :1001]
+        x = (torch.randn(rows, cols + 8, device=device, dtype=torch.bfloat16) * 3)[:, :cols]
     elif case == "dtype_float32":
-        x = torch.randn(3 if few else 24, 1001, device=device, dtype=torch.bfloat16) * 3
+        x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16) * 3
     else:
-        x = (torch.randn(2 if few else 3, 4 if few else 16, 1009, device=device, dtype=torch.bfloat16) * 3)[
-            :, :2 if few else 8, :1001]
+        x = (torch.randn(2 if few else 3, 4 if few else 16, cols + 8, device=device, dtype=torch.bfloat16) * 3)[
+            :, :2 if few else 8, :cols]
     out_dtype = torch.float32 if case == "dtype_float32" else x.dtype
     y = torch.full(x.shape, float("nan"), device=device, dtype=out_dtype)
     view = ops.row_view(tuple(x.shape), x.dim() - 1, x, y)
