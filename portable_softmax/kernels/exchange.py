@@ -5,11 +5,11 @@ next launch.
 
 Where programs cannot wait on each other (Triton's interpreter runs them one after another) the
 same helpers run the exchange in two launches of the same kernel instead, chosen by their
-``PHASE`` constexpr (``EXCHANGE_*``; ``variants.EXCHANGE_PHASES`` holds the same numbers): the
-first publishes every chunk's partials, the second reads every slot of its rows, all written by
-the first, with no wait, and leaves them as they are (nothing waits on an empty one). ``PHASE``
-is each helper's last parameter and defaults to ``EXCHANGE_WAIT``, the one launch with the wait,
-so that a kernel written for that form calls them unchanged."""
+``PHASE`` constexpr (``EXCHANGE_*``; ``variants`` declares the same numbers): the first
+publishes every chunk's partials, the second reads every slot of its rows, all written by the
+first, with no wait, and leaves them full (nothing waits on an empty one). ``PHASE`` is the last
+parameter of ``_exchange``, ``_empty_previous`` and ``_empty_last``, ``EXCHANGE_WAIT`` (the one
+launch with the wait) by default, so that a kernel written for that form calls them unchanged."""
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _tile_rows
 
