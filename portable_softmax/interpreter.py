@@ -144,6 +144,52 @@ def _rounding_cast(original: Any) -> Any:
     return cast
 
 
+def _boolean_compare(original: Any) -> Any:
+    """The builder's comparison, its result typed as the bool it holds: Triton's interpreter
+    (3.2 to 3.9) types it as its operands, so a scalar comparison broadcast to a block (``n >=
+    4`` joining a block mask, the split kernels' aligned edges) came out as their type, an int32
+    mask that masked loads refuse (a float one would be 1.0 and 0.0)."""
+
+    def compare(lhs: Any, rhs: Any) -> Any:
+        result = original(lhs, rhs)
+        return _interpreter.TensorHandle(result.data.astype(numpy.bool_), _tl.int1)
+
+    return compare
+
+
+def _builder_patches(builder: Any) -> dict[str, Any]:
+    """What one launch replaces on the interpreter's builder, by attribute: the cast
+    (``_rounding_cast``) and every comparison (``_boolean_compare``)."""
+    patches = {}
+    if hasattr(builder, "cast_impl"):
+        patches["cast_impl"] = _rounding_cast(builder.cast_impl)
+    for name in dir(type(builder)):
+        if name.startswith(("create_icmp", "create_fcmp")):
+            patches[name] = _boolean_compare(getattr(builder, name))
+    return patches
+
+
+def _patching_once(original: Any) -> Any:
+    """The interpreter's ``_patch_lang``, run once a launch for each set of language modules a
+    function sees: Triton (3.2 to 3.9) runs it again at every call of a device function, about a
+    millisecond each, which is most of an interpreted launch of kernels built from many small
+    functions (the split kernels: 0.3 s an item). Patching again changes nothing: what it
+    patched stays patched until the launch ends (``restored_language``)."""
+    done: dict[frozenset[int], Any] = {}
+    keys: dict[int, frozenset[int]] = {}
+
+    def patch(fn: Any) -> Any:
+        key = keys.get(id(fn.__globals__))
+        if key is None:
+            key = keys[id(fn.__globals__)] = frozenset(
+                id(value) for value in fn.__globals__.values() if value is _tl or value is _tl.core)
+        if key not in done:
+            done[key] = original(fn)
+        return done[key]
+
+    return patch
+
+
 def language_unpatched() -> threading.RLock:
     """Held while a GPU kernel compiles: an interpreted launch in another thread patches
     ``triton.language`` for its duration, which a compile must not see."""
@@ -153,23 +199,29 @@ def language_unpatched() -> threading.RLock:
 @contextlib.contextmanager
 def restored_language() -> Iterator[None]:
     """Run one interpreted launch: alone (see :data:`_LAUNCH_LOCK`), with bfloat16 rounded as on a
-    GPU, and with every attribute of the interpreter-patched namespaces put back as it was on entry."""
+    GPU and comparisons typed as bools (``_builder_patches``), and with every attribute of the
+    interpreter-patched namespaces put back as it was on entry."""
     with _LAUNCH_LOCK:
         saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
         builder = getattr(_interpreter, "interpreter_builder", None)
-        original_cast = getattr(builder, "cast_impl", None)
-        own_cast = vars(builder).get("cast_impl", _MISSING) if original_cast is not None else _MISSING
-        if original_cast is not None:
-            # An attribute of the instance, for this launch only: Triton's class stays as it is.
-            builder.cast_impl = _rounding_cast(original_cast)
+        patches = _builder_patches(builder) if builder is not None else {}
+        own = {name: vars(builder).get(name, _MISSING) for name in patches}
+        # Attributes of the instance, for this launch only: Triton's class stays as it is.
+        for name, patch in patches.items():
+            setattr(builder, name, patch)
+        patch_lang = getattr(_interpreter, "_patch_lang", None)
+        if patch_lang is not None:
+            _interpreter._patch_lang = _patching_once(patch_lang)
         try:
             yield
         finally:
-            if original_cast is not None:
-                if own_cast is _MISSING:
-                    del builder.cast_impl
+            if patch_lang is not None:
+                _interpreter._patch_lang = patch_lang
+            for name, before in own.items():
+                if before is _MISSING:
+                    delattr(builder, name)
                 else:
-                    builder.cast_impl = own_cast
+                    setattr(builder, name, before)
             for namespace, before in saved:
                 now = vars(namespace)
                 for name in [n for n in now if n not in before]:

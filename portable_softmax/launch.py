@@ -160,6 +160,9 @@ _ticket_scratch = _Scratch()
 # Split tiles of several rows count arrivals instead (kernels.exchange._gather_tile) and leave their slots
 # full: their own, too.
 _counted_scratch = _Scratch()
+# A split exchange in two launches (``KernelConfig.phased``) leaves its slots full, and no counter
+# moved but the ticket counter, which its last draw resets: its own.
+_phased_scratch = _Scratch()
 
 
 class LaunchRecord:
@@ -169,26 +172,29 @@ class LaunchRecord:
     cooperative refusal with a smaller grid); where ``compat.direct_launcher`` knows the
     installed Triton's launcher, later calls go straight to it with the arguments laid out
     then. A call on another current device than the record's switches to it for the launch.
+    ``launches``: the constexprs of each launch a call makes, in order (a split exchange in two
+    launches makes two, ``variants.launch_phases``).
     """
 
     def __init__(self, kernel: Any, backend: Backend, device: torch.device, plan: LaunchPlan, scalars: tuple,
-                 constexprs: dict, options: dict,
+                 launches: tuple[dict, ...], options: dict,
                  fallback: Optional[Callable[[tuple[torch.Tensor, ...]], "LaunchRecord"]]) -> None:
         self.kernel, self.backend, self.device, self.plan = kernel, backend, device, plan
-        self.scalars, self.constexprs, self.options = scalars, constexprs, options
+        self.scalars, self.launches, self.options = scalars, launches, options
         self._fallback, self._fallback_record = fallback, None
         self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
         # Counters: one per tile (rows split one at a time), or the ticket counter and two per tile
         # (tiles of several rows count arrivals and departures: kernels.exchange._gather_tile).
         self._counters = plan.tiles if plan.block_m == 1 else 1 + 2 * plan.tiles
-        # Ticketed grids of one-row items leave their slots full: they are emptied before each launch.
-        self._refill = plan.ticketed and plan.block_m == 1
+        # Ticketed grids of one-row items leave their slots full: they are emptied before each launch
+        # (nothing waits on an empty slot in a two-launch exchange).
+        self._refill = plan.ticketed and plan.block_m == 1 and not plan.phased
         # Regimes that fuse take two more tensors: a call that brings none gets its input there.
         self._arity = len(variants.TENSORS["backward" if kernel.fn.__name__.startswith("softmax_backward")
                                            else "forward"])
         # (The softmax kernels only: the cross-entropy kernels' tensors are their own, ``loss_launch``.)
         self._pad = plan.regime in variants.FUSED_REGIMES and kernel.fn.__name__.startswith("softmax_")
-        self._direct: Optional[Callable[[int, tuple], None]] = None
+        self._direct: Optional[list[Callable[[int, tuple], None]]] = None
         self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
         self._current = None if backend.interpreted else compat.current_device_getter(device)
 
@@ -203,7 +209,8 @@ class LaunchRecord:
             tensors = (*tensors, tensors[0], tensors[0])
         stream = self._stream()
         if self._slots:
-            pool = _counted_scratch if self.plan.block_m > 1 else _ticket_scratch if self.plan.ticketed else _scratch
+            pool = (_phased_scratch if self.plan.phased else _counted_scratch if self.plan.block_m > 1
+                    else _ticket_scratch if self.plan.ticketed else _scratch)
             scratch = pool.get(self.device, stream, self._slots, self._counters)
             if scratch is None:
                 if self._fallback_record is None:
@@ -214,17 +221,22 @@ class LaunchRecord:
                 scratch[0][:self._slots].fill_(-1)
             tensors = (*tensors, *scratch)
         if self._direct is not None:
-            self._direct(stream, tensors)
+            for direct in self._direct:
+                direct(stream, tensors)
             return self.plan
         args = (*tensors, *self.scalars)
         if self.backend.interpreted:
-            _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
+            for constexprs in self.launches:
+                _run(self.kernel, self.backend, self.plan, args, constexprs, self.options)
             return self.plan
         # The first launch compiles (and so may every launch where the launcher is not known).
         with language_unpatched():
-            programs = _run(self.kernel, self.backend, self.plan, args, self.constexprs, self.options)
-            self._direct = compat.direct_launcher(self.kernel, args, programs, self.constexprs, self.options,
-                                                  len(tensors))
+            direct = []
+            for constexprs in self.launches:
+                programs = _run(self.kernel, self.backend, self.plan, args, constexprs, self.options)
+                direct.append(compat.direct_launcher(self.kernel, args, programs, constexprs, self.options,
+                                                     len(tensors)))
+            self._direct = None if None in direct else direct
         return self.plan
 
 
@@ -259,7 +271,7 @@ def _sliced_record(direction: str, module: Any, backend: Backend, device: torch.
         scalars = variants.sharded_scalar_arguments(phase, plan.config, view.n_outer, view.rows_per_outer,
                                                     view.n_cols, strides, 1)
         constexprs = variants.sharded_constexprs(phase, plan.config, log, acc_fp64, 1)
-        phases.append(LaunchRecord(kernel, backend, device, plan, scalars, constexprs,
+        phases.append(LaunchRecord(kernel, backend, device, plan, scalars, (constexprs,),
                                    {"num_warps": plan.num_warps, "num_stages": 1}, None))
     # Forward partials are (maximum, sum) pairs; backward ones, sums.
     shape = (plan.chunks, view.n_rows, 2) if direction == "forward" else (plan.chunks, view.n_rows)
@@ -353,14 +365,15 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     if plan.regime == variants.SLICED:
         return _sliced_record(direction, module, backend, device, plan, view, log, acc_fp64)
-    kernel, args, constexprs, options = arguments(plan.config)
+    kernel, args, _, options = arguments(plan.config)
+    launches = tuple(variants.constexprs(plan.config, facts, phase) for phase in variants.launch_phases(plan.config))
     fallback = None
     if plan.regime == "split":
         # The same call without the split path, for a graph capture that cannot grow the scratch;
         # built from the tensors of the call that needs it: a record holds no tensor.
         def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
             return build_record(direction, now, view, log, acc_fp64, allow_split=False, fusion=fusion)
-    return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, fallback)
+    return LaunchRecord(kernel, backend, device, plan, args, launches, options, fallback)
 
 
 # Launch records by call signature; bounded so that a stream of distinct shapes cannot grow it

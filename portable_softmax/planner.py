@@ -9,7 +9,9 @@ Four regimes (see ``kernels``):
 * ``split``: a long row, or too few rows to fill the chip, cut into chunks held by co-resident
   programs. Needs ``record.residency_guaranteed`` and float32 accumulation; a persistent grid
   (every program waits on the others) also ``record.cooperative_launch``, and a ticketed row
-  (only its chunks wait on each other) must fit one residency domain.
+  (only its chunks wait on each other) must fit one residency domain. Without residency, where
+  the tuning row opens it (``Tuning.split_two_launches``: the tests, on the interpreter), the
+  same kernels exchange in two launches (``KernelConfig.phased``), and any grid will do.
 * ``loop``: stream the row twice; never waits on another program, so it is always safe.
 * ``sliced``: a long reduction along a strided dimension cut into slices, in two launches (each
   slice's partials, then each slice's output from all of its row's partials: the streamed
@@ -72,6 +74,9 @@ class KernelConfig:
     per_tile: bool = False
     # The tile kernels' DENSE: one group of rows that fill their tiles, int32 offsets, no masks.
     dense: bool = False
+    # The split kernels' exchange in two launches (``variants.launch_phases``), where programs
+    # cannot wait on each other: every chunk publishes its partials, then every chunk reads them.
+    phased: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -100,11 +105,12 @@ class LaunchPlan:
     reread: bool = False
     per_tile: bool = False
     dense: bool = False
+    phased: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.ticketed, self.reread, self.per_tile, self.dense)
+                            self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.phased)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -238,11 +244,20 @@ def _row_limit(tuning: Tuning, dtype: str, backward: bool) -> int:
     return tuning.row_elements // (2 if backward else 1) // (2 if dtype == "float64" else 1)
 
 
-def _can_split(record: DeviceRecord, dtype: str, allow_split: bool, n_cols: int) -> bool:
-    # Rows of SPLIT_COLS_LIMIT elements or more stream through the loop regime, whose column
-    # offsets come from a 64-bit loop counter (Triton passes such a length as i64): the split
-    # kernels count a chunk's columns in 32 bits, and no tile holds such a row.
-    return allow_split and record.residency_guaranteed and dtype != "float64" and n_cols < SPLIT_COLS_LIMIT
+def _can_split(target: Target, dtype: str, allow_split: bool, n_cols: int) -> bool:
+    """Whether the split path is open: its programs wait on each other where the record promises
+    residency, else exchange in two launches where the tuning row asks (``_phased``). Rows of
+    SPLIT_COLS_LIMIT elements or more stream through the loop regime, whose column offsets come
+    from a 64-bit loop counter (Triton passes such a length as i64): the split kernels count a
+    chunk's columns in 32 bits, and no tile holds such a row."""
+    opened = target.record.residency_guaranteed or target.tuning.split_two_launches
+    return allow_split and opened and dtype != "float64" and n_cols < SPLIT_COLS_LIMIT
+
+
+def _phased(target: Target) -> bool:
+    """Whether split configs for ``target`` exchange in two launches: its programs cannot wait
+    on each other."""
+    return not target.record.residency_guaranteed
 
 
 def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool, rows_per_group: int,
@@ -269,7 +284,7 @@ def _strided_config(target: Target, n_rows: int, n_cols: int, dtype: str, backwa
     sliced_from = tuning.strided_slices.get((_direction(backward), element))
     if sliced is not None and sliced_from is not None and n_cols >= sliced_from:
         return sliced
-    if _can_split(record, dtype, allow_split, n_cols):
+    if _can_split(target, dtype, allow_split, n_cols):
         config = _strided_split(target, n_rows, n_cols, rows_per_group, side, inputs)
         # Wider tiles, up to the tuning's rows, while a program's exchange slots stay few.
         widest = min(next_power_of_2(rows_per_group),
@@ -320,7 +335,8 @@ def _strided_split(target: Target, n_rows: int, n_cols: int, rows_per_group: int
         chunks = max(chunks, min(wanted, _cdiv(n_cols * side, tuning.split_min_chunk), MAX_SPLIT_CHUNKS))
     block_n = next_power_of_2(_cdiv(n_cols, chunks))
     return KernelConfig("split", side, block_n, _cdiv(n_cols, block_n),
-                        _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps))
+                        _warps(side * block_n, tuning.split_elements_per_thread, record, tuning.max_warps),
+                        phased=_phased(target))
 
 
 def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool,
@@ -331,7 +347,7 @@ def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward
     rows_per_group = n_rows if rows_per_group is None else rows_per_group
     width = next_power_of_2(n_cols)
     row_limit = _row_limit(tuning, dtype, backward)
-    can_split = _can_split(record, dtype, allow_split, n_cols)
+    can_split = _can_split(target, dtype, allow_split, n_cols)
     few_rows = can_split and n_rows < record.compute_units and n_cols >= tuning.split_min_cols
     if width in tuning.reread_cols.get((_direction(backward), input_bytes), ()) and not few_rows:
         most = tuning.max_program_threads // max(record.warp_size, 1)
@@ -371,7 +387,7 @@ def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, back
     chunks = _cdiv(n_cols, block_n)
     stages = tuning.split_stages if _direction(backward) in tuning.split_pipelined else 1
     warps = _warps(block_n, tuning.split_elements_per_thread, record, tuning.max_warps)
-    return KernelConfig("split", 1, block_n, chunks, warps, stages)
+    return KernelConfig("split", 1, block_n, chunks, warps, stages, phased=_phased(target))
 
 
 def split_fit(target: Target, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
@@ -588,7 +604,7 @@ def _ticket_fits(target: Target, config: KernelConfig, kernel: KernelResources, 
     items = _tiles(config, n_rows, rows_per_group) * config.chunks
     held = per_unit * config.block_m * config.block_n * input_bytes
     many_chunks = config.block_m > 1 and 0 < tuning.strided_ticket_chunks <= config.chunks
-    return (config.chunks <= _domain_resident(record, per_unit)
+    return ((config.phased or config.chunks <= _domain_resident(record, per_unit))
             and (held >= tuning.split_ticket_bytes or many_chunks)
             and items >= tuning.split_ticket_waves * record.compute_units * per_unit)
 
@@ -611,7 +627,9 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
     cap = min(record.grid_limit, tuning.max_programs)
     per_unit = min(occupancy, tuning.split_programs_per_unit)
     if config.ticketed:
-        if _domain_resident(record, per_unit) < config.chunks or items > cap:
+        # A row's chunks wait on each other: they must be resident at once (not where they
+        # exchange in two launches).
+        if (not config.phased and _domain_resident(record, per_unit) < config.chunks) or items > cap:
             return None
         programs = items
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, taken by "
@@ -620,6 +638,10 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         programs = min(items if forced is None else forced, cap)
         reason = (f"{note}sliced: rows of {config.chunks} slices, {config.block_m} rows x {config.block_n} a step; "
                   f"two launches (partials, then normalize), no program waits on another")
+    elif config.regime == "split" and config.phased:
+        # No program waits on another: any grid will do, as for the loop regime's.
+        programs = min(items if forced is None else forced, cap)
+        reason = f"{note}split: rows of {config.chunks} chunks x {config.block_n}"
     elif config.regime == "split":
         if not record.cooperative_launch:
             # Every program waits on the others: safe only where the driver refuses a grid
@@ -638,8 +660,6 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
             programs = forced
         reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {per_unit} programs/unit resident "
                   f"(occupancy {occupancy}), grid a multiple of {config.chunks}")
-        if config.num_stages > 1:
-            reason += f"; pipelined, {config.num_stages} stages"
     else:
         # Twice-read tiles always: torch.compile's backward runs them so, a program per row.
         per_tile = config.regime == "tile" and (
@@ -658,11 +678,15 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
             reason += "; dense (int32 offsets, no masks)"
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
+    if config.regime == "split" and config.num_stages > 1:
+        reason += f"; pipelined, {config.num_stages} stages"
+    if config.phased:
+        reason += "; exchanged in two launches (partials published, then read), no program waits on another"
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.ticketed, config.reread, config.per_tile, config.dense)
+                      config.ticketed, config.reread, config.per_tile, config.dense, config.phased)
 
 
 def plan_sharded(target: Target, n_rows: int, n_cols: int, dtype: str, *, backward: bool = False,

@@ -216,6 +216,12 @@ class Tuning:
             torch's from 16 MiB (bf16 forward and backward, float32 backward; float32 forward
             level there: 16.7 against 16.0 us) and twice as fast from 64 MiB; below, torch's
             7-10 us forward against the served 17-24.
+        split_two_launches: where the record promises no residency (a program may not wait on
+            another), whether the split path is open all the same, its exchange in two launches
+            of the same kernels (``planner.KernelConfig.phased``): every chunk's partials
+            published, then every chunk written from its rows' partials. Each chunk is read
+            twice, as the loop regime reads it; off in every backend's own row. The tests open it
+            on the interpreter, so that every split variant's numerics are checked on CPU.
     """
 
     tile_elements: int = 1024
@@ -253,6 +259,7 @@ class Tuning:
     dense_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
     split_wait_atomic: bool = True
+    split_two_launches: bool = False
     strided_rows: Mapping[int, int] = field(default_factory=lambda: {2: 16, 4: 32, 8: 16})
     strided_split_elements: int = 16384
     strided_split_rows: Mapping[tuple[str, int], int] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 DIRECTIONS = ("forward", "backward")
 REGIMES = ("tile", "split", "loop")
@@ -34,6 +34,12 @@ FLOAT_SCALARS = ("scale_value",)
 NO_FUSION = (1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 # The split path's exchange slots (int64, empty = -1) and arrival counters (int32).
 SCRATCH = (("slot", "i64"), ("done", "i32"))
+# The split kernels' PHASE (``kernels.exchange.EXCHANGE_*``, the same numbers): one launch whose
+# programs wait on their row's peers (a resident grid); or, where programs cannot wait on each
+# other (``Config.phased``: Triton's interpreter runs them one after another), two launches of
+# the same kernel, the first publishing every chunk's partials, the second reading them all and
+# writing every chunk.
+EXCHANGE_WAIT, EXCHANGE_PUBLISH, EXCHANGE_READ = 0, 1, 2
 # First count: work items (tiles, or for split kernels tiles x chunks); then tiles per group,
 # rows per group and the row length.
 COUNTS = ("items", "tiles_per_outer", "rows_per_outer", "n_cols")
@@ -52,6 +58,7 @@ class Config(Protocol):
     reread: bool
     per_tile: bool
     dense: bool
+    phased: bool
 
     @property
     def chunks_p2(self) -> int: ...
@@ -83,13 +90,27 @@ def kernel_name(direction: str, regime: str) -> str:
     return f"softmax_{direction}_{regime}"
 
 
-def constexprs(config: Config, facts: CallFacts) -> dict[str, Any]:
-    """The constexprs of ``config``'s kernel, by name."""
+def constexprs(config: Config, facts: CallFacts, phase: Optional[int] = None) -> dict[str, Any]:
+    """The constexprs of ``config``'s kernel, by name.
+
+    Args:
+        config: the configuration.
+        facts: what the call adds.
+        phase: for a split config, the launch's PHASE, one of ``launch_phases(config)``; None:
+            the first of them.
+
+    Raises:
+        ValueError: ``phase`` is not one of the config's launches.
+    """
     values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": facts.log}
     if config.regime == "split":
+        phases = launch_phases(config)
+        if phase is not None and phase not in phases:
+            raise ValueError(f"phase={phase!r}: a split config {'with' if config.phased else 'without'} phased "
+                             f"launches runs phases {phases}")
         values.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
                       TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=facts.wait_atomic,
-                      SHIFTED=facts.shifted and config.align > 1)
+                      SHIFTED=facts.shifted and config.align > 1, PHASE=phases[0] if phase is None else phase)
     else:
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":
@@ -97,6 +118,15 @@ def constexprs(config: Config, facts: CallFacts) -> dict[str, Any]:
     if config.regime in FUSED_REGIMES:
         values.update(SCALE=facts.scale, MASK=facts.mask, CAUSAL=facts.causal)
     return values
+
+
+def launch_phases(config: Config) -> tuple[int, ...]:
+    """The PHASE of each launch of ``config``'s kernel, in order: a split config's exchange in
+    two launches (``phased``: ``EXCHANGE_PUBLISH`` then ``EXCHANGE_READ``) or one
+    (``EXCHANGE_WAIT``); every other config launches once (its kernel has no PHASE)."""
+    if config.regime == "split" and config.phased:
+        return (EXCHANGE_PUBLISH, EXCHANGE_READ)
+    return (EXCHANGE_WAIT,)
 
 
 def tiles(config: Config, n_outer: int, rows_per_outer: int) -> tuple[int, int]:
@@ -135,13 +165,14 @@ def tensor_names(direction: str, regime: str) -> tuple[str, ...]:
 def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]:
     """Compile and launch options: warps, pipeline depth, and for a persistent split grid (its
     programs wait on each other) a cooperative launch where the stack offers one, so that the
-    driver refuses a grid that is not resident at once instead of letting it hang.
+    driver refuses a grid that is not resident at once instead of letting it hang (a grid whose
+    exchange takes two launches, ``phased``, waits on nothing).
 
     Floating-point fusion (multiply-adds) is chosen, not left to Triton's default: the kernels
     were measured with it, Triton 3.9 warns on a process's first compile that leaves it unset, and
     3.10 turns the default off. Every backend's options take it (the interpreter ignores it)."""
     values: dict[str, Any] = {"num_warps": num_warps, "num_stages": config.num_stages, "enable_fp_fusion": True}
-    if config.regime == "split" and not config.ticketed and cooperative:
+    if config.regime == "split" and not config.ticketed and not config.phased and cooperative:
         values["launch_cooperative_grid"] = True
     return values
 

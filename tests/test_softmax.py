@@ -11,7 +11,7 @@ import torch
 import portable_softmax as ps
 from portable_softmax import launch, ops, tuning, variants
 from portable_softmax.selfcheck import ERROR_FLOOR, relative_error, tolerance
-from regimes import force_regime, regime_of
+from regimes import SPLIT_REGIMES, force_regime, interpreted, open_split, regime_of
 
 FUNCTIONS = [(ps.softmax, torch.softmax), (ps.log_softmax, torch.log_softmax)]
 FUNCTION_IDS = ["softmax", "log_softmax"]
@@ -308,9 +308,11 @@ def test_unserved_device_is_a_runtime_error(monkeypatch):
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("cols", [1, 129, 1000])
 def test_every_regime_writes_every_element(device, monkeypatch, regime, log, cols):
-    """Launch each path directly into a NaN-poisoned output and check every element."""
+    """Launch each path directly into a NaN-poisoned output and check every element (2 rows of
+    the split regimes on the interpreter: ``regimes.interpreted``)."""
     force_regime(monkeypatch, regime, device)
-    x = torch.randn(37, cols, device=device) * 3
+    rows = 2 if regime in SPLIT_REGIMES and interpreted(device) else 37
+    x = torch.randn(rows, cols, device=device) * 3
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
     if cols > 64:  # narrower rows fit a tile whatever is forced
@@ -333,16 +335,18 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
 def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     """Later calls with the same key replay the first call's prepared launch (on GPUs, straight
     into the compiled kernel): each replay must compute its own input into a poisoned output, and
-    the split path's exchange slots (and the ticket counter) must come back ready for the next."""
+    the split path's exchange slots (and the ticket counter) must come back ready for the next
+    (rows of 2 x 300 on the interpreter, 3 chunks forward, 5 backward)."""
     if regime == "loop" and ps.device_info(device)["backend"] == "interpreter":
         # 12 s here for nothing the tile case leaves out: every interpreted launch, the first or
         # a replay, goes through launch._run with its arguments laid out afresh. What a loop
         # replay can get wrong (the arguments the direct launcher laid out once) is on GPUs.
         pytest.skip("an interpreted replay is the tile case's: the loop kernel's replay is a GPU risk")
     force_regime(monkeypatch, regime, device)
+    shape = (2, 300) if regime in SPLIT_REGIMES and interpreted(device) else (37, 1000)
     first = None
     for _ in range(3):
-        x = torch.randn(37, 1000, device=device) * 3
+        x = torch.randn(shape, device=device) * 3
         y = torch.full_like(x, float("nan"))
         view = ops.row_view(tuple(x.shape), 1, x, y)
         plan = launch.run_forward(x, y, view, False)
@@ -365,18 +369,21 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, co
     programs whose first row is the grid's last (a wrong 'previous row' there once emptied row 0
     early and hung). Ticketed: 65536 programs, far more than fit the chip, take their items by
     ticket; the counter must come back to 0 for the next launch. Pipelined: as persistent, each
-    program's next chunks on their way while it waits on its row."""
+    program's next chunks on their way while it waits on its row. On the interpreter, one row
+    of as many chunks of 64 columns, once (the exchange's two launches each draw every ticket)."""
     record = ps.device_info(device)
-    if not record["residency_guaranteed"]:
-        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
     both = frozenset({"forward", "backward"})
     tables = {"persistent": dict(split_tickets=frozenset(), split_pipelined=frozenset()),
               "ticketed": dict(split_tickets=both, split_ticket_bytes=0),
               "pipelined": dict(split_tickets=frozenset(), split_pipelined=both)}
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], split_chunk=2048, **tables[grid]))
-    for _ in range(3):
-        x = torch.randn(2048, cols, device=device, dtype=torch.bfloat16) * 3
+    chunk, rows, calls = (64, 1, 1) if interpreted(device) else (2048, 2048, 3)
+    # Rows longer than a program holds whole there too (the interpreter's hold 65536).
+    held = {"row_elements": 64} if interpreted(device) else {}
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
+        tuning.TUNING[key], **open_split(device, split_chunk=chunk, **held, **tables[grid])))
+    for _ in range(calls):
+        x = torch.randn(rows, cols // 2048 * chunk, device=device, dtype=torch.bfloat16) * 3
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
         assert plan.regime == "split" and plan.chunks == cols // 2048
@@ -394,9 +401,10 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, co
 def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
     """Rows whose values all lie below -88, where exp underflows: the streaming loop once
     rescaled its empty running sum by exp(0 - maximum) = inf and gave NaN (0 * inf). Also a row
-    that starts with a span of -inf."""
+    that starts with a span of -inf (5 rows of 600 for the split regimes on the interpreter)."""
     force_regime(monkeypatch, regime, device)
-    x = torch.randn(37, 1000, device=device) * 3 - 1000
+    shape = (5, 600) if regime in SPLIT_REGIMES and interpreted(device) else (37, 1000)
+    x = torch.randn(shape, device=device) * 3 - 1000
     x[3] = -100.0
     x[4, :500], x[4, 500:] = -float("inf"), x[4, 500:] - 4000
     y = torch.full_like(x, float("nan"))
@@ -410,16 +418,18 @@ def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
 
 def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
     """Ticketed launches leave their slots full and fill them before each launch; persistent
-    launches need theirs empty. Alternating the two (and shapes) must keep both right."""
+    launches need theirs empty. Alternating the two (and shapes) must keep both right (on the
+    interpreter, whose exchange in two launches empties nothing, rows of 300 in 2 or 3 rows)."""
     record = ps.device_info(device)
-    if not record["residency_guaranteed"]:
-        pytest.skip(f"{record['backend']} cannot guarantee residency: no split path there")
     key = (record["backend"], "*")
-    base = tuning.replace(tuning.TUNING[key], row_elements=64, split_chunk=128, split_min_cols=1 << 30,
-                          split_ticket_bytes=0, split_ticket_waves=0)
-    for tickets, rows in [("forward", 37), ("", 37), ("forward", 64), ("", 64), ("forward", 37)]:
+    base = tuning.replace(tuning.TUNING[key], **open_split(
+        device, row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_ticket_bytes=0, split_ticket_waves=0,
+        split_tickets=frozenset({"forward"})))
+    shapes = [(2, 300), (3, 300)] if interpreted(device) else [(37, 1000), (64, 1000)]
+    for tickets, shape in [("forward", shapes[0]), ("", shapes[0]), ("forward", shapes[1]), ("", shapes[1]),
+                           ("forward", shapes[0])]:
         monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, split_tickets=frozenset({tickets} - {""})))
-        x = torch.randn(rows, 1000, device=device) * 3
+        x = torch.randn(shape, device=device) * 3
         y = torch.full_like(x, float("nan"))
         plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
         assert plan.regime == "split" and plan.ticketed == bool(tickets)
@@ -433,13 +443,16 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     """Split rows off 16-byte boundaries, every offset among 24 rows, read through aligned
     windows in both directions: each element is written from its own row into poisoned outputs,
     the elements that share a group with a neighbour's included, at every chunk boundary (chunks
-    of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row."""
+    of 128 forward, 64 backward); a neighbour's NaN, inf or 1e4 must not leak into a row. On the
+    interpreter 9 rows, every offset still (rows of 129 and 1001 elements start one element
+    further past a group each), and rows of 257 for 1001: a chunk inside the row still."""
     force_regime(monkeypatch, "split", device)
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
     fn = torch.log_softmax if log else torch.softmax
-    x = torch.randn(24, cols, device=device, dtype=dtype) * 3
+    rows, cols = (9, min(cols, 257)) if interpreted(device) else (24, cols)
+    x = torch.randn(rows, cols, device=device, dtype=dtype) * 3
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
     plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
@@ -466,12 +479,12 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     """A split row whose first chunks hold only -inf (a long masked span) and whose finite values
     lie far below 0: the row's maximum must come from its finite chunk, not from the 0 that a
     chunk of -inf takes as its local reference (that once gave exp(-1000) = 0 sums and NaN rows).
-    Rows of -inf only stay NaN, as in torch."""
+    Rows of -inf only stay NaN, as in torch (4 rows of 600 on the interpreter)."""
     ours, theirs = fns
     force_regime(monkeypatch, regime, device)
     if regime == "pipelined":
         monkeypatch.setenv(launch.PROGRAMS_ENV, "16")  # rows of 8 chunks: 3 items per program
-    x = torch.randn(6, 1000, device=device, dtype=dtype) - 1000
+    x = torch.randn((4, 600) if interpreted(device) else (6, 1000), device=device, dtype=dtype) - 1000
     x[:, :300] = -float("inf")
     x[1, 500:] = -float("inf")
     x[2] = -float("inf")
@@ -591,14 +604,18 @@ def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, pe
 def test_split_windows_over_views_and_casts(device, monkeypatch, case):
     """Windows where the tensors differ: x a view whose rows are 8 elements wider than y's
     (equally far past an aligned element, so one window fits both), a bf16 input written as
-    float32 (``dtype=``), and a 3-D view whose groups and rows both stride."""
+    float32 (``dtype=``), and a 3-D view whose groups and rows both stride (24 rows of 1001; 3 or
+    4 rows of 257 on the interpreter)."""
     force_regime(monkeypatch, "split", device)
+    few = interpreted(device)
+    rows, cols = (3, 257) if few else (24, 1001)
     if case == "wider_rows":
-        x = (torch.randn(24, 1009, device=device, dtype=torch.bfloat16) * 3)[:, :1001]
+        x = (torch.randn(rows, cols + 8, device=device, dtype=torch.bfloat16) * 3)[:, :cols]
     elif case == "dtype_float32":
-        x = torch.randn(24, 1001, device=device, dtype=torch.bfloat16) * 3
+        x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16) * 3
     else:
-        x = (torch.randn(3, 16, 1009, device=device, dtype=torch.bfloat16) * 3)[:, :8, :1001]
+        x = (torch.randn(2 if few else 3, 4 if few else 16, cols + 8, device=device, dtype=torch.bfloat16) * 3)[
+            :, :2 if few else 8, :cols]
     out_dtype = torch.float32 if case == "dtype_float32" else x.dtype
     y = torch.full(x.shape, float("nan"), device=device, dtype=out_dtype)
     view = ops.row_view(tuple(x.shape), x.dim() - 1, x, y)

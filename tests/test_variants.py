@@ -11,7 +11,7 @@ from portable_softmax import kernels, variants
 
 def _config(regime: str, **changes) -> types.SimpleNamespace:
     values = dict(regime=regime, block_m=1, block_n=1024, chunks=4 if regime == "split" else 1, chunks_p2=4,
-                  num_stages=1, align=1, ticketed=False, reread=False, per_tile=False, dense=False)
+                  num_stages=1, align=1, ticketed=False, reread=False, per_tile=False, dense=False, phased=False)
     return types.SimpleNamespace(**{**values, **changes})
 
 
@@ -41,6 +41,27 @@ def test_options_ask_cooperation_only_for_persistent_split_grids():
     assert "launch_cooperative_grid" not in variants.options(_config("split", ticketed=True), 4, True)
     assert "launch_cooperative_grid" not in variants.options(_config("split"), 4, False)
     assert "launch_cooperative_grid" not in variants.options(_config("tile"), 4, True)
+
+
+def test_split_phases_launch_the_exchange_once_or_twice():
+    """A split config waits in one launch, or (``phased``) publishes, then reads, in two: the
+    PHASE each launch's constexprs give the kernel, as ``kernels.exchange`` numbers them."""
+    from portable_softmax.kernels import exchange
+
+    assert (variants.EXCHANGE_WAIT, variants.EXCHANGE_PUBLISH, variants.EXCHANGE_READ) == (
+        exchange.EXCHANGE_WAIT.value, exchange.EXCHANGE_PUBLISH.value, exchange.EXCHANGE_READ.value)
+    facts = variants.CallFacts(log=False)
+    assert variants.launch_phases(_config("split")) == (variants.EXCHANGE_WAIT,)
+    assert variants.constexprs(_config("split"), facts)["PHASE"] == variants.EXCHANGE_WAIT
+    phased = _config("split", phased=True)
+    assert variants.launch_phases(phased) == (variants.EXCHANGE_PUBLISH, variants.EXCHANGE_READ)
+    assert [variants.constexprs(phased, facts, phase)["PHASE"] for phase in variants.launch_phases(phased)] == [1, 2]
+    assert variants.constexprs(phased, facts)["PHASE"] == variants.EXCHANGE_PUBLISH
+    with pytest.raises(ValueError, match="phase=0"):
+        variants.constexprs(phased, facts, variants.EXCHANGE_WAIT)
+    # Nothing waits in a phased grid: no cooperative launch.
+    assert "launch_cooperative_grid" not in variants.options(phased, 4, True)
+    assert variants.launch_phases(_config("tile", phased=True)) == (variants.EXCHANGE_WAIT,)
 
 
 def test_unknown_variants_are_refused():

@@ -1,7 +1,15 @@
 """The split regime's exchange: each (row, chunk) publishes its packed (max, sum) partials to a
 64-bit slot, waits until its row's slots are full, and reads the row's maximum and total from them
 (tiles of several rows count arrivals at a counter instead); then the slots are emptied for the
-next launch."""
+next launch.
+
+Where programs cannot wait on each other (Triton's interpreter runs them one after another) the
+same helpers run the exchange in two launches of the same kernel instead, chosen by their
+``PHASE`` constexpr (``EXCHANGE_*``; ``variants`` declares the same numbers): the first
+publishes every chunk's partials, the second reads every slot of its rows, all written by the
+first, with no wait, and leaves them full (nothing waits on an empty one). ``PHASE`` is the last
+parameter of ``_exchange``, ``_empty_previous`` and ``_empty_last``, ``EXCHANGE_WAIT`` (the one
+launch with the wait) by default, so that a kernel written for that form calls them unchanged."""
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _tile_rows
 
@@ -12,14 +20,30 @@ PEER_GROUP = tl.constexpr(32)
 CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
+
+# The exchange's PHASE: one launch whose programs publish, wait for their row's peers and read
+# (a resident grid: GPUs); or two launches, where programs cannot wait on each other: every chunk
+# publishes (1), then every chunk reads its rows' slots, all full by then (2).
+EXCHANGE_WAIT = tl.constexpr(0)
+EXCHANGE_PUBLISH = tl.constexpr(1)
+EXCHANGE_READ = tl.constexpr(2)
+
+
+
 @_jit
 def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr,
-              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr):
+              CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr,
+              PHASE: tl.constexpr = EXCHANGE_WAIT):
     """Publish this chunk's partials of the item's rows (``packed``: a [BLOCK_M] int64 block of
     ``_float_bits``, with ``MAXIMA`` the chunk maximum's over its sum's), wait for every chunk of
     the rows, and return the rows' maxima and totals from them all (``_gather_row``; for a tile
     of several rows ``_gather_tile``, [BLOCK_M] each, where one row gives scalars; its counters
     follow the ticket counter at ``done_ptr``).
+
+    ``PHASE`` (default ``EXCHANGE_WAIT``: all of the above, in one launch): ``EXCHANGE_PUBLISH``
+    only publishes, and returns zeros (nothing is read: the caller writes nothing either);
+    ``EXCHANGE_READ``, in the launch after, publishes nothing (``packed`` is not read) and
+    reads the rows' maxima and totals from the slots that launch filled, with no wait.
 
     Each (row, chunk) owns one 64-bit slot written with a relaxed exchange and read back with a
     relaxed atomic (``_read_slots``): the slot is the only datum exchanged, and a reader needs
@@ -29,24 +53,28 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     on the H200: NOTES v19.)
     """
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
-    if BLOCK_M > 1:
-        tl.store(slots + chunk, packed, mask=row_mask)
-    else:
-        tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
+    if PHASE != EXCHANGE_READ:
+        if BLOCK_M > 1:
+            tl.store(slots + chunk, packed, mask=row_mask)
+        else:
+            tl.atomic_xchg(slots + chunk, packed, mask=row_mask, sem="relaxed")
+    wait: tl.constexpr = PHASE == EXCHANGE_WAIT
     # Triton does not software-pipeline a loop that holds another loop, but one that calls a
     # function holding it. The call costs registers (the calling convention), so only pipelined
     # kernels make it; its arguments are scalars, so it takes chunks of one row.
     # Unpacked before returning: Triton 3.2 loses a returned tuple that was held in one name
     # (the caller's unpacking then fails: "row_total is not defined").
-    if BLOCK_M > 1:
+    if PHASE == EXCHANGE_PUBLISH:
+        row_max, total = 0.0, 0.0
+    elif BLOCK_M > 1:
         tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
-        row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA)
+        row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA, wait)
     elif STAGES > 1:
         row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
-                                              CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC)
+                                              CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC, wait)
     else:
         row_max, total = _gathered_row(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
-                                       CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC)
+                                       CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC, wait)
     return row_max, total
 
 
@@ -57,27 +85,28 @@ def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr):
 
 
 def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
-                GROUP: tl.constexpr, ATOMIC: tl.constexpr):
-    """Wait until the CHUNKS slots from ``first_slot`` are full; the row's maximum (with
-    ``MAXIMA``, else 0) and total (``_peer_total``). Read ``GROUP`` slots at a time: called (not
-    inlined), a function's shared memory overlaps the caller's pipeline buffers (Triton 3.6 passes
-    it none of its own; rows of 38 and 64 chunks came out NaN on the H200), and a reduction over
-    at most ``PEER_GROUP`` slots stays within a warp, needing none. Groups start below CHUNKS: one
-    wholly past the row's chunks would wait on nothing (a dead loop in the machine code)."""
+                GROUP: tl.constexpr, ATOMIC: tl.constexpr, WAIT: tl.constexpr):
+    """Wait until the CHUNKS slots from ``first_slot`` are full (``WAIT``; else a launch before
+    filled them); the row's maximum (with ``MAXIMA``, else 0) and total (``_peer_total``). Read
+    ``GROUP`` slots at a time: called (not inlined), a function's shared memory overlaps the
+    caller's pipeline buffers (Triton 3.6 passes it none of its own; rows of 38 and 64 chunks came
+    out NaN on the H200), and a reduction over at most ``PEER_GROUP`` slots stays within a warp,
+    needing none. Groups start below CHUNKS: one wholly past the row's chunks would wait on
+    nothing (a dead loop in the machine code)."""
     if GROUP >= CHUNKS_P2:
-        peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, 0, CHUNKS, CHUNKS_P2, ATOMIC))
+        peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, 0, CHUNKS, CHUNKS_P2, ATOMIC, WAIT))
         row_max = tl.max(peer_max, 0) if MAXIMA else 0.0
         total = _peer_total(peer_max, peer_sum, row_max, MAXIMA)
     else:
         row_max = -float("inf") if MAXIMA else 0.0
         if MAXIMA:
             for start in tl.static_range(0, CHUNKS, GROUP):
-                peer_max, _ = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP, ATOMIC))
+                peer_max, _ = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP, ATOMIC, WAIT))
                 row_max = tl.maximum(row_max, tl.max(peer_max, 0))
         total = 0.0
         for start in tl.static_range(0, CHUNKS, GROUP):
             # In the forward the slots are full by now: one read each.
-            peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP, ATOMIC))
+            peer_max, peer_sum = _peer_values(_awaited_slots(first_slot, exists, start, CHUNKS, GROUP, ATOMIC, WAIT))
             total += _peer_total(peer_max, peer_sum, row_max, MAXIMA)
     return row_max, total
 
@@ -89,14 +118,16 @@ _gathered_row_called = _jit_call(_gather_row)
 
 
 @_jit
-def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.constexpr, ATOMIC: tl.constexpr):
+def _awaited_slots(first_slot, exists, start, CHUNKS: tl.constexpr, GROUP: tl.constexpr, ATOMIC: tl.constexpr,
+                   WAIT: tl.constexpr = True):
     """Slots [start, start + GROUP) of a row, once those of its CHUNKS chunks are all full
-    (``EMPTY_SLOT`` past them)."""
+    (``EMPTY_SLOT`` past them); read once without ``WAIT`` (a launch before filled them)."""
     peers = start + tl.arange(0, GROUP)
     present = (peers < CHUNKS) & exists
     v = _read_slots(first_slot + peers, present, ATOMIC)
-    while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
-        v = _read_slots(first_slot + peers, present, ATOMIC)
+    if WAIT:
+        while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:
+            v = _read_slots(first_slot + peers, present, ATOMIC)
     return tl.where(present, v, EMPTY_SLOT)
 
 
@@ -137,7 +168,8 @@ def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
 
 
 @_jit
-def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr):
+def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
+                 WAIT: tl.constexpr = True):
     """``_gather_row`` for a tile of rows (``slots``: each row's first slot, [BLOCK_M]; this
     program's chunk has stored its partials there): the rows' maxima and totals ([BLOCK_M] each).
 
@@ -147,13 +179,15 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     So the tile's chunks count their arrivals at ``counters`` (arrivals, departures): each adds
     itself with release semantics once its partials are stored, waits for all CHUNKS (one word
     per trip, ``_awaited_count``), then reads the slots once. Slots are never emptied; the last
-    chunk to leave resets the counters for the next launch."""
-    # One thread counts for the program: the barrier first makes every thread's stores its own,
-    # which its release then publishes (the grid-wide barrier's pattern).
-    tl.debug_barrier()
-    tl.atomic_add(counters, 1, sem="release")
-    _awaited_count(counters, CHUNKS)
-    tl.debug_barrier()
+    chunk to leave resets the counters for the next launch. Without ``WAIT`` a launch before filled
+    the slots: they are read, and the counters left alone."""
+    if WAIT:
+        # One thread counts for the program: the barrier first makes every thread's stores its
+        # own, which its release then publishes (the grid-wide barrier's pattern).
+        tl.debug_barrier()
+        tl.atomic_add(counters, 1, sem="release")
+        _awaited_count(counters, CHUNKS)
+        tl.debug_barrier()
     peers = tl.arange(0, CHUNKS_P2)
     present = row_mask[:, None] & (peers < CHUNKS)[None, :]
     # From L2, where the peers' stores are: never a line this unit's L1 kept.
@@ -162,9 +196,10 @@ def _gather_tile(slots, counters, row_mask, CHUNKS: tl.constexpr, CHUNKS_P2: tl.
     row_max = tl.max(peer_max, 1)
     if MAXIMA:
         peer_sum = peer_sum * tl.exp2((peer_max - row_max[:, None]) * LOG2E)
-    last = tl.atomic_add(counters + 1, 1, sem="relaxed") == CHUNKS - 1
-    tl.store(counters, 0, mask=last)
-    tl.store(counters + 1, 0, mask=last)
+    if WAIT:
+        last = tl.atomic_add(counters + 1, 1, sem="relaxed") == CHUNKS - 1
+        tl.store(counters, 0, mask=last)
+        tl.store(counters + 1, 0, mask=last)
     return row_max, tl.sum(peer_sum, 1)
 
 
@@ -194,14 +229,16 @@ def _bits_float(bits):
 
 @_jit
 def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                    CHUNKS: tl.constexpr, TICKETED: tl.constexpr):
+                    CHUNKS: tl.constexpr, TICKETED: tl.constexpr, PHASE: tl.constexpr = EXCHANGE_WAIT):
     """Empty this program's slots of the tile it held before ``tile`` (none on its first). Called
     once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
     multiple of CHUNKS). A plain store: no program waits on a round trip to clean up. Ticketed
     grids leave their slots full (the launch fills them before the next); tiles of several rows
-    count arrivals instead (``_gather_tile``) and leave theirs full."""
-    if not TICKETED and BLOCK_M == 1:
+    count arrivals instead (``_gather_tile``) and leave theirs full, as do both launches of a
+    two-launch exchange (``PHASE`` other than ``EXCHANGE_WAIT``): the reading launch's programs
+    read slots that others publish, and nothing waits on an empty one."""
+    if PHASE == EXCHANGE_WAIT and not TICKETED and BLOCK_M == 1:
         # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
         previous = tile - tl.num_programs(0) // CHUNKS
         slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
@@ -210,13 +247,14 @@ def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOC
 
 @_jit
 def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, TICKETED: tl.constexpr):
+                CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, TICKETED: tl.constexpr,
+                PHASE: tl.constexpr = EXCHANGE_WAIT):
     """Empty the slots of a program's last tile, which no later publication vouches for: the last
     of its chunks to arrive at the tile's counter empties them all and resets the counter, leaving
     the scratch clean for the next launch (kernel boundaries order the resets before any later
     read). Nothing for ticketed grids, whose counter is their ticket (``_split_items``), nor for
-    tiles of several rows (``_gather_tile``)."""
-    if not TICKETED and BLOCK_M == 1:
+    tiles of several rows (``_gather_tile``), nor for a two-launch exchange (``_empty_previous``)."""
+    if PHASE == EXCHANGE_WAIT and not TICKETED and BLOCK_M == 1:
         first, step = tl.program_id(0), tl.num_programs(0)
         tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
         last = tl.atomic_add(done_ptr + tile, 1, sem="relaxed") == CHUNKS - 1

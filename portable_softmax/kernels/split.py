@@ -9,13 +9,19 @@ items may be software-pipelined (``STAGES`` > 1): its next chunks are copied int
 while it waits on its current row. Rows off 16-byte boundaries are read through aligned windows
 (``windows.py``).
 
+Where programs cannot wait on each other at all (Triton's interpreter runs them one after
+another), the same kernels run in two launches (``PHASE``, ``exchange.EXCHANGE_*``): the first
+computes each chunk's partials and publishes them, the second computes them again, reads its
+rows' from every chunk's slot and writes its chunk. Everything else (windows, fused terms,
+tickets, tiles of several rows, pipelined stages) is the same code in every phase.
+
 The two kernels, then how programs take their items."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _grad, _grad_terms, _load, _normalized, _row_starts, _tile_rows
 from .fused import _emptied, _fused_grad, _fused_input, _fused_load, _fused_terms
 from .windows import (_chunk_mask, _edge_columns, _edge_load, _edge_store, _output_window, _split_window, _window_start,
     _window_store)
-from .exchange import _empty_last, _empty_previous, _exchange, _float_bits
+from .exchange import EXCHANGE_PUBLISH, _empty_last, _empty_previous, _exchange, _float_bits
 
 
 @_jit
@@ -27,7 +33,7 @@ def softmax_forward_split(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
     WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, PHASE: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     # SCALE, MASK, CAUSAL: the fused variants (_fused_terms), at the row's own columns (a
@@ -91,24 +97,27 @@ def softmax_forward_split(
             total += tl.sum(e_edge, 0)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
         row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC)
-        # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
-        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
-        shift = chunk_max - row_max - tl.log(row_total)
-        out = _normalized(z, e, scale[:, None], shift[:, None], LOG)
-        # A tile's maxima are [BLOCK_M]; a row's, a scalar.
-        if BLOCK_M > 1:
-            out = _emptied(out, row_max[:, None], LOG, MASK)
-        else:
-            out = _emptied(out, row_max, LOG, MASK)
-        _window_store(y_ptr, y_base, cols, y_col_stride, mask, out, lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N,
-                      ALIGN, SHIFTED)
-        if ALIGN > 1:
-            _edge_store(y_ptr, y_base, edge, edge_mask,
-                        _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max, LOG,
-                                 MASK))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
-    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
+                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
+        # A publishing launch writes nothing: the next one writes every chunk.
+        if PHASE != EXCHANGE_PUBLISH:
+            # From the published maximum, not ref: a chunk of -inf only scales its zeros by 0.
+            scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total
+            shift = chunk_max - row_max - tl.log(row_total)
+            out = _normalized(z, e, scale[:, None], shift[:, None], LOG)
+            # A tile's maxima are [BLOCK_M]; a row's, a scalar.
+            if BLOCK_M > 1:
+                out = _emptied(out, row_max[:, None], LOG, MASK)
+            else:
+                out = _emptied(out, row_max, LOG, MASK)
+            _window_store(y_ptr, y_base, cols, y_col_stride, mask, out, lead, n_cols, row_mask, chunk * BLOCK_N,
+                          BLOCK_N, ALIGN, SHIFTED)
+            if ALIGN > 1:
+                _edge_store(y_ptr, y_base, edge, edge_mask,
+                            _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max,
+                                     LOG, MASK))
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                PHASE)
 
 
 @_jit
@@ -121,7 +130,7 @@ def softmax_backward_split(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
     LOG: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
     WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, PHASE: tl.constexpr,
 ):
     # Aligned windows take a chunk of one row; tiles of several rows are rows adjacent in memory.
     tl.static_assert(BLOCK_M == 1 or ALIGN == 1, "windows take one row at a time")
@@ -145,24 +154,27 @@ def softmax_backward_split(
             dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)
             partial += tl.sum(_grad_terms(y_edge, dy_edge, LOG), 0)
         _, row_sum = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, _float_bits(partial), BLOCK_M, CHUNKS,
-                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC)
-        if BLOCK_M > 1:
-            row_sum = row_sum[:, None]
-        dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
-                         mask, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                         BLOCK_N, SCALE, MASK, CAUSAL)
-        _window_store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx, lead, n_cols, row_mask, chunk * BLOCK_N,
-                      BLOCK_N, ALIGN, SHIFTED)
-        if ALIGN > 1:
-            dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG)[None, :], outer, rows, row_mask,
-                                  rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,
-                                  scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                                  mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                                  BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
-            _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED)
-    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED)
+                               CHUNKS_P2, False, STAGES, WAIT_ATOMIC, PHASE)
+        # A publishing launch writes nothing: the next one writes every chunk.
+        if PHASE != EXCHANGE_PUBLISH:
+            if BLOCK_M > 1:
+                row_sum = row_sum[:, None]
+            dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
+                             mask, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
+                             mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                             scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+            _window_store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx, lead, n_cols, row_mask, chunk * BLOCK_N,
+                          BLOCK_N, ALIGN, SHIFTED)
+            if ALIGN > 1:
+                dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG)[None, :], outer, rows, row_mask,
+                                      rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,
+                                      scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                                      mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                                      BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
+                _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                PHASE)
 
 
 @_jit
