@@ -33,9 +33,6 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 # The kernel package: its files hold the math of a concern each (rows, split, fused, common).
 KERNELS = "portable_softmax/kernels"
-SPLIT_SURVIVES = ("split kernels do not run on CPU until issue 35 item 1 (the split math on CPU): Triton's "
-                  "interpreter runs programs one after another, so a program that waits on its peers never ends, "
-                  "and the split tests skip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +59,14 @@ FUSED = "tests/test_fused.py::test_fused_variants_match_the_composite"
 MUTANTS = [
     # The four that passed the whole suite in issue 35.
     Mutant("split_chunks_own_maximum", f"{KERNELS}/split.py",
-           "        scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total\n"
-           "        shift = chunk_max - row_max - tl.log(row_total)\n",
-           "        scale = tl.exp2((chunk_max - chunk_max) * LOG2E) / row_total\n"
-           "        shift = chunk_max - chunk_max - tl.log(row_total)\n",
+           "            scale = tl.exp2((chunk_max - row_max) * LOG2E) / row_total\n"
+           "            shift = chunk_max - row_max - tl.log(row_total)\n",
+           "            scale = tl.exp2((chunk_max - chunk_max) * LOG2E) / row_total\n"
+           "            shift = chunk_max - chunk_max - tl.log(row_total)\n",
            _ids("tests/test_softmax.py::test_every_regime_writes_every_element",
                 "cpu-1000-softmax-split", "cpu-1000-log_softmax-split", "cpu-1000-softmax-ticketed")
            + _ids("tests/test_softmax.py::test_split_rows_with_a_chunk_of_only_minus_inf",
-                  "cpu-split-softmax-torch.float32"),
-           expected_survivor=SPLIT_SURVIVES),
+                  "cpu-split-softmax-torch.float32")),
     Mutant("empty_input_drops_dtype", "portable_softmax/ops.py",
            "    if x.numel() == 0:\n        return lambda x: _output(x, out_dtype)\n",
            "    if x.numel() == 0:\n        return lambda x: _output(x, x.dtype)\n",

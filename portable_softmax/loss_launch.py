@@ -65,7 +65,7 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
                      rereads=facts.write_grad and direction == "forward")
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     kernel, args, constexprs, options = arguments(plan.config)
-    return LaunchRecord(kernel, backend, device, plan, args, constexprs, options, None)
+    return LaunchRecord(kernel, backend, device, plan, args, (constexprs,), options, None)
 
 
 def plan_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
@@ -106,6 +106,6 @@ def run_grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> None:
         if len(_records) >= _RECORDS_LIMIT:
             _records.clear()
         found = _records[key] = LaunchRecord(kernel, backend, device, plan, (grad.numel(),),
-                                             {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64},
+                                             ({"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64},),
                                              {"num_warps": plan.num_warps, "num_stages": 1}, None)
     found((grad, dloss))
