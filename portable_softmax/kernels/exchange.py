@@ -238,7 +238,8 @@ def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOC
     count arrivals instead (``_gather_tile``) and leave theirs full, as do both launches of a
     two-launch exchange (``PHASE`` other than ``EXCHANGE_WAIT``): the reading launch's programs
     read slots that others publish, and nothing waits on an empty one."""
-    if PHASE == EXCHANGE_WAIT and not TICKETED and BLOCK_M == 1:
+    # Parenthesised: Triton 3.2 refuses a chain of three boolean operands.
+    if (PHASE == EXCHANGE_WAIT and not TICKETED) and BLOCK_M == 1:
         # Programs step through items a grid apart, CHUNKS items to a tile: a first tile gives < 0.
         previous = tile - tl.num_programs(0) // CHUNKS
         slots, row_mask = _tile_slots(slot_ptr, previous, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS)
@@ -254,7 +255,8 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
     the scratch clean for the next launch (kernel boundaries order the resets before any later
     read). Nothing for ticketed grids, whose counter is their ticket (``_split_items``), nor for
     tiles of several rows (``_gather_tile``), nor for a two-launch exchange (``_empty_previous``)."""
-    if PHASE == EXCHANGE_WAIT and not TICKETED and BLOCK_M == 1:
+    # Parenthesised: Triton 3.2 refuses a chain of three boolean operands.
+    if (PHASE == EXCHANGE_WAIT and not TICKETED) and BLOCK_M == 1:
         first, step = tl.program_id(0), tl.num_programs(0)
         tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
         last = tl.atomic_add(done_ptr + tile, 1, sem="relaxed") == CHUNKS - 1
