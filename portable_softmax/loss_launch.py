@@ -1,5 +1,5 @@
 """The cross-entropy kernels' launches (``kernels/loss.py``): planned once per call signature by
-the pure planner (``planner.plan_loss``), from the compiled kernel's resources, and kept as
+the pure planner (``loss_planner.plan_loss``), from the compiled kernel's resources, and kept as
 ``launch.LaunchRecord``s, so that a repeated call is one dictionary lookup and its launches.
 
 The kernel arguments come from the variant table (``variants.LOSS_TENSORS`` and its neighbours),
@@ -17,7 +17,8 @@ from portable_softmax import variants
 from portable_softmax.backend import on_registry_change
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module
-from portable_softmax.planner import KernelConfig, LaunchPlan, plan_elementwise, plan_loss
+from portable_softmax.loss_planner import plan_elementwise, plan_loss
+from portable_softmax.planner import KernelConfig, LaunchPlan
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 from portable_softmax.tuning import TUNING

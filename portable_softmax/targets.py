@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from portable_softmax import planner
+from portable_softmax import loss_planner, planner
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import KernelConfig, LaunchPlan, Target
 from portable_softmax.record import DeviceRecord
@@ -24,8 +24,8 @@ def plan_launch(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **op
 
 
 def plan_loss(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **options: Any) -> LaunchPlan:
-    """``planner.plan_loss`` for ``record``'s target."""
-    return planner.plan_loss(target_for(record), n_rows, n_cols, dtype, **options)
+    """``loss_planner.plan_loss`` for ``record``'s target."""
+    return loss_planner.plan_loss(target_for(record), n_rows, n_cols, dtype, **options)
 
 
 def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **options: Any) -> KernelConfig:

@@ -400,13 +400,13 @@ def test_strided_incoming_gradient_of_none(device):
 def test_plans_for_recorded_chips(profile):
     # The pure planner, for chips that are not here: whole rows in tiles while they fit (half as
     # long where the gradient is formed from them), longer ones streamed; grids within limits.
-    from portable_softmax import planner, profiles, targets
+    from portable_softmax import loss_planner, planner, profiles, targets
 
     target = targets.target_for(profiles.profile_record(profile))
     limit = planner._row_limit(target.tuning, "float32", True)
     for n_rows, n_cols in ((8192, 781), (8192, limit), (8192, limit + 1), (4096, 256000), (1, 50257)):
         for writes in (True, False):
-            plan = planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2)
+            plan = loss_planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2)
             held = planner.next_power_of_2(n_cols) <= planner._row_limit(target.tuning, "float32", writes)
             assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
             assert plan.block_n >= (planner.next_power_of_2(n_cols) if held else 1)
@@ -417,7 +417,7 @@ def test_streamed_twice_rows_fit_the_l2():
     # The forward that streams each row twice (loss, then gradient) gets a grid whose rows in
     # flight fit the share of L2 the tuning allows, where one program a unit fits; otherwise, and
     # for one pass or a chip without a recorded L2, the loop grid as it was.
-    from portable_softmax import planner, profiles, targets
+    from portable_softmax import loss_planner, planner, profiles, targets
     from portable_softmax.record import KernelResources
 
     resources = KernelResources(registers=72, shared_memory=0, num_warps=8)
@@ -426,7 +426,7 @@ def test_streamed_twice_rows_fit_the_l2():
     h100 = dataclasses.replace(found, tuning=dataclasses.replace(found.tuning, loss_l2_share=0.75))
     budget = h100.record.l2_cache_bytes * h100.tuning.loss_l2_share
     for n_cols, input_bytes in ((128256, 2), (32000, 2), (256000, 4)):
-        plans = {rereads: planner.plan_loss(h100, 8192, n_cols, "float32", writes_gradient=True, resources=resources,
+        plans = {rereads: loss_planner.plan_loss(h100, 8192, n_cols, "float32", writes_gradient=True, resources=resources,
                                             input_bytes=input_bytes, rereads=rereads) for rereads in (False, True)}
         row_bytes = n_cols * input_bytes
         resident = h100.record.compute_units * plans[False].occupancy
@@ -435,11 +435,11 @@ def test_streamed_twice_rows_fit_the_l2():
             assert plans[True].programs * row_bytes <= budget
         else:
             assert plans[True].programs == plans[False].programs, plans[True].reason
-    assert planner.plan_loss(h100, 8192, 128256, "float32", writes_gradient=True, resources=resources,
+    assert loss_planner.plan_loss(h100, 8192, 128256, "float32", writes_gradient=True, resources=resources,
                              input_bytes=2, rereads=True).programs < resident
     mi300x = targets.target_for(profiles.profile_record("mi300x"))
     assert mi300x.record.l2_cache_bytes is None
-    plans = [planner.plan_loss(mi300x, 8192, 128256, "float32", writes_gradient=True, input_bytes=2, rereads=rereads)
+    plans = [loss_planner.plan_loss(mi300x, 8192, 128256, "float32", writes_gradient=True, input_bytes=2, rereads=rereads)
              for rereads in (False, True)]
     assert plans[0].programs == plans[1].programs
 

@@ -1,0 +1,95 @@
+"""Planning the cross-entropy kernels (``kernels/loss.py``) and the held gradient's rescale: a pure
+function of the target and the problem, as ``planner`` (whose tiles, loops and grid sizing it uses).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, LaunchPlan, ResourceSource, Target, _cdiv, _resources,
+    _row_limit, _size, _warps, next_power_of_2)
+
+
+def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> LaunchPlan:
+    """``plan`` with its grid cut so that the rows its programs stream at once (a row per program
+    at a time) hold at most ``Tuning.loss_l2_share`` of the L2: each row's second pass (the
+    gradient) then reads L2, not memory. Unchanged where the record has no L2 size, the share is
+    0, the resident grid already fits, or a program a unit would not fit (rows that long are
+    read from memory twice whatever the grid: fewer programs would only keep fewer bytes in
+    flight)."""
+    record = target.record
+    share = target.tuning.loss_l2_share
+    if not record.l2_cache_bytes or share <= 0:
+        return plan
+    budget = int(record.l2_cache_bytes * share)
+    programs = budget // max(1, row_bytes * plan.block_m)
+    resident = record.compute_units * max(plan.occupancy, 1)
+    if programs < record.compute_units or programs >= min(plan.programs, resident):
+        return plan
+    return dataclasses.replace(
+        plan, programs=programs, rows_per_program=_cdiv(n_rows, programs),
+        reason=f"{plan.reason}; {programs} programs, so that their rows of {row_bytes} B, streamed twice, fit "
+               f"{share:g} of the {record.l2_cache_bytes} B L2")
+
+
+def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
+              rows_per_group: Optional[int] = None, resources: ResourceSource = None,
+              input_bytes: Optional[int] = None, rereads: bool = False) -> LaunchPlan:
+    """Plan a cross-entropy kernel (``kernels/loss.py``): ``tile`` where a tile of whole rows fits
+    a program (``_row_limit``; where the gradient is formed from the same registers, rows half as
+    long, as the softmax backward's), else ``loop`` (rows streamed in chunks of
+    ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time,
+    from L2). The backward kernel streams with the same blocks: a row that fits is one chunk.
+    Sized as the softmax tiles and loops are (``_size``), from the compiled kernel's resources.
+
+    Args:
+        target: the device's target.
+        n_rows: positions (rows) in all groups; n_cols: the classes.
+        dtype: the accumulation's dtype name (``float32`` or ``float64``).
+        writes_gradient: the kernel writes the gradient (the forward with a held gradient, or the
+            backward).
+        rows_per_group: rows per group of the row view (defaults to ``n_rows``).
+        resources: the compiled kernel's use, or a function from config to it; estimated if None.
+        input_bytes: bytes a column reads (the logits', plus probability targets').
+        rereads: a streamed program reads each row twice (the forward that writes the gradient):
+            its grid is cut so that the rows in flight fit the L2 (``_l2_fit``).
+
+    Returns:
+        The plan (regime ``tile`` or ``loop``).
+    """
+    record = target.record
+    tuning = target.tuning
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    rows_per_group = n_rows if rows_per_group is None else rows_per_group
+    if input_bytes is None:
+        input_bytes = DTYPE_BYTES[dtype]
+    width = next_power_of_2(n_cols)
+    if width <= _row_limit(tuning, dtype, writes_gradient):
+        block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
+        config = KernelConfig("tile", block_m, width, 1,
+                              _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
+    else:
+        chunk = min(tuning.loop_chunk, width)
+        warps = tuning.loss_loop_warps or _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps)
+        config = KernelConfig("loop", 1, chunk, 1, warps, max(1, tuning.loss_loop_stages))
+    kernel = _resources(resources, target, config, writes_gradient, input_bytes)
+    plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient)
+    assert plan is not None  # tiles and loops always have a grid
+    if plan.regime == "loop" and rereads:
+        plan = _l2_fit(target, plan, n_rows, n_cols * input_bytes)
+    return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
+
+
+def plan_elementwise(target: Target, n_elements: int, block: int) -> LaunchPlan:
+    """A grid over ``n_elements`` in blocks of ``block`` (the held gradient's rescale): a
+    program per block up to a few waves of the chip, each program stepping through the rest."""
+    record = target.record
+    tuning = target.tuning
+    warps = _warps(block, tuning.elements_per_thread, record, tuning.max_warps)
+    config = KernelConfig("loop", 1, block, 1, warps)
+    blocks = max(1, _cdiv(n_elements, block))
+    programs = max(1, min(blocks, record.compute_units * max(tuning.tile_waves, 1) * 4, record.grid_limit,
+                          tuning.max_programs))
+    return LaunchPlan(record.backend, "loop", 1, block, 1, warps, 1, programs, 1, blocks, blocks,
+                      _cdiv(blocks, programs), f"elementwise: blocks of {block}, {programs} programs")
