@@ -22,50 +22,22 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
+import triton
 
 from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
-from portable_softmax.planner import (KernelConfig, LaunchPlan, call_windows, plan_launch, plan_sharded, split_fit,
-                                      tile_fill, tile_fit)
+from portable_softmax.kernel_resources import table_for
+from portable_softmax.launch_plan import Lookup, RowView, SoftmaxCall, Variant, known_resources, plan_softmax
+from portable_softmax.planner import LaunchPlan, Target, call_windows, plan_sharded
 from portable_softmax.targets import target_for
-from portable_softmax.record import DeviceRecord, KernelResources
+from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING
 
 logger = logging.getLogger(__name__)
 
 PROGRAMS_ENV = "PORTABLE_SOFTMAX_PROGRAMS"
-
-
-@dataclass(frozen=True)
-class RowView:
-    """How the tensors of one call map onto rows (see ``kernels``): groups of rows, and for
-    each tensor its (outer, row, column) strides in elements."""
-
-    n_outer: int
-    rows_per_outer: int
-    n_cols: int
-    strides: tuple[tuple[int, int, int], ...]
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_outer * self.rows_per_outer
-
-    @property
-    def strided(self) -> bool:
-        """Whether an input's rows lie side by side in memory while its rows' own elements do not
-        (a reduction along a strided dimension): tiles then span adjacent rows
-        (``planner._strided_config``). The last tensor is the output."""
-        return self.rows_per_outer > 1 and self.n_cols > 1 and any(
-            row == 1 and col != 1 for _, row, col in self.strides[:-1])
-
-    @property
-    def narrow(self) -> bool:
-        """Whether every element offset of every tensor fits in int32."""
-        counts = (self.n_outer, self.rows_per_outer, self.n_cols)
-        return all(sum((count - 1) * abs(stride) for count, stride in zip(counts, triple)) < 2**31
-                   for triple in self.strides)
 
 
 def _kernel_module(backend: Backend) -> Any:
@@ -292,14 +264,13 @@ class Fusion:
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
                  allow_split: bool = True, fusion: Optional[Fusion] = None) -> Union[LaunchRecord, SlicedRecord]:
     """Plan and prepare the launch of ``tensors`` (inputs, then output; with ``fusion`` then the
-    mask and scale tensors, the input standing in for an absent one) over ``view``."""
+    mask and scale tensors, the input standing in for an absent one) over ``view``: planned from
+    the variants' known resources, compiling only the one that launches (``launch_plan``)."""
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
     target = target_for(record)
     module = _kernel_module(backend)
-    dtype_name = "float64" if acc_fp64 else "float32"
-    backward = direction == "backward"
     arity = len(variants.TENSORS[direction])
     # The data's inputs (a fused call's mask and scale follow the output).
     input_bytes = sum(t.element_size() for t in tensors[:arity - 1])
@@ -308,64 +279,26 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
                                   [t.element_size() for t in data], all(t.data_ptr() % 16 == 0 for t in data))
     facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
                                *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
-    fused_scalars = fusion.scalars if fusion else variants.NO_FUSION
+    call = SoftmaxCall(direction, view, facts, fusion.scalars if fusion else variants.NO_FUSION, input_bytes, align,
+                       "float64" if acc_fp64 else "float32", allow_split, _forced_programs(),
+                       record.cooperative_launch, fusion is not None)
 
-    def kernel_tensors(regime: str) -> tuple[torch.Tensor, ...]:
+    def compile(variant: Variant) -> KernelResources:
+        kernel = getattr(module, variant.kernel)
         # Regimes that fuse take the mask and scale tensors too; the input stands in where absent.
-        if regime in variants.FUSED_REGIMES and len(tensors) == arity:
-            return (*tensors, tensors[0], tensors[0])
-        return tensors[:arity] if regime not in variants.FUSED_REGIMES else tensors
-    cooperative = record.cooperative_launch
-
-    def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
-        kernel = getattr(module, variants.kernel_name(direction, config.regime))
-        args = variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
-                                         fused_scalars)
-        constexprs = variants.constexprs(config, facts)
-        options = variants.options(config, config.num_warps, cooperative)
-        caps = split_fit(target, config, input_bytes) or tile_fill(target, config, input_bytes)
-        if caps:
-            options = fitted(kernel, args, constexprs, options, caps, reach=False)
-        caps = tile_fit(target, config, args[0])
-        if caps:
-            # Only where every tile then has a program at once: a second wave left partly empty
-            # costs as much as a full one.
-            options = fitted(kernel, args, constexprs, options, caps, reach=True)
-        return kernel, args, constexprs, options
-
-    def fitted(kernel: Any, args: tuple, constexprs: dict, options: dict, caps: list, reach: bool) -> dict:
-        # The most programs per unit whose register cap spills no more than the tuning allows (a
-        # cap that spills in the loop costs more than the programs it adds) and that holds more
-        # programs than the uncapped kernel, or (reach) as many as the cap was asked for.
-        held = target.occupancy(record, compiled(kernel, args, constexprs, options))
-        for programs, fit in caps:
-            if programs <= held:
-                break
-            capped = {**options, **fit}
-            used = compiled(kernel, args, constexprs, capped)
-            occupancy = target.occupancy(record, used)
-            if used.spills <= target.tuning.split_fit_max_spills and occupancy >= (programs if reach else held + 1):
-                return capped
-        return options
-
-    def compiled(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
+        inputs = tensors if variant.config.regime in variants.FUSED_REGIMES else data
+        if len(inputs) == arity and variant.config.regime in variants.FUSED_REGIMES:
+            inputs = (*inputs, tensors[0], tensors[0])
         # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
-        placeholder = (torch.int64, torch.int32) if kernel.fn.__name__.endswith("_split") else ()
-        regime = kernel.fn.__name__.rsplit("_", 1)[1]
-        return _compiled_resources(kernel, backend, device, (*kernel_tensors(regime), *placeholder, *args),
-                                   constexprs, options)
+        placeholder = (torch.int64, torch.int32) if variant.config.regime == "split" else ()
+        return _compiled_resources(kernel, backend, device, (*inputs, *placeholder, *call.scalars(variant.config)),
+                                   variant.constexpr_values, variant.option_values)
 
-    def resources(config: KernelConfig) -> KernelResources:
-        return compiled(*arguments(config))
-
-    plan = plan_launch(target, view.n_rows, view.n_cols, dtype_name, backward=backward,
-                       rows_per_group=view.rows_per_outer, resources=resources, programs=_forced_programs(),
-                       allow_split=allow_split, align=align, input_bytes=input_bytes, narrow=view.narrow,
-                       strided=view.strided, causal=bool(fusion and fusion.causal), sliceable=fusion is None)
+    plan, chosen = plan_softmax(target, call, _known(backend, target, data[0].dtype, direction == "backward",
+                                                     input_bytes), compile)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     if plan.regime == variants.SLICED:
         return _sliced_record(direction, module, backend, device, plan, view, log, acc_fp64)
-    kernel, args, _, options = arguments(plan.config)
     launches = tuple(variants.constexprs(plan.config, facts, phase) for phase in variants.launch_phases(plan.config))
     fallback = None
     if plan.regime == "split":
@@ -373,7 +306,19 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         # built from the tensors of the call that needs it: a record holds no tensor.
         def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
             return build_record(direction, now, view, log, acc_fp64, allow_split=False, fusion=fusion)
-    return LaunchRecord(kernel, backend, device, plan, args, launches, options, fallback)
+    return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, call.scalars(plan.config), launches,
+                        chosen[0].option_values, fallback)
+
+
+def _known(backend: Backend, target: Target, dtype: torch.dtype, backward: bool, input_bytes: int) -> Lookup:
+    """What planning knows of a variant's resources before compiling it: the interpreter's (it
+    reports none), else the target's table for this Triton, else an estimate."""
+    if backend.interpreted:
+        return lambda variant: KernelResources(registers=0, shared_memory=0,
+                                               num_warps=variant.option_values["num_warps"])
+    record = target.record
+    table = table_for(record.backend, record.arch, triton.__version__)
+    return known_resources(target, table, str(dtype).replace("torch.", ""), backward, input_bytes)
 
 
 # Launch records by call signature; bounded so that a stream of distinct shapes cannot grow it

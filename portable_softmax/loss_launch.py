@@ -1,5 +1,6 @@
 """The cross-entropy kernels' launches (``kernels/loss.py``): planned once per call signature by
-the pure planner (``loss_planner.plan_loss``), from the compiled kernel's resources, and kept as
+the pure planner (``loss_planner.plan_loss``), from the kernel's known resources checked against
+its compiled binary (``launch_plan.plan_checked``), and kept as
 ``launch.LaunchRecord``s, so that a repeated call is one dictionary lookup and its launches.
 
 The kernel arguments come from the variant table (``variants.LOSS_TENSORS`` and its neighbours),
@@ -9,14 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from portable_softmax import variants
 from portable_softmax.backend import on_registry_change
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module
+from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
+from portable_softmax.launch_plan import Lookup, Variant, plan_checked
 from portable_softmax.loss_planner import plan_elementwise, plan_loss
 from portable_softmax.planner import KernelConfig, LaunchPlan
 from portable_softmax.record import KernelResources
@@ -49,24 +50,31 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     input_bytes = tensors[0].element_size() + (tensors[names.index("target")].element_size()
                                                if facts.prob_target else 0)
 
-    def arguments(config: KernelConfig) -> tuple[Any, tuple, dict, dict]:
-        kernel = getattr(module, variants.loss_kernel_name(direction, config.regime))
-        args = variants.loss_scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
-                                              scalars)
-        return kernel, args, variants.loss_constexprs(direction, config, facts), {"num_warps": config.num_warps,
-                                                                                  "num_stages": config.num_stages}
+    def variant(config: KernelConfig) -> Variant:
+        return Variant.of(variants.loss_kernel_name(direction, config.regime),
+                          variants.loss_constexprs(direction, config, facts),
+                          {"num_warps": config.num_warps, "num_stages": config.num_stages}, config)
 
-    def resources(config: KernelConfig) -> KernelResources:
-        kernel, args, constexprs, options = arguments(config)
-        return _compiled_resources(kernel, backend, device, (*tensors, *args), constexprs, options)
+    def compile(chosen: Variant) -> KernelResources:
+        args = variants.loss_scalar_arguments(chosen.config, view.n_outer, view.rows_per_outer, view.n_cols,
+                                              view.strides, scalars)
+        return _compiled_resources(getattr(module, chosen.kernel), backend, device, (*tensors, *args),
+                                   chosen.constexpr_values, chosen.option_values)
 
-    plan = plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
-                     writes_gradient=facts.write_grad or direction == "backward", rows_per_group=view.rows_per_outer,
-                     resources=resources, input_bytes=input_bytes,
-                     rereads=facts.write_grad and direction == "forward")
+    def plan(lookup: Lookup) -> LaunchPlan:
+        return plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
+                         writes_gradient=writes_gradient, rows_per_group=view.rows_per_outer,
+                         resources=lambda config: lookup(variant(config)), input_bytes=input_bytes,
+                         rereads=facts.write_grad and direction == "forward")
+
+    writes_gradient = facts.write_grad or direction == "backward"
+    known = _known(backend, target, tensors[0].dtype, writes_gradient, input_bytes)
+    plan, chosen = plan_checked(plan, lambda found, lookup: [variant(found.config)], known, compile)
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
-    kernel, args, constexprs, options = arguments(plan.config)
-    return LaunchRecord(kernel, backend, device, plan, args, (constexprs,), options, None)
+    args = variants.loss_scalar_arguments(plan.config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
+                                          scalars)
+    return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, args,
+                        (chosen[0].constexpr_values,), chosen[0].option_values, None)
 
 
 def plan_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,

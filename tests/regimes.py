@@ -5,7 +5,7 @@ import pytest
 from packaging.version import Version
 
 import portable_softmax as ps
-from portable_softmax import compat, launch, tuning
+from portable_softmax import compat, launch, launch_plan, tuning
 
 # The regimes whose programs trade partials through the exchange (``kernels.exchange``).
 SPLIT_REGIMES = ("split", "ticketed", "pipelined")
@@ -62,8 +62,8 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
         small = open_split(device, **small)
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))
     if regime == "loop":
-        real_plan = launch.plan_launch
-        monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
+        real_plan = launch_plan.plan_launch
+        monkeypatch.setattr(launch_plan, "plan_launch", lambda *a, **k: real_plan(*a, **{**k, "allow_split": False}))
 
 
 def regime_of(plan: launch.LaunchPlan) -> str:

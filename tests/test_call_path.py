@@ -9,7 +9,7 @@ import torch
 
 import portable_softmax as ps
 from portable_softmax import device as device_layer
-from portable_softmax import fused, launch, ops
+from portable_softmax import fused, launch, launch_plan, ops
 from portable_softmax.selfcheck import relative_error
 
 
@@ -29,13 +29,14 @@ def test_a_repeated_call_plans_compiles_and_queries_nothing(device, monkeypatch,
     x = torch.randn(48, 333, device=device, requires_grad=True)
     dy = torch.randn(48, 333, device=device)
     counts: dict = {}
-    for module, name in ((launch, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
+    for module, name in ((launch_plan, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
                          (launch, "backend_for"), (launch, "device_record"), (device_layer, "_record_or_error"),
                          (ops, "_validate")):
         _count(monkeypatch, module, name, counts)
     torch.autograd.grad(fn(x, -1), x, dy)
     first = dict(counts)
-    assert first.get("build_record") == 2 and first.get("plan_launch") == 2  # forward and backward
+    # Forward and backward (each plans again where its compiled kernel's resources are not the known ones).
+    assert first.get("build_record") == 2 and first.get("plan_launch", 0) >= 2
     counts.clear()
     for _ in range(3):
         y = fn(x, -1)
@@ -56,7 +57,7 @@ def test_a_repeated_fused_call_plans_and_compiles_nothing(device, monkeypatch):
     dy = torch.randn(2, 3, 5, 333, device=device)
     calls = [dict(scale=0.125, mask=mask), dict(scale=1 / temperature, causal=True)]
     counts: dict = {}
-    for module, name in ((launch, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
+    for module, name in ((launch_plan, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
                          (fused, "_fusion"), (ops, "_validate"), (fused, "_check")):
         _count(monkeypatch, module, name, counts)
     for kwargs in calls:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, tuning
+from portable_softmax import launch, launch_plan, tuning
 from portable_softmax.selfcheck import relative_error, tolerance
 from regimes import SPLIT_REGIMES, force_regime, interpreted, regime_of
 
@@ -198,12 +198,13 @@ def test_a_learnable_scale_over_another_dimension(device):
 def test_causal_calls_plan_for_what_they_read(device, monkeypatch):
     """The launch tells the planner which calls are causal (their forward tiles read half)."""
     asked = []
-    real = launch.plan_launch
-    monkeypatch.setattr(launch, "plan_launch", lambda *a, **k: asked.append(k["causal"]) or real(*a, **k))
+    real = launch_plan.plan_launch
+    monkeypatch.setattr(launch_plan, "plan_launch", lambda *a, **k: asked.append(k["causal"]) or real(*a, **k))
     x = torch.randn(2, 3, 5, 40, device=device)
     ps.softmax(x, -1, causal=True)
     ps.softmax(x, -1, scale=0.5)
-    assert asked == [True, False]
+    # (A call plans again where its compiled kernel's resources differ from the known ones.)
+    assert asked[0] is True and asked[-1] is False and asked == sorted(asked, reverse=True)
 
 
 def test_a_per_row_temperature_and_its_gradient(device):

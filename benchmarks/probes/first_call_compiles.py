@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import portable_softmax as ps  # noqa: E402
 from portable_softmax import launch, loss_launch, variants  # noqa: E402
 from portable_softmax.backend import get_backend  # noqa: E402
-from portable_softmax.crosscompile.cases import POINTER_TYPES, _int_type  # noqa: E402
+from portable_softmax.crosscompile.cases import _int_type  # noqa: E402
 from portable_softmax.crosscompile.compiling import compile_variant  # noqa: E402
 from portable_softmax.profiles import profile_record  # noqa: E402
 from portable_softmax.record import KernelResources  # noqa: E402

@@ -24,18 +24,28 @@ from portable_softmax.crosscompile.cases import (_cost, _spec_key, Case, case_co
                                                  DEFAULT_SLICED_SHAPES, DEFAULT_STRIDED_SHAPES, SLICED_PADDING,
                                                  variant_spec)
 from portable_softmax.crosscompile.compiling import compile_all, DEFAULT_TIMEOUT_S
+from portable_softmax.crosscompile.table import compile_table, write_table
 
 
 def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
-        progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+        progress: Optional[Callable[[str], None]] = None, table: Optional[str] = None) -> dict[str, Any]:
     """Plan, compile and check every variant; the report as plain data (``report["ok"]``). A
     target whose toolchain is missing here (``toolchain_missing``) is not compiled: its report
-    says why (``unavailable``), and is not ok."""
+    says why (``unavailable``), and is not ok. With ``table`` (a folder), also compile the
+    register-capped forms a launch may weigh, and write each target's table of known resources
+    there (``crosscompile.table``; ``report["tables"]``: the files written)."""
     started = time.perf_counter()
     specs: list[dict[str, Any]] = []
     index_of: dict[str, int] = {}
     per_target = []
     unavailable: dict[str, str] = {}
+
+    def add(spec: dict[str, Any]) -> int:
+        key = _spec_key(spec)
+        if key not in index_of:
+            index_of[key] = len(specs)
+            specs.append(spec)
+        return index_of[key]
     for target in targets:
         record, profile, note = target_record(target)
         uses = []
@@ -47,11 +57,7 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
         for case in cases:
             for role, config in case_configs(record, case):
                 spec = variant_spec(target, record, config, case, role)
-                key = _spec_key(spec)
-                if key not in index_of:
-                    index_of[key] = len(specs)
-                    specs.append(spec)
-                uses.append((case, role, config, index_of[key]))
+                uses.append((case, role, config, add(spec)))
         per_target.append((target, record, profile, note, uses))
 
     order = sorted(range(len(specs)), key=lambda i: -_cost(specs[i]))  # the long compiles first
@@ -76,13 +82,27 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
     for entry in report_targets:
         if entry["target"] in unavailable:
             entry.update(ok=False, unavailable=unavailable[entry["target"]])
-    return {
+    report = {
         "ok": all(t["ok"] for t in report_targets),
         "elapsed_s": round(time.perf_counter() - started, 1),
         "compiles": len(specs),
         "timeout_s": timeout,
         "targets": report_targets,
     }
+    if table is not None:
+        import triton
+
+        def report_capped(_: int, result: dict[str, Any]) -> None:
+            if progress is not None:
+                progress(f"a register-capped form: {result['status']} {result.get('compile_s', '')}")
+
+        report["tables"] = []
+        for target, record, _, _, uses in per_target:
+            if target.name not in unavailable:
+                rows = compile_table(record, [(case, config, specs[i], compiled[i]) for case, _, config, i in uses],
+                                     jobs=jobs, timeout=timeout, progress=report_capped)
+                report["tables"].append(write_table(table, record, triton.__version__, rows))
+    return report
 
 
 def _target_report(target: Target, record: DeviceRecord, profile: str, note: Optional[str], uses: list,
@@ -294,6 +314,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds allowed per compile")
     parser.add_argument("--jobs", type=int, default=max(1, min(os.cpu_count() or 1, 8)),
                         help="compiles at once (default: CPU count, at most 8)")
+    parser.add_argument("--table", metavar="FOLDER",
+                        help="also compile the register-capped forms a launch may weigh, and write each target's table "
+                             "of known resources (<backend>-<arch>-triton-<version>.json) into FOLDER, over the rows "
+                             "already there; the package's own: portable_softmax/kernel_resources")
     parser.add_argument("--json", action="store_true")
 
 
@@ -310,11 +334,13 @@ def run_command(args: argparse.Namespace) -> int:
                       sliced, loss)
     show = getattr(args, "verbose", False) or sys.stderr.isatty()
     report = run(targets, cases, jobs=max(1, args.jobs), timeout=args.timeout,
-                 progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None)
+                 progress=(lambda line: print(line, file=sys.stderr, flush=True)) if show else None, table=args.table)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report))
+        for path in report.get("tables", []):
+            print(f"wrote the known resources of the compiled variants to {path}")
     return 0 if report["ok"] else 1
 
 

@@ -1,0 +1,246 @@
+"""A call's launch plan, from what its kernel variants are known to occupy, checked against the
+one binary that launches.
+
+The planner (``planner.plan_launch``) weighs candidate configurations (a persistent or ticketed
+split grid, register caps, taller tiles, dense and per-tile forms) by their resources. Compiling
+each candidate to read them cost a cold first call several compiles (an H100's first bf16
+softmax of 4096x50257 six, 5 s: issue 34). Here planning reads them from what is known
+(``known_resources``: the target's table of compiled variants, ``kernel_resources``, else an
+estimate), then compiles only the variant the plan launches and checks its numbers against the
+ones planned with (``plan_checked``): where they differ, it plans again with the compiled
+numbers, until the launched variant's numbers are its own (usually at once: one compile).
+
+Torch-free: the launch layers (``launch``, ``loss_launch``) hand in the compile; the tests a fake
+one, to count what a first call compiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, TypeVar
+
+from portable_softmax import variants
+from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, variant_key
+from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, estimate_resources, plan_launch, split_fit,
+                                      tile_fill, tile_fit)
+from portable_softmax.record import KernelResources
+
+logger = logging.getLogger(__name__)
+
+# Plans made from known numbers before the launched binary's own are taken without question
+# (each round compiles one variant more); then every candidate is compiled, as before tables.
+CHECK_ROUNDS = 3
+# The compile option of a register cap (``vendors._cuda_fit_options``): an estimate under it holds
+# no more registers, and spills what it would have held beyond them.
+REGISTER_CAP = "maxnreg"
+
+
+@dataclass(frozen=True)
+class RowView:
+    """How the tensors of one call map onto rows (see ``kernels``): groups of rows, and for
+    each tensor its (outer, row, column) strides in elements."""
+
+    n_outer: int
+    rows_per_outer: int
+    n_cols: int
+    strides: tuple[tuple[int, int, int], ...]
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_outer * self.rows_per_outer
+
+    @property
+    def strided(self) -> bool:
+        """Whether an input's rows lie side by side in memory while its rows' own elements do not
+        (a reduction along a strided dimension): tiles then span adjacent rows
+        (``planner._strided_config``). The last tensor is the output."""
+        return self.rows_per_outer > 1 and self.n_cols > 1 and any(
+            row == 1 and col != 1 for _, row, col in self.strides[:-1])
+
+    @property
+    def narrow(self) -> bool:
+        """Whether every element offset of every tensor fits in int32."""
+        counts = (self.n_outer, self.rows_per_outer, self.n_cols)
+        return all(sum((count - 1) * abs(stride) for count, stride in zip(counts, triple)) < 2**31
+                   for triple in self.strides)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One binary of a kernel: its constexprs and compile options (and the configuration it was
+    made from, which an estimate reads; not part of its identity)."""
+
+    kernel: str
+    constexprs: tuple[tuple[str, Any], ...]
+    options: tuple[tuple[str, Any], ...]
+    config: KernelConfig = dataclasses.field(compare=False)
+
+    @classmethod
+    def of(cls, kernel: str, constexprs: Mapping[str, Any], options: Mapping[str, Any],
+           config: KernelConfig) -> "Variant":
+        return cls(kernel, tuple(sorted(constexprs.items())), tuple(sorted(options.items())), config)
+
+    @property
+    def constexpr_values(self) -> dict[str, Any]:
+        return dict(self.constexprs)
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+Lookup = Callable[[Variant], KernelResources]
+Plan = TypeVar("Plan")
+
+
+def known_resources(target: Target, table: ResourceTable, dtype: str, backward: bool, input_bytes: int) -> Lookup:
+    """What planning knows of a variant for data of ``dtype``: the table's row (or its nearest,
+    ``ResourceTable.nearest``), else an estimate
+    (``planner.estimate_resources``; under a register cap, no more registers than the cap, the
+    rest spilled). ``backward`` and ``input_bytes`` as the planner hands them to its estimate."""
+    pointer = POINTER_TYPES[dtype]
+
+    def known(variant: Variant) -> KernelResources:
+        found = table.nearest(variant_key(variant.kernel, pointer, variant.constexpr_values, variant.option_values))
+        if found is not None:
+            return found
+        guess = estimate_resources(target.record, variant.config, backward, input_bytes)
+        cap = variant.option_values.get(REGISTER_CAP)
+        if cap is not None and guess.registers > cap:
+            guess = dataclasses.replace(guess, registers=cap, spills=guess.registers - cap)
+        return guess
+    return known
+
+
+def plan_checked(plan: Callable[[Lookup], Plan], launched: Callable[[Plan, Lookup], Sequence[Variant]],
+                 known: Lookup, compile: Lookup, rounds: int = CHECK_ROUNDS) -> tuple[Plan, list[Variant]]:
+    """Plan from ``known`` resources, compile what the plan launches, and plan again where the
+    compiled numbers differ from the known ones, until the launched variants' numbers are their
+    own binaries'.
+
+    Args:
+        plan: the plan from a lookup of variants' resources (pure: it may be asked again).
+        launched: the variants a plan launches whose resources sized it (none for a plan not
+            sized from resources), as the lookup picks them (register caps depend on it).
+        known: what is known before compiling (``known_resources``).
+        compile: compiles a variant and returns its resources.
+        rounds: plans from known numbers before every candidate is compiled instead.
+
+    Returns:
+        The plan and its launched variants, each compiled (by ``compile``) exactly once.
+    """
+    compiled: dict[Variant, KernelResources] = {}
+
+    def lookup(variant: Variant) -> KernelResources:
+        found = compiled.get(variant)
+        return found if found is not None else known(variant)
+
+    for _ in range(rounds):
+        found = plan(lookup)
+        chosen = list(launched(found, lookup))
+        fresh = [v for v in chosen if v not in compiled]
+        if not fresh:
+            return found, chosen
+        guessed = {v: known(v) for v in fresh}
+        for variant in fresh:
+            compiled[variant] = compile(variant)
+        if all(compiled[v] == guessed[v] for v in fresh):
+            return found, chosen
+        logger.debug("planned %s from %s, compiled %s: planning again", [v.kernel for v in fresh],
+                     list(guessed.values()), [compiled[v] for v in fresh])
+
+    def compiling(variant: Variant) -> KernelResources:
+        if variant not in compiled:
+            compiled[variant] = compile(variant)
+        return compiled[variant]
+    found = plan(compiling)
+    return found, list(launched(found, compiling))
+
+
+@dataclass(frozen=True)
+class SoftmaxCall:
+    """What a softmax call's plan and variants depend on, besides the target: the direction, the
+    row view, the call's facts (``variants.CallFacts``) and fused scalars, the bytes a column
+    reads, the windows (``planner.call_windows``), the accumulation's dtype name, and the
+    launch's choices (the split path allowed, a forced grid, a cooperative launch on offer)."""
+
+    direction: str
+    view: RowView
+    facts: variants.CallFacts
+    fused_scalars: tuple
+    input_bytes: int
+    align: int
+    dtype: str
+    allow_split: bool = True
+    programs: Optional[int] = None
+    cooperative: bool = False
+    fused: bool = False
+
+    @property
+    def backward(self) -> bool:
+        return self.direction == "backward"
+
+    def scalars(self, config: KernelConfig) -> tuple:
+        """The kernel's scalar arguments for ``config`` (``variants.scalar_arguments``)."""
+        view = self.view
+        return variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
+                                         self.fused_scalars)
+
+
+def softmax_variant(target: Target, call: SoftmaxCall, config: KernelConfig, lookup: Lookup) -> Variant:
+    """The variant ``config`` launches for ``call``: its kernel, constexprs and options, with the
+    register cap that fits the most programs per unit (``_fitted``) where the tuning asks for
+    one (``planner.split_fit``, ``tile_fill``, ``tile_fit``)."""
+    kernel = variants.kernel_name(call.direction, config.regime)
+    constexprs = variants.constexprs(config, call.facts)
+    options = variants.options(config, config.num_warps, call.cooperative)
+    variant = Variant.of(kernel, constexprs, options, config)
+    caps = split_fit(target, config, call.input_bytes) or tile_fill(target, config, call.input_bytes)
+    if caps:
+        variant = _fitted(target, variant, caps, lookup, reach=False)
+    caps = tile_fit(target, config, call.scalars(config)[0])
+    if caps:
+        # Only where every tile then has a program at once: a second wave left partly empty
+        # costs as much as a full one.
+        variant = _fitted(target, variant, caps, lookup, reach=True)
+    return variant
+
+
+def _fitted(target: Target, variant: Variant, caps: list[tuple[int, dict[str, Any]]], lookup: Lookup,
+            reach: bool) -> Variant:
+    """The most programs per unit whose register cap spills no more than the tuning allows (a
+    cap that spills in the loop costs more than the programs it adds) and that holds more
+    programs than ``variant``, or (reach) as many as the cap was asked for."""
+    held = target.occupancy(target.record, lookup(variant))
+    for programs, fit in caps:
+        if programs <= held:
+            break
+        capped = Variant.of(variant.kernel, variant.constexpr_values, {**variant.option_values, **fit},
+                            variant.config)
+        used = lookup(capped)
+        occupancy = target.occupancy(target.record, used)
+        if used.spills <= target.tuning.split_fit_max_spills and occupancy >= (programs if reach else held + 1):
+            return capped
+    return variant
+
+
+def plan_softmax(target: Target, call: SoftmaxCall, known: Lookup, compile: Lookup) -> tuple[LaunchPlan, list[Variant]]:
+    """``call``'s plan and the variant it launches (none for a sliced plan, whose two launches
+    are not sized from resources), by ``plan_checked``."""
+    view = call.view
+
+    def plan(lookup: Lookup) -> LaunchPlan:
+        return plan_launch(target, view.n_rows, view.n_cols, call.dtype, backward=call.backward,
+                           rows_per_group=view.rows_per_outer,
+                           resources=lambda config: lookup(softmax_variant(target, call, config, lookup)),
+                           programs=call.programs, allow_split=call.allow_split, align=call.align,
+                           input_bytes=call.input_bytes, narrow=view.narrow, strided=view.strided,
+                           causal=call.facts.causal, sliceable=not call.fused)
+
+    def launched(found: LaunchPlan, lookup: Lookup) -> list[Variant]:
+        if found.regime == variants.SLICED:
+            return []
+        return [softmax_variant(target, call, found.config, lookup)]
+    return plan_checked(plan, launched, known, compile)
