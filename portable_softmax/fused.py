@@ -31,7 +31,7 @@ import torch
 
 from portable_softmax import launch, ops
 from portable_softmax.backend import on_registry_change
-from portable_softmax.launch import Fusion
+from portable_softmax.launch_plan import Fusion
 from portable_softmax.tuning import TUNING
 from portable_softmax.torch_ops import HAS_CUSTOM_OP, NAMESPACE
 

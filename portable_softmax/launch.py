@@ -18,7 +18,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
@@ -29,8 +28,9 @@ from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
 from portable_softmax.kernel_resources import table_for
-from portable_softmax.launch_plan import Lookup, RowView, SoftmaxCall, Variant, known_resources, plan_softmax
-from portable_softmax.planner import LaunchPlan, Target, call_windows, plan_sharded
+from portable_softmax.launch_plan import (Fusion, Lookup, RowView, Variant, known_resources, plan_softmax,
+                                          softmax_call)
+from portable_softmax.planner import LaunchPlan, Target, plan_sharded
 from portable_softmax.targets import target_for
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING
@@ -250,17 +250,6 @@ def _sliced_record(direction: str, module: Any, backend: Backend, device: torch.
     return SlicedRecord(direction, (phases[0], phases[1]), plan, shape, torch.float64 if acc_fp64 else torch.float32)
 
 
-@dataclass(frozen=True)
-class Fusion:
-    """A fused call's variant (``variants.CallFacts``' scale, mask, causal) and the values of
-    ``variants.FUSED_SCALARS``."""
-
-    scale: int
-    mask: int
-    causal: bool
-    scalars: tuple
-
-
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
                  allow_split: bool = True, fusion: Optional[Fusion] = None) -> Union[LaunchRecord, SlicedRecord]:
     """Plan and prepare the launch of ``tensors`` (inputs, then output; with ``fusion`` then the
@@ -272,16 +261,10 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     target = target_for(record)
     module = _kernel_module(backend)
     arity = len(variants.TENSORS[direction])
-    # The data's inputs (a fused call's mask and scale follow the output).
-    input_bytes = sum(t.element_size() for t in tensors[:arity - 1])
     data = tensors[:arity]
-    align, shifted = call_windows(view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
-                                  [t.element_size() for t in data], all(t.data_ptr() % 16 == 0 for t in data))
-    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
-                               *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
-    call = SoftmaxCall(direction, view, facts, fusion.scalars if fusion else variants.NO_FUSION, input_bytes, align,
-                       "float64" if acc_fp64 else "float32", allow_split, _forced_programs(),
-                       record.cooperative_launch, fusion is not None)
+    call = softmax_call(target, direction, view, [t.element_size() for t in data],
+                        all(t.data_ptr() % 16 == 0 for t in data), log, acc_fp64, allow_split, _forced_programs(),
+                        fusion)
 
     def compile(variant: Variant) -> KernelResources:
         kernel = getattr(module, variant.kernel)
@@ -294,12 +277,13 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         return _compiled_resources(kernel, backend, device, (*inputs, *placeholder, *call.scalars(variant.config)),
                                    variant.constexpr_values, variant.option_values)
 
-    plan, chosen = plan_softmax(target, call, _known(backend, target, data[0].dtype, direction == "backward",
-                                                     input_bytes), compile)
+    known = _known(backend, target, data[0].dtype, call.backward, call.input_bytes)
+    plan, chosen = plan_softmax(target, call, known, compile)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     if plan.regime == variants.SLICED:
         return _sliced_record(direction, module, backend, device, plan, view, log, acc_fp64)
-    launches = tuple(variants.constexprs(plan.config, facts, phase) for phase in variants.launch_phases(plan.config))
+    launches = tuple(variants.constexprs(plan.config, call.facts, phase)
+                     for phase in variants.launch_phases(plan.config))
     fallback = None
     if plan.regime == "split":
         # The same call without the split path, for a graph capture that cannot grow the scratch;

@@ -23,8 +23,8 @@ from typing import Any, Optional, TypeVar
 
 from portable_softmax import variants
 from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, variant_key
-from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, estimate_resources, plan_launch, split_fit,
-                                      tile_fill, tile_fit)
+from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, call_windows, estimate_resources, plan_launch,
+                                      split_fit, tile_fill, tile_fit)
 from portable_softmax.record import KernelResources
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,17 @@ def plan_checked(plan: Callable[[Lookup], Plan], launched: Callable[[Plan, Looku
 
 
 @dataclass(frozen=True)
+class Fusion:
+    """A fused call's variant (``variants.CallFacts``' scale, mask, causal) and the values of
+    ``variants.FUSED_SCALARS``."""
+
+    scale: int
+    mask: int
+    causal: bool
+    scalars: tuple
+
+
+@dataclass(frozen=True)
 class SoftmaxCall:
     """What a softmax call's plan and variants depend on, besides the target: the direction, the
     row view, the call's facts (``variants.CallFacts``) and fused scalars, the bytes a column
@@ -187,6 +198,20 @@ class SoftmaxCall:
         view = self.view
         return variants.scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                          self.fused_scalars)
+
+
+def softmax_call(target: Target, direction: str, view: RowView, element_sizes: Sequence[int], aligned: bool,
+                 log: bool, acc_fp64: bool, allow_split: bool = True, programs: Optional[int] = None,
+                 fusion: Optional[Fusion] = None) -> SoftmaxCall:
+    """The call of ``direction`` over ``view`` whose data tensors (inputs, then the output) have
+    ``element_sizes`` and start 16-byte aligned where ``aligned``; ``fusion`` for a fused call."""
+    align, shifted = call_windows(view.n_outer, view.rows_per_outer, view.n_cols, view.strides, element_sizes,
+                                  aligned)
+    facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
+                               *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
+    return SoftmaxCall(direction, view, facts, fusion.scalars if fusion else variants.NO_FUSION,
+                       sum(element_sizes[:-1]), align, "float64" if acc_fp64 else "float32", allow_split, programs,
+                       target.record.cooperative_launch, fusion is not None)
 
 
 def softmax_variant(target: Target, call: SoftmaxCall, config: KernelConfig, lookup: Lookup) -> Variant:
