@@ -74,12 +74,15 @@ class ResourceTable:
         arch: their architecture (``sm_90``, ``gfx942``).
         triton: the Triton version the rows were compiled with; "" for an empty table.
         rows: each variant's resources.
+        cases: the problems whose variants the rows hold, as the compile report names them
+            (``crosscompile.Case``'s fields): what the table covers, and what its tests plan again.
     """
 
     backend: str
     arch: str
     triton: str
     rows: Mapping[str, KernelResources] = field(default_factory=dict)
+    cases: tuple[Mapping[str, Any], ...] = ()
 
     def get(self, key: str) -> Optional[KernelResources]:
         """The row of ``key`` (``variant_key``), or None where the table has none."""
@@ -102,9 +105,10 @@ class ResourceTable:
 
     def to_json(self) -> str:
         """The table's file: one row a line, sorted, so that a regenerated table diffs by rows."""
-        lines = [f"  {json.dumps(key)}: {json.dumps(_row(found))}" for key, found in sorted(self.rows.items())]
+        cases = ",\n".join(f"  {json.dumps(dict(case), sort_keys=True)}" for case in self.cases)
+        rows = ",\n".join(f"  {json.dumps(key)}: {json.dumps(_row(found))}" for key, found in sorted(self.rows.items()))
         head = json.dumps({"format": FORMAT, "backend": self.backend, "arch": self.arch, "triton": self.triton})
-        return head[:-1] + ', "rows": {\n' + ",\n".join(lines) + "\n}}\n"
+        return head[:-1] + f', "cases": [\n{cases}\n], "rows": {{\n{rows}\n}}}}\n'
 
 
 def _row(found: KernelResources) -> dict[str, int]:
@@ -128,7 +132,7 @@ def table_from_json(text: str) -> ResourceTable:
     rows = {key: KernelResources(registers=row["registers"], shared_memory=row["shared"], num_warps=row["warps"],
                                  spills=row.get("spills", 0), sgprs=row.get("sgprs", 0))
             for key, row in data["rows"].items()}
-    return ResourceTable(data["backend"], data["arch"], data["triton"], rows)
+    return ResourceTable(data["backend"], data["arch"], data["triton"], rows, tuple(data.get("cases", ())))
 
 
 def table_file_name(backend: str, arch: str, triton: str) -> str:
@@ -145,6 +149,10 @@ def table_for(backend: str, arch: str, triton: str) -> ResourceTable:
     return table_from_json(entry.read_text())
 
 
-def merged(table: ResourceTable, rows: Mapping[str, KernelResources]) -> ResourceTable:
-    """``table`` with ``rows`` added over its own (a regenerated variant replaces its row)."""
-    return ResourceTable(table.backend, table.arch, table.triton, {**table.rows, **rows})
+def merged(table: ResourceTable, rows: Mapping[str, KernelResources],
+           cases: tuple[Mapping[str, Any], ...] = ()) -> ResourceTable:
+    """``table`` with ``rows`` added over its own (a regenerated variant replaces its row), and
+    ``cases`` after its own."""
+    known = [dict(case) for case in table.cases]
+    return ResourceTable(table.backend, table.arch, table.triton, {**table.rows, **rows},
+                         (*table.cases, *(case for case in cases if dict(case) not in known)))

@@ -23,6 +23,7 @@ from typing import Any, Optional, TypeVar
 
 from portable_softmax import variants
 from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, variant_key
+from portable_softmax.loss_planner import plan_loss
 from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, call_windows, estimate_resources, plan_launch,
                                       split_fit, tile_fill, tile_fit)
 from portable_softmax.record import KernelResources
@@ -269,3 +270,29 @@ def plan_softmax(target: Target, call: SoftmaxCall, known: Lookup, compile: Look
             return []
         return [softmax_variant(target, call, found.config, lookup)]
     return plan_checked(plan, launched, known, compile)
+
+
+def loss_variant(direction: str, config: KernelConfig, facts: variants.LossFacts) -> Variant:
+    """The cross-entropy kernel ``config`` launches in ``direction`` for a call of ``facts``."""
+    return Variant.of(variants.loss_kernel_name(direction, config.regime),
+                      variants.loss_constexprs(direction, config, facts),
+                      {"num_warps": config.num_warps, "num_stages": config.num_stages}, config)
+
+
+def plan_cross_entropy(target: Target, direction: str, view: RowView, facts: variants.LossFacts, input_bytes: int,
+                       known: Lookup, compile: Lookup) -> tuple[LaunchPlan, list[Variant]]:
+    """The plan of a cross-entropy kernel (``loss_planner.plan_loss``) over ``view`` and the
+    variant it launches, by ``plan_checked``; ``input_bytes``: what a column reads."""
+
+    def plan(lookup: Lookup) -> LaunchPlan:
+        return plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
+                         writes_gradient=loss_writes_gradient(direction, facts), rows_per_group=view.rows_per_outer,
+                         resources=lambda config: lookup(loss_variant(direction, config, facts)),
+                         input_bytes=input_bytes, rereads=facts.write_grad and direction == "forward")
+    return plan_checked(plan, lambda found, _: [loss_variant(direction, found.config, facts)], known, compile)
+
+
+def loss_writes_gradient(direction: str, facts: variants.LossFacts) -> bool:
+    """Whether the cross-entropy kernel of ``direction`` writes the gradient (as the planner and
+    the estimate count its registers)."""
+    return facts.write_grad or direction == "backward"

@@ -17,9 +17,9 @@ from portable_softmax import variants
 from portable_softmax.backend import on_registry_change
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
-from portable_softmax.launch_plan import Lookup, Variant, plan_checked
-from portable_softmax.loss_planner import plan_elementwise, plan_loss
-from portable_softmax.planner import KernelConfig, LaunchPlan
+from portable_softmax.launch_plan import Variant, loss_writes_gradient, plan_cross_entropy
+from portable_softmax.loss_planner import plan_elementwise
+from portable_softmax.planner import LaunchPlan
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 from portable_softmax.tuning import TUNING
@@ -50,26 +50,14 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     input_bytes = tensors[0].element_size() + (tensors[names.index("target")].element_size()
                                                if facts.prob_target else 0)
 
-    def variant(config: KernelConfig) -> Variant:
-        return Variant.of(variants.loss_kernel_name(direction, config.regime),
-                          variants.loss_constexprs(direction, config, facts),
-                          {"num_warps": config.num_warps, "num_stages": config.num_stages}, config)
-
     def compile(chosen: Variant) -> KernelResources:
         args = variants.loss_scalar_arguments(chosen.config, view.n_outer, view.rows_per_outer, view.n_cols,
                                               view.strides, scalars)
         return _compiled_resources(getattr(module, chosen.kernel), backend, device, (*tensors, *args),
                                    chosen.constexpr_values, chosen.option_values)
 
-    def plan(lookup: Lookup) -> LaunchPlan:
-        return plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
-                         writes_gradient=writes_gradient, rows_per_group=view.rows_per_outer,
-                         resources=lambda config: lookup(variant(config)), input_bytes=input_bytes,
-                         rereads=facts.write_grad and direction == "forward")
-
-    writes_gradient = facts.write_grad or direction == "backward"
-    known = _known(backend, target, tensors[0].dtype, writes_gradient, input_bytes)
-    plan, chosen = plan_checked(plan, lambda found, lookup: [variant(found.config)], known, compile)
+    known = _known(backend, target, tensors[0].dtype, loss_writes_gradient(direction, facts), input_bytes)
+    plan, chosen = plan_cross_entropy(target, direction, view, facts, input_bytes, known, compile)
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     args = variants.loss_scalar_arguments(plan.config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                           scalars)

@@ -101,7 +101,7 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
             if target.name not in unavailable:
                 rows = compile_table(record, [(case, config, specs[i], compiled[i]) for case, _, config, i in uses],
                                      jobs=jobs, timeout=timeout, progress=report_capped)
-                report["tables"].append(write_table(table, record, triton.__version__, rows))
+                report["tables"].append(write_table(table, record, triton.__version__, rows, cases))
     return report
 
 

@@ -10,6 +10,7 @@ Triton that compiled them.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
@@ -79,9 +80,10 @@ def table_rows(specs: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str
     return rows
 
 
-def write_table(folder: str, record: DeviceRecord, triton: str, rows: Mapping[str, KernelResources]) -> str:
-    """Write ``rows`` over the table already in ``folder`` for ``record``'s target and ``triton``;
-    returns the file's path."""
+def write_table(folder: str, record: DeviceRecord, triton: str, rows: Mapping[str, KernelResources],
+                cases: Sequence[Case]) -> str:
+    """Write ``rows``, compiled for ``cases``, over the table already in ``folder`` for
+    ``record``'s target and ``triton``; returns the file's path."""
     path = os.path.join(folder, table_file_name(record.backend, record.arch, triton))
     table = ResourceTable(record.backend, record.arch, triton)
     if os.path.exists(path):
@@ -89,6 +91,6 @@ def write_table(folder: str, record: DeviceRecord, triton: str, rows: Mapping[st
             table = table_from_json(handle.read())
     os.makedirs(folder, exist_ok=True)
     with open(path, "w") as handle:
-        handle.write(merged(table, rows).to_json())
+        handle.write(merged(table, rows, tuple(dataclasses.asdict(case) for case in cases)).to_json())
     table_for.cache_clear()
     return path
