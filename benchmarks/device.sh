@@ -27,6 +27,9 @@
 #                  Liger and FlagGems from .whl/, QuACK when QUACK_DIR names its prepared folder
 #   loss-sweep     loss_sweep.py: the loss's streamed settings (chunk, warps, the L2-fit grid)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
+#   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
+#                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
+#                  call after `portable-softmax warmup` (issue 34)
 # Sweeps
 #   sweep          sweep.py over SWEEP_SHAPES (default: the split shapes) for the variants of
 #                  SWEEP_VARIANTS (default base) and SWEEP_DTYPES
@@ -120,6 +123,10 @@ for section in "$@"; do
       timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;
     enable)
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
+    firstcall)
+      peer_wheels
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --out "$OUT/firstcall" 2>&1 \
+        | quiet | tee "$OUT/firstcall.log" ;;
     real)
       peer_wheels
       peers="torch compile liger flaggems"

@@ -5,6 +5,7 @@
     portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
     portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...] [--cases rows|real|fused|loss|all]
     portable-softmax compile --target cuda:90 --target hip:gfx942 [--json]
+    portable-softmax warmup --shape 4096x50257 --dtype bfloat16 [--backward] [--loss] [--profile NAME]
     portable-softmax validate [--out DIR] [--no-bench]
 
 Global options (before or after the command): --device DEV, -v/--verbose.
@@ -209,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
                                        parents=common)
     crosscompile.add_arguments(compile_)
     compile_.set_defaults(func=crosscompile.run_command, check_values=functools.partial(_check_compile, compile_))
+
+    from portable_softmax import warmup
+
+    warm = commands.add_parser("warmup", help="compile ahead of time what calls of given shapes and dtypes launch "
+                                              "(into Triton's cache); on the interpreter or --profile, plan only",
+                               parents=common)
+    warmup.add_arguments(warm)
+    warm.set_defaults(func=warmup.run_command)
     return parser
 
 

@@ -30,9 +30,6 @@ from portable_softmax.record import KernelResources
 
 logger = logging.getLogger(__name__)
 
-# Plans made from known numbers before the launched binary's own are taken without question
-# (each round compiles one variant more); then every candidate is compiled, as before tables.
-CHECK_ROUNDS = 3
 # The compile option of a register cap (``vendors._cuda_fit_options``): an estimate under it holds
 # no more registers, and spills what it would have held beyond them.
 REGISTER_CAP = "maxnreg"
@@ -116,10 +113,12 @@ def known_resources(target: Target, table: ResourceTable, dtype: str, backward: 
 
 
 def plan_checked(plan: Callable[[Lookup], Plan], launched: Callable[[Plan, Lookup], Sequence[Variant]],
-                 known: Lookup, compile: Lookup, rounds: int = CHECK_ROUNDS) -> tuple[Plan, list[Variant]]:
+                 known: Lookup, compile: Lookup) -> tuple[Plan, list[Variant]]:
     """Plan from ``known`` resources, compile what the plan launches, and plan again where the
     compiled numbers differ from the known ones, until the launched variants' numbers are their
-    own binaries'.
+    own binaries'. Each round compiles a variant not compiled before, so it ends, at worst when
+    every candidate is compiled (as every first call did before the tables); where the known
+    numbers hold, after one compile per launched variant.
 
     Args:
         plan: the plan from a lookup of variants' resources (pure: it may be asked again).
@@ -127,7 +126,6 @@ def plan_checked(plan: Callable[[Lookup], Plan], launched: Callable[[Plan, Looku
             sized from resources), as the lookup picks them (register caps depend on it).
         known: what is known before compiling (``known_resources``).
         compile: compiles a variant and returns its resources.
-        rounds: plans from known numbers before every candidate is compiled instead.
 
     Returns:
         The plan and its launched variants, each compiled (by ``compile``) exactly once.
@@ -138,7 +136,7 @@ def plan_checked(plan: Callable[[Lookup], Plan], launched: Callable[[Plan, Looku
         found = compiled.get(variant)
         return found if found is not None else known(variant)
 
-    for _ in range(rounds):
+    while True:
         found = plan(lookup)
         chosen = list(launched(found, lookup))
         fresh = [v for v in chosen if v not in compiled]
@@ -151,13 +149,6 @@ def plan_checked(plan: Callable[[Lookup], Plan], launched: Callable[[Plan, Looku
             return found, chosen
         logger.debug("planned %s from %s, compiled %s: planning again", [v.kernel for v in fresh],
                      list(guessed.values()), [compiled[v] for v in fresh])
-
-    def compiling(variant: Variant) -> KernelResources:
-        if variant not in compiled:
-            compiled[variant] = compile(variant)
-        return compiled[variant]
-    found = plan(compiling)
-    return found, list(launched(found, compiling))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,177 @@
+"""A cold first call against Liger's (issue 34 item 4): each case in a fresh Python process with an
+empty Triton cache (``mktemp -d``), the call timed from before it to ``torch.cuda.synchronize()``
+after it (imports and the inputs' allocation done before the clock starts); then the same with
+the cache the cold run left (a fresh process, a warm disk cache); then ``portable-softmax
+warmup`` into an empty cache, and a fresh process's first call with that cache. Kernels compiled:
+the group files Triton wrote into the cache during the call.
+
+Target: every cold first call of ours no slower than Liger's of the same case, or 1.5 s.
+
+    python benchmarks/first_call.py [--out DIR] [--case NAME ...]     (a GPU; Liger where importable)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_S = 1.5
+
+# name: (our call, Liger's call or None, warmup arguments for `portable-softmax warmup`)
+CASES = {
+    "softmax 4096x50257 bf16": ("softmax", "softmax", "--shape 4096x50257 --dtype bfloat16"),
+    "softmax 32x128256 fp32": ("softmax_fp32", "softmax_fp32", "--shape 32x128256 --dtype float32"),
+    "softmax fwd+bwd 4096x50257 bf16": ("backward", "backward", "--shape 4096x50257 --dtype bfloat16 --backward"),
+    "column softmax 32768x1024 bf16, dim 0": ("column", None, "--shape 32768x1024 --dtype bfloat16 --dim 0"),
+    "attention 8x16x1024x1024 bf16, scale, bool mask": ("attention", "attention", None),
+    "cross_entropy fwd+bwd 4096x50257 bf16": ("loss", "loss", "--shape 4096x50257 --dtype bfloat16 --loss --backward"),
+}
+
+
+def _inputs(kind: str):
+    import torch
+
+    cuda = torch.device("cuda")
+    if kind in ("softmax", "backward"):
+        return (torch.randn(4096, 50257, dtype=torch.bfloat16, device=cuda, requires_grad=kind == "backward"),)
+    if kind == "softmax_fp32":
+        return (torch.randn(32, 128256, device=cuda),)
+    if kind == "column":
+        return (torch.randn(32768, 1024, dtype=torch.bfloat16, device=cuda),)
+    if kind == "attention":
+        keep = torch.rand(8, 1, 1, 1024, device=cuda) > 0.1
+        return torch.randn(8, 16, 1024, 1024, dtype=torch.bfloat16, device=cuda), keep
+    logits = torch.randn(4096, 50257, dtype=torch.bfloat16, device=cuda, requires_grad=True)
+    return logits, torch.randint(0, 50257, (4096,), device=cuda)
+
+
+def _ours(kind: str, inputs) -> None:
+    import portable_softmax as ps
+
+    if kind in ("softmax", "softmax_fp32"):
+        ps.softmax(inputs[0], -1)
+    elif kind == "backward":
+        ps.softmax(inputs[0], -1).backward(inputs[0].detach())
+    elif kind == "column":
+        ps.softmax(inputs[0], 0)
+    elif kind == "attention":
+        ps.softmax(inputs[0], -1, scale=0.125, mask=inputs[1])
+    else:
+        ps.cross_entropy(*inputs).backward()
+
+
+def _liger(kind: str, inputs) -> None:
+    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+    from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+    if kind in ("softmax", "softmax_fp32"):
+        LigerSoftmaxFunction.apply(inputs[0])
+    elif kind == "backward":
+        LigerSoftmaxFunction.apply(inputs[0]).backward(inputs[0].detach())
+    elif kind == "attention":  # Liger has no masked softmax: its plain softmax of the scores
+        LigerSoftmaxFunction.apply(inputs[0] * 0.125)
+    else:
+        LigerCrossEntropyFunction.apply(*inputs, None)[0].backward()
+
+
+def _cache_kernels(folder: str) -> int:
+    return sum(name.startswith("__grp__") for _, _, names in os.walk(folder) for name in names)
+
+
+def one(kind: str, impl: str) -> dict:
+    """Time the first call of ``kind`` by ``impl`` in this process."""
+    import torch
+
+    if impl == "liger":
+        import liger_kernel.ops.cross_entropy  # noqa: F401
+        import liger_kernel.ops.softmax  # noqa: F401
+        call = _liger
+    else:
+        import portable_softmax  # noqa: F401
+        call = _ours
+    inputs = _inputs(kind)
+    torch.cuda.synchronize()
+    folder = os.environ["TRITON_CACHE_DIR"]
+    before = _cache_kernels(folder)
+    started = time.perf_counter()
+    call(kind, inputs)
+    torch.cuda.synchronize()
+    return {"seconds": round(time.perf_counter() - started, 3), "compiled": _cache_kernels(folder) - before}
+
+
+def _fresh(kind: str, impl: str, cache: str) -> dict:
+    """``one`` in a fresh process with ``cache`` as Triton's cache."""
+    done = subprocess.run([sys.executable, __file__, "--one", kind, impl], env={**os.environ, "TRITON_CACHE_DIR": cache},
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:120]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _liger_present() -> bool:
+    try:
+        import liger_kernel.ops.softmax  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001  (not carried, or built for another torch)
+        return False
+
+
+def _cell(result: dict | None) -> str:
+    if result is None:
+        return f"{'-':>15}"
+    if "error" in result:
+        return f"{'error':>15}"
+    return f"{result['seconds']:>7.2f} s ({result['compiled']:>2})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument("--out", help="folder for first_call.json")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one)))
+        return 0
+    liger = _liger_present()
+    rows = []
+    print(f"{'case':<48} {'ours cold (compiled)':>20} {'Liger cold':>15} {'ours warm':>15} {'Liger warm':>15} "
+          f"{'after warmup':>15}  verdict", flush=True)
+    for name in args.case or CASES:
+        ours_kind, liger_kind, warm_args = CASES[name]
+        row = {"case": name}
+        for impl, kind in (("ours", ours_kind), ("liger", liger_kind if liger else None)):
+            if kind is None:
+                continue
+            cache = tempfile.mkdtemp(prefix=f"first-call-{impl}-")
+            row[f"{impl}_cold"] = _fresh(kind, impl, cache)
+            row[f"{impl}_warm"] = _fresh(kind, impl, cache)
+        if warm_args is not None:
+            cache = tempfile.mkdtemp(prefix="first-call-warmup-")
+            done = subprocess.run([sys.executable, "-m", "portable_softmax", "warmup", "--no-progress",
+                                   *warm_args.split()], env={**os.environ, "TRITON_CACHE_DIR": cache},
+                                  capture_output=True, text=True, timeout=300)
+            row["warmup"] = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else done.stderr[-300:]
+            row["after_warmup"] = _fresh(ours_kind, "ours", cache)
+        cold = row["ours_cold"].get("seconds", float("inf"))
+        bound = max(TARGET_S, row.get("liger_cold", {}).get("seconds", 0.0))
+        row["ok"] = cold <= bound
+        rows.append(row)
+        print(f"{name:<48} {_cell(row['ours_cold']):>20} {_cell(row.get('liger_cold')):>15} "
+              f"{_cell(row['ours_warm']):>15} {_cell(row.get('liger_warm')):>15} {_cell(row.get('after_warmup')):>15}"
+              f"  {'ok' if row['ok'] else 'SLOWER'} (bound {bound:.2f} s)", flush=True)
+    print(f"cold: a fresh process, an empty Triton cache; warm: a fresh process, the cache the cold run left; "
+          f"(n): kernels compiled in the call. Liger: {'from .whl' if liger else 'not importable'}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "first_call.json"), "w") as handle:
+            json.dump(rows, handle, indent=2)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""A cold first call plans from what its kernel variants are known to occupy and compiles only the
+variant it launches (issue 34 item 4). Counted on a recorded H100 with a fake compiler: no GPU,
+no Triton compile (the interpreter compiles nothing, so a CPU run could not count).
+
+Before the tables (``benchmarks/probes/first_call_compiles.py``: real sm_90 cross-compiles, the
+launches stubbed, 2026-11-26): a first bf16 softmax of 4096x50257 compiled 6 variants (ticketed
+and persistent, each uncapped and under two register caps), 9 with its backward, a masked
+attention call 5.
+"""
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+
+import pytest
+import torch
+
+from portable_softmax import launch, launch_plan, loss_launch, variants
+from portable_softmax.backend import get_backend
+from portable_softmax.crosscompile.cases import FUSED_FORM, LOSS_FORMS, Case, _fused_scalars
+from portable_softmax.crosscompile.targets import parse_target, target_record
+from portable_softmax.kernel_resources import (FOLDER, POINTER_TYPES, ResourceTable, table_from_json, variant_key)
+from portable_softmax.launch_plan import Fusion, RowView, Variant, plan_checked
+from portable_softmax.planner import DTYPE_BYTES, KernelConfig
+from portable_softmax.profiles import profile_record
+from portable_softmax.record import KernelResources
+from portable_softmax.targets import target_for
+
+H100 = profile_record("h100")
+TORCH_POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64"}
+
+
+def _shipped() -> list[ResourceTable]:
+    folder = resources.files("portable_softmax").joinpath(FOLDER)
+    return [table_from_json(entry.read_text()) for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".json")]
+
+
+def _h100_table() -> ResourceTable:
+    """The newest shipped table of sm_90 (any Triton): the fake compiler's truth."""
+    tables = [t for t in _shipped() if (t.backend, t.arch) == ("cuda", "sm_90")]
+    if not tables:
+        pytest.fail("no shipped table of known resources for cuda sm_90 (portable-softmax compile --table)")
+    return max(tables, key=lambda t: tuple(int(p) for p in t.triton.split(".")[:3] if p.isdigit()))
+
+
+class FakeCompiler:
+    """Compiles nothing: answers each variant the launch asks for as the table holds it (or its
+    nearest row, ``ResourceTable.nearest``), or as ``changed`` says, and notes each request, as
+    ``launch._compiled_resources`` is called."""
+
+    def __init__(self, table: ResourceTable, changed: dict[str, KernelResources] = None) -> None:
+        self.table, self.changed, self.asked = table, changed or {}, []
+
+    def key(self, kernel, args, constexprs, options) -> str:
+        return variant_key(kernel.fn.__name__, TORCH_POINTERS[args[0].dtype], constexprs, options)
+
+    def __call__(self, kernel, backend, device, args, constexprs, options) -> KernelResources:
+        key = self.key(kernel, args, constexprs, options)
+        self.asked.append(key)
+        found = self.changed.get(key) or self.table.nearest(key)
+        if found is None:
+            pytest.fail(f"the sm_90 table of Triton {self.table.triton} holds no row near {key}: regenerate it "
+                        f"(portable_softmax/kernel_resources/README.md)")
+        return found
+
+
+class Launched:
+    """Stands for ``launch.LaunchRecord``: notes what the record would launch, launches nothing."""
+
+    records: list = []
+
+    def __init__(self, kernel, backend, device, plan, scalars, launches, options, fallback) -> None:
+        self.plan, self.kernel, self.launches, self.options = plan, kernel.fn.__name__, launches, options
+        Launched.records.append(self)
+
+
+@pytest.fixture
+def h100(monkeypatch):
+    """The launch layers pointed at a recorded H100 whose compiles the returned fake answers."""
+    table = _h100_table()
+    fake = FakeCompiler(table)
+    Launched.records = []
+    for module in (launch, loss_launch):
+        monkeypatch.setattr(module, "backend_for", lambda device: get_backend("cuda"))
+        monkeypatch.setattr(module, "device_record", lambda device: H100)
+        monkeypatch.setattr(module, "LaunchRecord", Launched)
+        monkeypatch.setattr(module, "_compiled_resources", lambda *a: fake(*a))
+    monkeypatch.setattr(launch, "table_for", lambda *a: table)
+    return fake
+
+
+def _rows(rows: int, cols: int, tensors: int) -> RowView:
+    return RowView(1, rows, cols, ((0, cols, 1),) * tensors)
+
+
+# (what, direction, dtype, view, fusion): the calls of issue 34's first-call table. Small stand-in
+# tensors carry the dtypes; the view carries the shape.
+ATTENTION = Fusion(1, 1, False, (0.125, 16, 1024, 0, 0, 0, 1, 0, 0, 0))
+SOFTMAX_CALLS = [
+    ("4096x50257 bf16 forward (split)", "forward", torch.bfloat16, _rows(4096, 50257, 2), None),
+    ("4096x50257 bf16 backward (split)", "backward", torch.bfloat16, _rows(4096, 50257, 3), None),
+    ("32x128256 fp32 forward (few rows, split)", "forward", torch.float32, _rows(32, 128256, 2), None),
+    ("32768x256 bf16 forward (tiles, wave fill)", "forward", torch.bfloat16, _rows(32768, 256, 2), None),
+    ("attention 8x16x1024x1024 bf16, scale and mask (fused tiles)", "forward", torch.bfloat16,
+     RowView(1, 8 * 16 * 1024, 1024, ((0, 1024, 1),) * 2), ATTENTION),
+]
+
+
+@pytest.mark.parametrize("what, direction, dtype, view, fusion", SOFTMAX_CALLS, ids=[c[0] for c in SOFTMAX_CALLS])
+def test_a_first_call_compiles_only_the_variant_it_launches(h100, what, direction, dtype, view, fusion):
+    tensors = tuple(torch.empty(4, dtype=dtype) for _ in variants.TENSORS[direction])
+    if fusion is not None:
+        tensors = (*tensors, torch.ones(4, dtype=torch.bool), tensors[0])
+    launch.build_record(direction, tensors, view, False, False, fusion=fusion)
+    (record,) = Launched.records
+    # One compile, and it is the binary that launches (the first launch finds it in Triton's cache).
+    assert h100.asked == [h100.key(getattr(launch._kernel_module(get_backend("cuda")), record.kernel), tensors,
+                                   record.launches[0], record.options)]
+
+
+def test_a_first_cross_entropy_compiles_only_the_kernel_it_launches(h100):
+    logits = torch.empty(4, dtype=torch.bfloat16)
+    per_position = (0, 1, 0)
+    strides = tuple((0, 50257, 1) if name in ("x", "grad") else per_position
+                    for name in variants.loss_row_tensors("forward"))
+    tensors = (logits, torch.zeros(4, dtype=torch.int64), logits, torch.empty(6), torch.empty(4), torch.empty(4),
+               logits)
+    loss_launch._record("forward", tensors, RowView(1, 4096, 50257, strides), variants.LossFacts(write_grad=True),
+                        (-100,))
+    assert len(h100.asked) == 1 and h100.asked[0].startswith("cross_entropy_forward_loop *bf16")
+
+
+def test_a_launch_whose_binary_differs_from_the_table_is_planned_again(h100):
+    """The table said the persistent split forward fits 8 programs a unit; its binary holds more
+    registers (4 a unit): the plan is made again from the compiled numbers, and its grid is
+    sized from the binary that launches."""
+    view, tensors = _rows(4096, 50257, 2), (torch.empty(4, dtype=torch.bfloat16), torch.empty(4, dtype=torch.bfloat16))
+    launch.build_record("forward", tensors, view, False, False)
+    first = Launched.records.pop()
+    key = h100.asked[0]
+    heavier = dataclasses.replace(h100.table.nearest(key), registers=200, spills=0)
+    h100.changed[key] = heavier
+    h100.asked.clear()
+    launch.build_record("forward", tensors, view, False, False)
+    second = Launched.records.pop()
+    assert 2 <= len(h100.asked) <= 4 and len(set(h100.asked)) == len(h100.asked)
+    assert h100.asked[0] == key and second.plan != first.plan
+    # The plan's occupancy is that of the binary it launches.
+    launched = h100.changed.get(h100.asked[-1]) or h100.table.nearest(h100.asked[-1])
+    assert second.plan.occupancy == target_for(H100).occupancy(H100, launched)
+
+
+def _config(name: str) -> KernelConfig:
+    return KernelConfig("tile", 1, 1024, 1, 4 if name == "narrow" else 8)
+
+
+def _variant(name: str) -> Variant:
+    return Variant.of(f"kernel_{name}", {}, {"num_warps": 4}, _config(name))
+
+
+def test_plan_checked_compiles_the_launched_variant_once_where_the_known_numbers_hold():
+    compiled = []
+    known = {"a": KernelResources(40, 0, 4), "b": KernelResources(30, 0, 4)}
+
+    def plan(lookup):
+        # Weighs two candidates, launches the one of fewer registers.
+        return min("ab", key=lambda name: lookup(_variant(name)).registers)
+    found, chosen = plan_checked(plan, lambda name, lookup: [_variant(name)],
+                                 lambda v: known[v.kernel[-1]], lambda v: compiled.append(v) or known[v.kernel[-1]])
+    assert found == "b" and chosen == [_variant("b")] and compiled == [_variant("b")]
+
+
+def test_plan_checked_plans_again_until_the_launched_numbers_are_compiled_ones():
+    compiled = []
+    known = {"a": KernelResources(40, 0, 4), "b": KernelResources(30, 0, 4), "c": KernelResources(50, 0, 4)}
+    truth = {**known, "b": KernelResources(90, 0, 4), "a": KernelResources(60, 0, 4)}
+
+    def compile(variant):
+        compiled.append(variant.kernel[-1])
+        return truth[variant.kernel[-1]]
+    found, chosen = plan_checked(lambda lookup: min("abc", key=lambda name: lookup(_variant(name)).registers),
+                                 lambda name, lookup: [_variant(name)], lambda v: known[v.kernel[-1]], compile)
+    # b compiled heavier than known, then a: c, as known, is what the compiled numbers choose.
+    assert compiled == ["b", "a", "c"] and found == "c"
+
+
+def test_plan_checked_ends_when_the_known_numbers_keep_failing():
+    compiled = []
+    names = "abcdef"
+
+    def compile(variant):
+        compiled.append(variant.kernel[-1])
+        return KernelResources(200 - names.index(variant.kernel[-1]), 0, 4)
+    found, _ = plan_checked(lambda lookup: min(names, key=lambda name: lookup(_variant(name)).registers),
+                            lambda name, lookup: [_variant(name)], lambda v: KernelResources(10, 0, 4), compile)
+    # Each round's choice compiled heavier than known: every candidate once, the lightest chosen.
+    assert compiled == list(names) and found == "f"
+
+
+def _case_calls(record, case: Case):
+    """What a first call of ``case`` plans: (direction, SoftmaxCall or loss facts, view, allow_split)."""
+    target = target_for(record)
+    size = DTYPE_BYTES[case.dtype]
+    if case.loss:
+        per_position = (0, 1 if case.rows > 1 else 0, 0)
+        strides = tuple((0, case.cols if case.rows > 1 else 0, 1) if name in ("x", "grad") else per_position
+                        for name in variants.loss_row_tensors(case.direction))
+        view = RowView(1, case.rows, case.cols, strides)
+        return [("loss", variants.LossFacts(acc_fp64=case.dtype == "float64", **form), view)
+                for form in LOSS_FORMS[case.direction].values()]
+    fusion = Fusion(FUSED_FORM["scale"], FUSED_FORM["mask"], case.causal, _fused_scalars(case)) if case.fused else None
+    view = RowView(1, case.rows, case.cols, tuple(case.tensor_strides))
+    return [("softmax", launch_plan.softmax_call(target, case.direction, view, [size] * len(case.tensor_strides),
+                                                 True, case.log, case.dtype == "float64", allow_split, fusion=fusion),
+             view) for allow_split in (True, False)]
+
+
+@pytest.mark.parametrize("table", _shipped(), ids=lambda t: f"{t.backend}-{t.arch}-triton-{t.triton}")
+def test_the_tables_hold_every_variant_their_cases_weigh(table):
+    """Planning each case a table was compiled for asks only for variants it holds, so that a
+    first call of such a case compiles one variant per launch (the check finds its numbers)."""
+    record, _, _ = target_record(parse_target(f"{table.backend}:{table.arch.replace('sm_', '')}"))
+    target = target_for(record)
+    missing = set()
+
+    def known(dtype):
+        def lookup(variant):
+            key = variant_key(variant.kernel, POINTER_TYPES[dtype], variant.constexpr_values, variant.option_values)
+            if table.get(key) is None:
+                missing.add(key)
+            return table.nearest(key) or KernelResources(64, 0, variant.option_values["num_warps"])
+        return lookup
+    cases = [Case(**fields) for fields in table.cases]
+    assert cases, "a table names the cases it was compiled for"
+    for case in cases:
+        if case.sharded:
+            continue  # planned without resources (launch.run_sharded)
+        lookup = known(case.dtype)
+        for kind, call, view in _case_calls(record, case):
+            if kind == "loss":
+                launch_plan.plan_cross_entropy(target, case.direction, view, call, DTYPE_BYTES[case.dtype], lookup,
+                                               lookup)
+            else:
+                launch_plan.plan_softmax(target, call, lookup, lookup)
+    assert not missing, f"{len(missing)} variants weighed but not in the table, e.g. {sorted(missing)[:3]}"
