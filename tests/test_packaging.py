@@ -98,7 +98,8 @@ def _built_wheel(tmp_path: Path) -> zipfile.ZipFile:
 def test_the_wheel_carries_the_metadata_pip_shows(tmp_path):
     """What pip shows and installs: the license as an SPDX expression with its file, authors,
     classifiers that agree with requires-python and the typing marker, no invented project URLs,
-    and ``py.typed`` inside the package (PEP 561), with the recorded profiles."""
+    and ``py.typed`` inside the package (PEP 561), with the recorded profiles and the tables of
+    known kernel resources."""
     wheel = _built_wheel(tmp_path)
     names = wheel.namelist()
     (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -120,6 +121,7 @@ def test_the_wheel_carries_the_metadata_pip_shows(tmp_path):
     assert "Project-URL" not in fields and "Home-page" not in fields
     assert "portable_softmax/py.typed" in names
     assert any(n.startswith("portable_softmax/profiles/") and n.endswith(".json") for n in names)
+    assert any(n.startswith("portable_softmax/kernel_resources/") and n.endswith(".json") for n in names)
 
 
 def test_the_readme_keeps_its_two_commands_and_tells_cpu_users_where_torch_is():
