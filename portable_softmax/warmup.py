@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from portable_softmax import launch_plan, variants
-from portable_softmax.arguments import parse_shape
+from portable_softmax.arguments import parse_tensor_shape
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, table_for, variant_key
 from portable_softmax.launch_plan import RowView, Variant
@@ -210,7 +210,7 @@ def _progress(items: Sequence[WarmupCall], show: bool) -> Iterable[WarmupCall]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", type=parse_shape, action="append", required=True,
+    parser.add_argument("--shape", type=parse_tensor_shape, action="append", required=True,
                         help="a tensor's shape, e.g. 4096x50257 or 8x16x1024x1024; repeat for several")
     parser.add_argument("--dtype", action="append", choices=sorted(DTYPE_BYTES),
                         help="repeat for several (default: bfloat16)")

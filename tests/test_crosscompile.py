@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from portable_softmax import cli, crosscompile
+from portable_softmax import cli, crosscompile, kernel_resources
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 
@@ -233,6 +233,31 @@ def test_spills_under_a_register_cap_are_counted(missing):
     result = crosscompile.compile_variant(spec)
     assert result["registers"] <= 64 and result["spills"] > 0
     assert result["spills"] * 4 == result["detail"].get("stack", 0) + result["detail"].get("local", 0)
+
+
+def test_the_shipped_table_holds_what_this_triton_compiles(target):
+    """The package's table of known resources for this target and Triton (``kernel_resources``)
+    holds, for each variant both have, what a fresh compile reads: a table left behind by a
+    kernel change is caught here (regenerate it: ``portable_softmax/kernel_resources/README.md``)."""
+    import triton
+
+    record = target["record"]
+    table = kernel_resources.table_for(record["backend"], record["arch"], triton.__version__)
+    if not table.rows:
+        pytest.skip(f"no table of known resources for {record['backend']} {record['arch']} and Triton "
+                    f"{triton.__version__}")
+    compared, stale = 0, []
+    for v in target["variants"]:
+        options = {"num_warps": v["num_warps"], "num_stages": v["num_stages"]}
+        row = table.get(kernel_resources.variant_key(v["kernel"], v["pointer"], v["constexprs"], options))
+        if v["status"] != "ok" or row is None:
+            continue
+        compared += 1
+        if (row.registers, row.shared_memory, row.spills) != (v["registers"], v["shared"], v["spills"]):
+            stale.append((v["kernel"], v["constexprs"], (row.registers, row.shared_memory, row.spills),
+                          (v["registers"], v["shared"], v["spills"])))
+    assert compared, f"{target['target']}: the table holds none of the variants compiled here"
+    assert not stale, f"{target['target']}: rows that differ from this Triton's compile (table, now): {stale[:3]}"
 
 
 def test_shared_memory_within_the_target_limit(target):
