@@ -95,9 +95,9 @@ Plan = TypeVar("Plan")
 
 def known_resources(target: Target, table: ResourceTable, dtype: str, backward: bool, input_bytes: int) -> Lookup:
     """What planning knows of a variant for data of ``dtype``: the table's row (or its nearest,
-    ``ResourceTable.nearest``), else an estimate
-    (``planner.estimate_resources``; under a register cap, no more registers than the cap, the
-    rest spilled). ``backward`` and ``input_bytes`` as the planner hands them to its estimate."""
+    ``ResourceTable.nearest``), else an estimate (``planner.estimate_resources``; under a register
+    cap, no more registers than the cap, the rest spilled). ``backward`` and ``input_bytes`` as
+    the planner hands them to its estimate."""
     pointer = POINTER_TYPES[dtype]
 
     def known(variant: Variant) -> KernelResources:
