@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from portable_softmax import launch_plan, variants
+from portable_softmax import launch_plan, ops, variants
 from portable_softmax.arguments import parse_tensor_shape
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, table_for, variant_key
@@ -137,8 +137,6 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
 
 
 def _row_view(shape: tuple[int, ...], dim: int, tensors: Sequence[torch.Tensor]) -> RowView:
-    from portable_softmax import ops
-
     view = ops.row_view(shape, dim % len(shape), *tensors)
     assert view is not None  # contiguous tensors always have one
     return view
