@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Optional
@@ -32,7 +32,8 @@ POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "f
 LAUNCH_ONLY_OPTIONS = ("launch_cooperative_grid",)
 # Constexprs that choose what a kernel computes around the same loads, block shape and warps (log
 # or not, the fused terms, the loss's options): a variant without a row of its own takes the row
-# of one that differs from it only in these, a nearer guess than an estimate.
+# of one that differs from it only in these (or in its arguments' specialisation: another shape),
+# a nearer guess than an estimate.
 FORM_CONSTEXPRS = frozenset({"LOG", "SCALE", "MASK", "CAUSAL", "WEIGHT", "PROB_TARGET", "SMOOTHING", "Z_LOSS",
                              "SOFTCAP"})
 # Options a launch may leave to Triton's default, as the value that default has (Triton 3.2 to 3.9
@@ -40,29 +41,62 @@ FORM_CONSTEXPRS = frozenset({"LOG", "SCALE", "MASK", "CAUSAL", "WEIGHT", "PROB_T
 OPTION_DEFAULTS = {"enable_fp_fusion": True}
 
 
-def variant_key(kernel: str, pointer: str, constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+def variant_key(kernel: str, pointer: str, arguments: str, constexprs: Mapping[str, Any],
+                options: Mapping[str, Any]) -> str:
     """The key of one compiled variant: the kernel, its data's pointer type (``POINTER_TYPES``),
-    its constexprs and its compile options, as one readable line.
-
-    The integer arguments' specialisation (divisibility by 16, equal to 1) is not in the key: a
-    row holds one shape's binary of the variant, and a launch checks its own binary against it
-    (``launch_plan.plan_checked``)."""
+    how Triton specialises its scalar arguments (``argument_signature``), its constexprs and its
+    compile options, as one readable line."""
     compile_options = {**OPTION_DEFAULTS, **{k: v for k, v in options.items() if k not in LAUNCH_ONLY_OPTIONS}}
     specialised = " ".join(f"{name}={_value(value)}" for name, value in sorted(constexprs.items()))
     compiled = " ".join(f"{name}={_value(value)}" for name, value in sorted(compile_options.items()))
-    return f"{kernel} {pointer} {specialised} | {compiled}"
+    return f"{kernel} {pointer} args={arguments} {specialised} | {compiled}"
+
+
+def argument_signature(values: Sequence[Any]) -> str:
+    """How Triton specialises a launch's scalar arguments, one letter each: ``1`` an integer equal
+    to 1 (a constant), ``D`` / ``i`` a 32-bit integer divisible by 16 / not, ``E`` / ``l`` a
+    64-bit one, ``f`` a float. A streamed row of 4096 columns, a multiple of 16, is loaded in
+    16-byte vectors through a pipeline (an sm_90 loop kernel: 60 registers and 8 KiB of shared
+    memory) where a row of 50257 is not (32 registers, 32 bytes): the same constexprs, two
+    binaries."""
+    return "".join(_argument_letter(value) for value in values)
+
+
+def _argument_letter(value: Any) -> str:
+    if isinstance(value, float):
+        return "f"
+    if value == 1:
+        return "1"
+    wide = not -2**31 <= value < 2**31
+    return ("E" if wide else "D") if value % 16 == 0 else ("l" if wide else "i")
+
+
+def spec_signature(arguments: Sequence[tuple[str, Any]]) -> str:
+    """``argument_signature`` of a compile report's arguments (``crosscompile.cases``: (type, 16
+    divides it) for each, (``"constexpr"``, 1) for an integer equal to 1), pointers left out."""
+    letters = {("i32", True): "D", ("i32", False): "i", ("i64", True): "E", ("i64", False): "l"}
+    found = []
+    for kind, flag in arguments:
+        if kind.startswith("*"):
+            continue
+        found.append("1" if kind == "constexpr" else "f" if kind.startswith("fp") else letters[(kind, bool(flag))])
+    return "".join(found)
 
 
 def _value(value: Any) -> str:
     return str(int(value)) if isinstance(value, bool) else str(value)
 
 
-def _shape_key(key: str) -> str:
-    """``key`` without its ``FORM_CONSTEXPRS``: what variants of one shape and other forms share."""
+def _near_keys(key: str) -> tuple[str, str, str]:
+    """The keys of ``key``'s neighbours, nearest first: without its ``FORM_CONSTEXPRS`` (another
+    form, the same arguments), without its argument signature (other shapes, the same form),
+    without both."""
     head, _, options = key.partition(" | ")
-    kernel, pointer, *constexprs = head.split(" ")
-    kept = [c for c in constexprs if c.partition("=")[0] not in FORM_CONSTEXPRS]
-    return " ".join([kernel, pointer, *kept]) + " | " + options
+    kernel, pointer, arguments, *constexprs = head.split(" ")
+    shaped = [c for c in constexprs if c.partition("=")[0] not in FORM_CONSTEXPRS]
+    return (" ".join([kernel, pointer, arguments, *shaped, "|", options]),
+            " ".join([kernel, pointer, *constexprs, "|", options]),
+            " ".join([kernel, pointer, *shaped, "|", options]))
 
 
 @dataclass(frozen=True)
@@ -89,19 +123,24 @@ class ResourceTable:
         return self.rows.get(key)
 
     def nearest(self, key: str) -> Optional[KernelResources]:
-        """The row of ``key``, else of the variant of its shape in another form that holds the
-        most registers (``FORM_CONSTEXPRS``), else None."""
+        """The row of ``key``, else of its nearest neighbours (``_near_keys``) the one that holds
+        the most registers, else None."""
         found = self.rows.get(key)
-        return found if found is not None else self._by_shape.get(_shape_key(key))
+        if found is not None:
+            return found
+        for level, near in zip(self._neighbours, _near_keys(key)):
+            if near in level:
+                return level[near]
+        return None
 
     @functools.cached_property
-    def _by_shape(self) -> dict[str, KernelResources]:
-        found: dict[str, KernelResources] = {}
+    def _neighbours(self) -> tuple[dict[str, KernelResources], ...]:
+        levels: tuple[dict[str, KernelResources], ...] = ({}, {}, {})
         for key, row in self.rows.items():
-            shape = _shape_key(key)
-            if shape not in found or row.registers > found[shape].registers:
-                found[shape] = row
-        return found
+            for level, near in zip(levels, _near_keys(key)):
+                if near not in level or row.registers > level[near].registers:
+                    level[near] = row
+        return levels
 
     def to_json(self) -> str:
         """The table's file: one row a line, sorted, so that a regenerated table diffs by rows."""

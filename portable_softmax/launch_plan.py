@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, TypeVar
 
 from portable_softmax import variants
-from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, variant_key
+from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, argument_signature, variant_key
 from portable_softmax.loss_planner import plan_loss
 from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, call_windows, estimate_resources, plan_launch,
                                       split_fit, tile_fill, tile_fit)
@@ -67,18 +67,27 @@ class RowView:
 
 @dataclass(frozen=True)
 class Variant:
-    """One binary of a kernel: its constexprs and compile options (and the configuration it was
-    made from, which an estimate reads; not part of its identity)."""
+    """One binary of a kernel: how its scalar arguments are specialised
+    (``kernel_resources.argument_signature``), its constexprs and compile options (and the
+    configuration it was made from, which an estimate reads; not part of its identity)."""
 
     kernel: str
+    arguments: str
     constexprs: tuple[tuple[str, Any], ...]
     options: tuple[tuple[str, Any], ...]
     config: KernelConfig = dataclasses.field(compare=False)
 
     @classmethod
-    def of(cls, kernel: str, constexprs: Mapping[str, Any], options: Mapping[str, Any],
+    def of(cls, kernel: str, scalars: Sequence[Any], constexprs: Mapping[str, Any], options: Mapping[str, Any],
            config: KernelConfig) -> "Variant":
-        return cls(kernel, tuple(sorted(constexprs.items())), tuple(sorted(options.items())), config)
+        """The variant of ``kernel`` launched with ``scalars`` (its arguments after the tensors)."""
+        return cls(kernel, argument_signature(scalars), tuple(sorted(constexprs.items())),
+                   tuple(sorted(options.items())), config)
+
+    def key(self, dtype: str) -> str:
+        """Its key in a table of known resources, for data of ``dtype``."""
+        return variant_key(self.kernel, POINTER_TYPES[dtype], self.arguments, dict(self.constexprs),
+                           dict(self.options))
 
     @property
     def constexpr_values(self) -> dict[str, Any]:
@@ -98,10 +107,8 @@ def known_resources(target: Target, table: ResourceTable, dtype: str, backward: 
     ``ResourceTable.nearest``), else an estimate (``planner.estimate_resources``; under a register
     cap, no more registers than the cap, the rest spilled). ``backward`` and ``input_bytes`` as
     the planner hands them to its estimate."""
-    pointer = POINTER_TYPES[dtype]
-
     def known(variant: Variant) -> KernelResources:
-        found = table.nearest(variant_key(variant.kernel, pointer, variant.constexpr_values, variant.option_values))
+        found = table.nearest(variant.key(dtype))
         if found is not None:
             return found
         guess = estimate_resources(target.record, variant.config, backward, input_bytes)
@@ -213,11 +220,12 @@ def softmax_variant(target: Target, call: SoftmaxCall, config: KernelConfig, loo
     kernel = variants.kernel_name(call.direction, config.regime)
     constexprs = variants.constexprs(config, call.facts)
     options = variants.options(config, config.num_warps, call.cooperative)
-    variant = Variant.of(kernel, constexprs, options, config)
+    scalars = call.scalars(config)
+    variant = Variant.of(kernel, scalars, constexprs, options, config)
     caps = split_fit(target, config, call.input_bytes) or tile_fill(target, config, call.input_bytes)
     if caps:
         variant = _fitted(target, variant, caps, lookup, reach=False)
-    caps = tile_fit(target, config, call.scalars(config)[0])
+    caps = tile_fit(target, config, scalars[0])
     if caps:
         # Only where every tile then has a program at once: a second wave left partly empty
         # costs as much as a full one.
@@ -234,8 +242,7 @@ def _fitted(target: Target, variant: Variant, caps: list[tuple[int, dict[str, An
     for programs, fit in caps:
         if programs <= held:
             break
-        capped = Variant.of(variant.kernel, variant.constexpr_values, {**variant.option_values, **fit},
-                            variant.config)
+        capped = dataclasses.replace(variant, options=tuple(sorted({**variant.option_values, **fit}.items())))
         used = lookup(capped)
         occupancy = target.occupancy(target.record, used)
         if used.spills <= target.tuning.split_fit_max_spills and occupancy >= (programs if reach else held + 1):
@@ -263,24 +270,30 @@ def plan_softmax(target: Target, call: SoftmaxCall, known: Lookup, compile: Look
     return plan_checked(plan, launched, known, compile)
 
 
-def loss_variant(direction: str, config: KernelConfig, facts: variants.LossFacts) -> Variant:
-    """The cross-entropy kernel ``config`` launches in ``direction`` for a call of ``facts``."""
-    return Variant.of(variants.loss_kernel_name(direction, config.regime),
+def loss_variant(direction: str, config: KernelConfig, view: RowView, facts: variants.LossFacts,
+                 scalars: tuple) -> Variant:
+    """The cross-entropy kernel ``config`` launches in ``direction`` over ``view`` for a call of
+    ``facts`` and ``variants.LOSS_SCALARS``' values ``scalars``."""
+    arguments = variants.loss_scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
+                                               scalars)
+    return Variant.of(variants.loss_kernel_name(direction, config.regime), arguments,
                       variants.loss_constexprs(direction, config, facts),
                       {"num_warps": config.num_warps, "num_stages": config.num_stages}, config)
 
 
-def plan_cross_entropy(target: Target, direction: str, view: RowView, facts: variants.LossFacts, input_bytes: int,
-                       known: Lookup, compile: Lookup) -> tuple[LaunchPlan, list[Variant]]:
+def plan_cross_entropy(target: Target, direction: str, view: RowView, facts: variants.LossFacts, scalars: tuple,
+                       input_bytes: int, known: Lookup, compile: Lookup) -> tuple[LaunchPlan, list[Variant]]:
     """The plan of a cross-entropy kernel (``loss_planner.plan_loss``) over ``view`` and the
-    variant it launches, by ``plan_checked``; ``input_bytes``: what a column reads."""
+    variant it launches, by ``plan_checked``; ``scalars``: ``variants.LOSS_SCALARS``' values;
+    ``input_bytes``: what a column reads."""
 
     def plan(lookup: Lookup) -> LaunchPlan:
         return plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
                          writes_gradient=loss_writes_gradient(direction, facts), rows_per_group=view.rows_per_outer,
-                         resources=lambda config: lookup(loss_variant(direction, config, facts)),
+                         resources=lambda config: lookup(loss_variant(direction, config, view, facts, scalars)),
                          input_bytes=input_bytes, rereads=facts.write_grad and direction == "forward")
-    return plan_checked(plan, lambda found, _: [loss_variant(direction, found.config, facts)], known, compile)
+    return plan_checked(plan, lambda found, _: [loss_variant(direction, found.config, view, facts, scalars)], known,
+                        compile)
 
 
 def loss_writes_gradient(direction: str, facts: variants.LossFacts) -> bool:

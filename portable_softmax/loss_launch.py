@@ -57,7 +57,7 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
                                    chosen.constexpr_values, chosen.option_values)
 
     known = _known(backend, target, tensors[0].dtype, loss_writes_gradient(direction, facts), input_bytes)
-    plan, chosen = plan_cross_entropy(target, direction, view, facts, input_bytes, known, compile)
+    plan, chosen = plan_cross_entropy(target, direction, view, facts, scalars, input_bytes, known, compile)
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     args = variants.loss_scalar_arguments(plan.config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                           scalars)

@@ -26,7 +26,7 @@ import torch
 from portable_softmax import launch_plan, ops, variants
 from portable_softmax.arguments import parse_tensor_shape
 from portable_softmax.device import backend_for, device_record
-from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, table_for, variant_key
+from portable_softmax.kernel_resources import ResourceTable, table_for
 from portable_softmax.launch_plan import RowView, Variant
 from portable_softmax.loss_planner import plan_elementwise
 from portable_softmax.planner import DTYPE_BYTES, LaunchPlan, Target
@@ -113,7 +113,7 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         facts = variants.LossFacts(acc_fp64=wide, write_grad=call.backward)
         known = _known(target, table, call.dtype, launch_plan.loss_writes_gradient("forward", facts), size)
         plan, chosen = launch_plan.plan_cross_entropy(target, "forward", RowView(1, rows, classes, strides), facts,
-                                                      size, known, known)
+                                                      (-100,), size, known, known)
         found = [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen))]
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
@@ -151,8 +151,7 @@ def _known(target: Target, table: Optional[ResourceTable], dtype: str, backward:
 
 def _kernels(table: Optional[ResourceTable], dtype: str, chosen: Sequence[Variant]) -> tuple[tuple[str, str], ...]:
     def source(variant: Variant) -> str:
-        key = variant_key(variant.kernel, POINTER_TYPES[dtype], variant.constexpr_values, variant.option_values)
-        return IN_TABLE if table is not None and table.get(key) is not None else ESTIMATED
+        return IN_TABLE if table is not None and table.get(variant.key(dtype)) is not None else ESTIMATED
     return tuple((variant.kernel, source(variant)) for variant in chosen)
 
 

@@ -19,7 +19,7 @@ from portable_softmax import launch, launch_plan, loss_launch, variants
 from portable_softmax.backend import get_backend
 from portable_softmax.crosscompile.cases import FUSED_FORM, LOSS_FORMS, Case, _fused_scalars
 from portable_softmax.crosscompile.targets import parse_target, target_record
-from portable_softmax.kernel_resources import (FOLDER, POINTER_TYPES, ResourceTable, table_from_json, variant_key)
+from portable_softmax.kernel_resources import FOLDER, ResourceTable, argument_signature, table_from_json, variant_key
 from portable_softmax.launch_plan import Fusion, RowView, Variant, plan_checked
 from portable_softmax.planner import DTYPE_BYTES, KernelConfig
 from portable_softmax.profiles import profile_record
@@ -53,7 +53,9 @@ class FakeCompiler:
         self.table, self.changed, self.asked = table, changed or {}, []
 
     def key(self, kernel, args, constexprs, options) -> str:
-        return variant_key(kernel.fn.__name__, TORCH_POINTERS[args[0].dtype], constexprs, options)
+        scalars = [a for a in args if not isinstance(a, (torch.Tensor, torch.dtype))]
+        return variant_key(kernel.fn.__name__, TORCH_POINTERS[args[0].dtype], argument_signature(scalars), constexprs,
+                           options)
 
     def __call__(self, kernel, backend, device, args, constexprs, options) -> KernelResources:
         key = self.key(kernel, args, constexprs, options)
@@ -71,7 +73,8 @@ class Launched:
     records: list = []
 
     def __init__(self, kernel, backend, device, plan, scalars, launches, options, fallback) -> None:
-        self.plan, self.kernel, self.launches, self.options = plan, kernel.fn.__name__, launches, options
+        self.plan, self.kernel, self.scalars = plan, kernel.fn.__name__, scalars
+        self.launches, self.options = launches, options
         Launched.records.append(self)
 
 
@@ -115,8 +118,8 @@ def test_a_first_call_compiles_only_the_variant_it_launches(h100, what, directio
     launch.build_record(direction, tensors, view, False, False, fusion=fusion)
     (record,) = Launched.records
     # One compile, and it is the binary that launches (the first launch finds it in Triton's cache).
-    assert h100.asked == [h100.key(getattr(launch._kernel_module(get_backend("cuda")), record.kernel), tensors,
-                                   record.launches[0], record.options)]
+    kernel = getattr(launch._kernel_module(get_backend("cuda")), record.kernel)
+    assert h100.asked == [h100.key(kernel, (*tensors, *record.scalars), record.launches[0], record.options)]
 
 
 def test_a_first_cross_entropy_compiles_only_the_kernel_it_launches(h100):
@@ -156,7 +159,7 @@ def _config(name: str) -> KernelConfig:
 
 
 def _variant(name: str) -> Variant:
-    return Variant.of(f"kernel_{name}", {}, {"num_warps": 4}, _config(name))
+    return Variant.of(f"kernel_{name}", (), {}, {"num_warps": 4}, _config(name))
 
 
 def test_plan_checked_compiles_the_launched_variant_once_where_the_known_numbers_hold():
@@ -226,7 +229,7 @@ def test_the_tables_hold_every_variant_their_cases_weigh(table):
 
     def known(dtype):
         def lookup(variant):
-            key = variant_key(variant.kernel, POINTER_TYPES[dtype], variant.constexpr_values, variant.option_values)
+            key = variant.key(dtype)
             if table.get(key) is None:
                 missing.add(key)
             return table.nearest(key) or KernelResources(64, 0, variant.option_values["num_warps"])
@@ -239,8 +242,8 @@ def test_the_tables_hold_every_variant_their_cases_weigh(table):
         lookup = known(case.dtype)
         for kind, call, view in _case_calls(record, case):
             if kind == "loss":
-                launch_plan.plan_cross_entropy(target, case.direction, view, call, DTYPE_BYTES[case.dtype], lookup,
-                                               lookup)
+                launch_plan.plan_cross_entropy(target, case.direction, view, call, (-100,), DTYPE_BYTES[case.dtype],
+                                               lookup, lookup)
             else:
                 launch_plan.plan_softmax(target, call, lookup, lookup)
     assert not missing, f"{len(missing)} variants weighed but not in the table, e.g. {sorted(missing)[:3]}"

@@ -24,7 +24,7 @@ from portable_softmax.crosscompile.cases import (_cost, _spec_key, Case, case_co
                                                  DEFAULT_SLICED_SHAPES, DEFAULT_STRIDED_SHAPES, SLICED_PADDING,
                                                  variant_spec)
 from portable_softmax.crosscompile.compiling import compile_all, DEFAULT_TIMEOUT_S
-from portable_softmax.crosscompile.table import compile_table, write_table
+from portable_softmax.crosscompile.table import compile_table, spec_key, write_table
 
 
 def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
@@ -119,6 +119,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             "id": len(variants) + 1, "target": target.name, "kernel": spec["kernel"],
             "constexprs": spec["constexprs"], "num_warps": config.num_warps, "num_stages": config.num_stages,
             "pointer": spec["args"][0][0], "status": result["status"], "problems": [], "notes": [],
+            "table_key": spec_key(spec),
         }
         if result["status"] == "ok":
             resources = KernelResources(registers=result["registers"], shared_memory=result["shared"],

@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 from portable_softmax import variants
 from portable_softmax.backend import get_backend
-from portable_softmax.kernel_resources import (ResourceTable, merged, table_file_name, table_for, table_from_json,
-                                               variant_key)
+from portable_softmax.kernel_resources import (ResourceTable, merged, spec_signature, table_file_name, table_for,
+                                               table_from_json, variant_key)
 from portable_softmax.planner import KernelConfig
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.targets import split_fit, tile_fill, tile_fit
@@ -65,7 +65,8 @@ def compile_table(record: DeviceRecord, compiled: Sequence[tuple[Case, KernelCon
 def spec_key(spec: Mapping[str, Any]) -> str:
     """The ``variant_key`` of a compiled variant's spec (``cases.variant_spec``): its first
     argument is the data's pointer."""
-    return variant_key(spec["kernel"], spec["args"][0][0], spec["constexprs"], spec["options"])
+    return variant_key(spec["kernel"], spec["args"][0][0], spec_signature(spec["args"]), spec["constexprs"],
+                       spec["options"])
 
 
 def table_rows(specs: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]]) -> dict[str, KernelResources]:
