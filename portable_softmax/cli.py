@@ -56,7 +56,7 @@ def parse_device(text: str) -> str:
         hint = " (ROCm builds of torch name their GPUs 'cuda')" if device.type == "hip" else ""
         raise argparse.ArgumentTypeError(f"device {text!r}: torch {torch.__version__} has no {device.type!r} "
                                          f"devices{hint}")
-    # A plugin's device module need not have these (README: Writing a backend).
+    # A plugin's device module need not have these (docs/design.md: Adding a backend).
     if hasattr(module, "is_available") and not module.is_available():
         built = device.type != "cuda" or torch.version.cuda is not None or torch.version.hip is not None
         why = "none is visible here" if built else "this torch was built without CUDA or ROCm"

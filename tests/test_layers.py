@@ -1,5 +1,5 @@
 """The package's layers import downward only, and no module imports another that imports it back
-(README, "How the package is laid out"). Read from the source (every import, also inside functions):
+(docs/design.md, "How the package is laid out"). Read from the source (every import, also inside functions):
 no torch or Triton needed."""
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ at least ``MIN_BLOCKS`` of them, so a README whose fences were renamed cannot pa
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
@@ -52,4 +51,3 @@ def test_a_readme_example_runs(line, source, tmp_path, monkeypatch):
         # An example that failed midway must not leave its group to the next test.
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    assert os.getcwd() == str(tmp_path)
