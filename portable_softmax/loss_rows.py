@@ -200,18 +200,28 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
         grad = torch.zeros_like(x) if write_grad else None
         return _reduced(rows, x.dtype, options), lse, grad, stats, x
     grad = (x if inplace else torch.empty_like(x)) if write_grad else None
-    tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
-    view = ops.row_view(tensors[0].shape, 1, *tensors)
-    if view is None:
+    if not launch_forward(x, target, weight, stats, rows, lse, grad, options):
         x, target = x.contiguous(), target.contiguous()
         if write_grad:
             grad = x if inplace else torch.empty_like(x)
-        tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
-        view = ops.row_view(tensors[0].shape, 1, *tensors)
+        launch_forward(x, target, weight, stats, rows, lse, grad, options)
+    return _reduced(rows, x.dtype, options), lse, grad, stats, x
+
+
+def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
+                   rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options) -> bool:
+    """The forward kernel over ``x`` (non-empty): the loss rows (scaled by ``stats``) into
+    ``rows``, lse into ``lse`` and, where ``grad`` is given (it may be ``x``), the gradient into
+    it. False, launching nothing, where some tensor's rows cannot be walked in place."""
+    tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
+    view = ops.row_view(tensors[0].shape, 1, *tensors)
+    if view is None:
+        return False
     x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
     loss_launch.run("forward", (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows,
-                                lse_rows, grad_rows), view, _facts(x, options, write_grad), (options.ignore_index,))
-    return _reduced(rows, x.dtype, options), lse, grad, stats, x
+                                lse_rows, grad_rows), view, _facts(x, options, grad is not None),
+                    (options.ignore_index,))
+    return True
 
 
 def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:
