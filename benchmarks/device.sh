@@ -21,10 +21,15 @@
 #                  torch.compile; Liger and FlagGems from .whl/ when carried; QuACK when
 #                  QUACK_DIR names its prepared folder (../shared/peers/README.md)
 # The loss and whole models (issues 32, 34)
-#   tests-loss     the GPU tests of the loss, the learnable mask, enable() and the unserved tensors
-#                  (every test with cuda in its name in those files; four pytest-xdist workers)
+#   tests-loss     the GPU tests of the loss, the head (linear_cross_entropy), the learnable mask,
+#                  enable() and the unserved tensors (every test with cuda in its name in those
+#                  files; four pytest-xdist workers)
 #   loss           `portable-softmax bench --cases loss` with the peers: torch eager, torch.compile,
 #                  Liger and FlagGems from .whl/, QuACK when QUACK_DIR names its prepared folder
+#   head           `portable-softmax bench --cases head` (linear_cross_entropy, bf16, hidden 4096, vocab
+#                  128256 and 151936) with the peers: torch eager, torch.compile, Liger's FLCE and Cut
+#                  Cross-Entropy from .whl/, QuACK's chunked LCE when QUACK_DIR names its prepared folder
+#                  (HEAD_PEERS: another list)
 #   loss-sweep     loss_sweep.py: the loss's streamed settings (chunk, warps, the L2-fit grid)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 # Sweeps
@@ -103,8 +108,8 @@ for section in "$@"; do
         | tee "$OUT/fused.log"
       timeout 150 python3 benchmarks/probes/fused_vs_plain.py ${FUSED_ARGS:-} 2>&1 | quiet | tee "$OUT/fused-vs-plain.log" ;;
     tests-loss)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda -n 4 tests/test_loss.py tests/test_mask_grad.py \
-        tests/test_enable.py tests/test_unserved.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda -n 4 tests/test_loss.py tests/test_head.py \
+        tests/test_mask_grad.py tests/test_enable.py tests/test_unserved.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
         | tail -20 | tee "$OUT/tests-loss.log" ;;
     loss)
       peer_wheels
@@ -116,6 +121,14 @@ for section in "$@"; do
       fi
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases loss --peers $peers \
         --out "$OUT/loss" --no-progress 2>&1 | quiet | tee "$OUT/loss.log" ;;
+    head)
+      peer_wheels
+      peers="${HEAD_PEERS:-torch compile liger cce}"
+      if [ -n "${QUACK_DIR:-}" ]; then
+        if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
+      fi
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases head --peers $peers \
+        --out "$OUT/head" --no-progress 2>&1 | quiet | tee "$OUT/head.log" ;;
     loss-sweep)
       timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;
     enable)

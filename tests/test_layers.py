@@ -17,7 +17,7 @@ LAYERS = [
     ("public API and torch integration", {"ops", "torch_ops", "distributed", "fused", "enable", "__init__", "loss",
                                           "loss_rows", "loss_ops", "nn", "head", "head_chunks", "head_ops"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
-               "machine_code", "bench_loss"}),
+               "machine_code", "bench_loss", "bench_head"}),
 ]
 
 
