@@ -127,7 +127,7 @@ for section in "$@"; do
       if [ -n "${QUACK_DIR:-}" ]; then
         if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
       fi
-      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases head --peers $peers \
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases head --peers $peers --warmup 100 --rep 600 \
         --out "$OUT/head" --no-progress 2>&1 | quiet | tee "$OUT/head.log" ;;
     loss-sweep)
       timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;

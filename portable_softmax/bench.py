@@ -236,7 +236,10 @@ def _head_cases(args: Any, out: Path) -> None:
         raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use --cases head "
                            "--small)")
     timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
-    results = bench_head.run(set(args.peers), args.device, small=args.small, timer=timer)
+    print(bench_head.COLUMNS, flush=True)
+    results = bench_head.run(set(args.peers), args.device, small=args.small, timer=timer,
+                             progress=lambda line: print(line, flush=True))
+    print()
     _write(results, out, _stem("head", results), bench_head.plot, bench_head.table(results))
 
 

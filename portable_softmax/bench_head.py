@@ -51,7 +51,10 @@ def _torch_head(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tens
 def implementations(peers: set[str]) -> dict[str, Head]:
     """Ours and the importable peers among ``peers``, each as ``loss(hidden, weight, target)``
     ('mean', ignore_index -100)."""
-    found: dict[str, Head] = {"ours": lambda h, w, t: portable_softmax.linear_cross_entropy(h, w, t)}
+    found: dict[str, Head] = {
+        "ours": lambda h, w, t: portable_softmax.linear_cross_entropy(h, w, t),
+        # The weight's gradient summed in its own dtype: no float32 copy of it (Liger's memory).
+        "ours-bf16acc": lambda h, w, t: portable_softmax.linear_cross_entropy(h, w, t, accumulate_dtype=w.dtype)}
     if "torch" in peers:
         found["torch"] = _torch_head
     if "compile" in peers:
@@ -138,9 +141,12 @@ def _floor(hidden: torch.Tensor, weight: torch.Tensor, timer: Callable[[Callable
 
 
 def run(peers: set[str], device: Optional[str] = None, small: bool = False,
-        timer: Optional[Callable[[Callable[[], Any]], float]] = None) -> dict[str, Any]:
+        timer: Optional[Callable[[Callable[[], Any]], float]] = None,
+        progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     """Check, then time, every implementation on every shape; the JSON-ready results.
-    ``timer(fn)``: milliseconds per call (``bench_cases.device_timer()`` by default)."""
+    ``timer(fn)``: milliseconds per call (``bench_cases.device_timer()`` by default);
+    ``progress(line)``: each shape's floor and each implementation's line as it is measured (a
+    run cut short still shows what it measured)."""
     from portable_softmax import bench_cases
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -149,7 +155,7 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
     rows: list[dict[str, Any]] = []
     floors: list[dict[str, Any]] = []
     for n_rows, features, n_classes in SMALL_SHAPES if small else SHAPES:
-        floor, case_rows = _case(found, n_rows, features, n_classes, device, timer)
+        floor, case_rows = _case(found, n_rows, features, n_classes, device, timer, progress or (lambda line: None))
         floors.append(floor)
         rows += case_rows
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
@@ -158,7 +164,8 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
 
 
 def _case(found: dict[str, Head], n_rows: int, features: int, n_classes: int, device: torch.device,
-          timer: Callable[[Callable[[], Any]], float]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+          timer: Callable[[Callable[[], Any]], float], progress: Callable[[str], None]
+          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     torch.manual_seed(0)
     shape = {"N": n_rows, "H": features, "V": n_classes}
     hidden = torch.randn(n_rows, features, device=device).to(torch.bfloat16)
@@ -166,6 +173,7 @@ def _case(found: dict[str, Head], n_rows: int, features: int, n_classes: int, de
     target = torch.randint(0, n_classes, (n_rows,), device=device)
     target[::IGNORED_EVERY] = -100
     floor = {**shape, **_floor(hidden, weight, timer)}
+    progress(floor_line(floor))
     expected, expected_hidden, expected_weight = _reference(hidden, weight, target)
     gradients_mb = (hidden.numel() + weight.numel()) * hidden.element_size() / 2**20
     rows = []
@@ -178,6 +186,7 @@ def _case(found: dict[str, Head], n_rows: int, features: int, n_classes: int, de
             if row["loss_relerr"] > LOSS_TOLERANCE:
                 row["error"] = f"loss off by {row['loss_relerr']:.1e} (relative): not timed"
                 rows.append(row)
+                progress(row_line(row))
                 continue
             value.backward()
             row["grad_hidden_relerr"] = relative_error(h.grad, expected_hidden)
@@ -197,9 +206,30 @@ def _case(found: dict[str, Head], n_rows: int, features: int, n_classes: int, de
         except Exception as error:  # a peer that fails on a shape is reported, not fatal
             row["error"] = " ".join(repr(error).split())[:300]
         rows.append(row)
+        progress(row_line(row))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return floor, rows
+
+
+COLUMNS = (f"{'impl':12s} {'fwd+bwd ms':>11s} {'of target':>10s} {'extra MB':>9s} {'beyond grads':>13s} "
+           f"{'loss err':>9s} {'dh err':>8s} {'dW err':>8s}")
+
+
+def floor_line(floor: dict[str, Any]) -> str:
+    """A shape's floor and target."""
+    return (f"{floor['N']} tokens x {floor['H']} -> {floor['V']}: matmuls {floor['matmul_ms']:.2f} ms + copy "
+            f"{floor['copy_ms']:.2f} ms = {floor['floor_ms']:.2f} ms; target {floor['target_ms']:.2f} ms")
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """An implementation's line under ``COLUMNS``."""
+    if "error" in row:
+        return f"{row['impl']:12s} {row['error']}"
+    extra, beyond = row.get("peak_extra_MB"), row.get("beyond_grads_MB")
+    return (f"{row['impl']:12s} {row['fwdbwd_ms']:11.2f} {row['of_target']:10.2f} "
+            f"{'-' if extra is None else f'{extra:.0f}':>9s} {'-' if beyond is None else f'{beyond:.0f}':>13s} "
+            f"{row['loss_relerr']:9.1e} {row['grad_hidden_relerr']:8.1e} {row['grad_weight_relerr']:8.1e}")
 
 
 def table(results: dict[str, Any]) -> str:
@@ -210,20 +240,8 @@ def table(results: dict[str, Any]) -> str:
              f"in float32"]
     for floor in results["floors"]:
         key = (floor["N"], floor["H"], floor["V"])
-        lines += ["", f"{floor['N']} tokens x {floor['H']} -> {floor['V']}: matmuls {floor['matmul_ms']:.2f} ms + "
-                      f"copy {floor['copy_ms']:.2f} ms = {floor['floor_ms']:.2f} ms; target {floor['target_ms']:.2f} ms",
-                  f"{'impl':9s} {'fwd+bwd ms':>11s} {'of target':>10s} {'extra MB':>9s} {'beyond grads':>13s} "
-                  f"{'loss err':>9s} {'dh err':>8s} {'dW err':>8s}"]
-        for row in results["rows"]:
-            if (row["N"], row["H"], row["V"]) != key:
-                continue
-            if "error" in row:
-                lines.append(f"{row['impl']:9s} {row['error']}")
-                continue
-            extra, beyond = row.get("peak_extra_MB"), row.get("beyond_grads_MB")
-            lines.append(f"{row['impl']:9s} {row['fwdbwd_ms']:11.2f} {row['of_target']:10.2f} "
-                         f"{'-' if extra is None else f'{extra:.0f}':>9s} {'-' if beyond is None else f'{beyond:.0f}':>13s} "
-                         f"{row['loss_relerr']:9.1e} {row['grad_hidden_relerr']:8.1e} {row['grad_weight_relerr']:8.1e}")
+        lines += ["", floor_line(floor), COLUMNS]
+        lines += [row_line(row) for row in results["rows"] if (row["N"], row["H"], row["V"]) == key]
     return "\n".join(lines)
 
 

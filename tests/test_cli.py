@@ -267,6 +267,6 @@ def test_head_cases_through_the_command_line_on_the_interpreter(tmp_path, capsys
     (floor,) = results["floors"]
     assert floor["target_ms"] == pytest.approx(bench_head.TARGET_FACTOR * (floor["matmul_ms"] + floor["copy_ms"]))
     rows = {row["impl"]: row for row in results["rows"]}
-    assert set(rows) == {"ours", "torch"} and not any("error" in row for row in rows.values())
+    assert set(rows) == {"ours", "ours-bf16acc", "torch"} and not any("error" in row for row in rows.values())
     assert all(rows["ours"][f"{key}_relerr"] < 1e-2 for key in ("loss", "grad_hidden", "grad_weight")), rows["ours"]
     assert "of target" in out and "\nours " in out
