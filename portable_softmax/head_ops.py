@@ -131,8 +131,8 @@ def _gradient(ctx: Any, dloss: torch.Tensor, *_: Any):
 
 _forward_op = _backward_op = None
 if HAS_CUSTOM_OP:
-    _VALUES = ("int ignore_index, str reduction, float label_smoothing, float z_loss, float? softcap, int? chunk_bytes, "
-               "ScalarType accumulate_dtype, ScalarType loss_dtype, bool grad_hidden, bool grad_weight, bool grad_bias")
+    _VALUES = ("int ignore_index, str reduction, float label_smoothing, float z_loss, float? softcap, "
+               "int? chunk_bytes, ScalarType accumulate_dtype, ScalarType loss_dtype, bool grad_hidden, bool grad_weight, bool grad_bias")
     _forward_definition = torch.library.custom_op(
         f"{NAMESPACE}::linear_cross_entropy", _forward_impl, mutates_args=(),
         schema=f"(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? class_weight, {_VALUES}) "
@@ -151,11 +151,11 @@ if HAS_CUSTOM_OP:
 
 
 def call(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-         class_weight: Optional[torch.Tensor], call: HeadCall) -> tuple[torch.Tensor, torch.Tensor]:
+         class_weight: Optional[torch.Tensor], settings: HeadCall) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss and lse of a validated call on (N, H) hidden states, through the forward operator."""
-    o = call.options
+    o = settings.options
     loss, lse, *_ = _forward_op(hidden, weight, target, bias, class_weight, o.ignore_index, o.reduction, o.smoothing,
-                                o.z_loss, o.softcap, call.chunk_bytes, call.accumulate_dtype, call.loss_dtype,
-                                call.grad_hidden, call.grad_weight, call.grad_bias)
+                                o.z_loss, o.softcap, settings.chunk_bytes, settings.accumulate_dtype,
+                                settings.loss_dtype, settings.grad_hidden, settings.grad_weight, settings.grad_bias)
     # lse is not differentiable (as the eager path marks it).
     return loss, lse.detach()

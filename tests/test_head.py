@@ -38,7 +38,8 @@ def reference(hidden, weight, target, bias=None, class_weight=None, ignore_index
     if z_loss:
         counted = (t != ignore_index).double()
         extra = z_loss * torch.logsumexp(z, 1) ** 2 * counted
-        loss = loss + {"mean": lambda e: e.sum() / counted.sum(), "sum": torch.sum, "none": lambda e: e}[reduction](extra)
+        reduce = {"mean": lambda e: e.sum() / counted.sum(), "sum": torch.sum, "none": lambda e: e}[reduction]
+        loss = loss + reduce(extra)
     return (loss.reshape(target.shape) if reduction == "none" else loss), leaves
 
 
