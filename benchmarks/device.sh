@@ -123,6 +123,10 @@ for section in "$@"; do
         --out "$OUT/loss" --no-progress 2>&1 | quiet | tee "$OUT/loss.log" ;;
     head)
       peer_wheels
+      # Which sum of the weight's gradient this torch gives: float32 inside the matmul, or a pass after it.
+      python3 -c "import torch; from portable_softmax import head_chunks as h
+print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('cuda', 0), torch.bfloat16, torch.float32))" \
+        2>&1 | tee "$OUT/head-path.log"
       peers="${HEAD_PEERS:-torch compile liger cce}"
       if [ -n "${QUACK_DIR:-}" ]; then
         if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
