@@ -337,3 +337,66 @@ def cross_entropy(logits_local: torch.Tensor, target: torch.Tensor, weight: Opti
         lse = lse.reshape(())
         result = result.reshape(()) if options.reduction == "none" else result
     return (result, lse) if return_lse else result
+
+
+def _dtensor_cross_entropy(input: Any, target: Any, weight: Any, *, ignore_index: int, reduction: str,
+                           label_smoothing: float, z_loss: float, softcap: Optional[float], return_lse: bool,
+                           inplace_backward: bool) -> Any:
+    """``portable_softmax.cross_entropy`` of DTensor logits. Sharded on the class dimension (over
+    one mesh dimension): ``cross_entropy`` over that mesh dimension's group, with torch's
+    ``loss_parallel`` placements (target: the input's, the class dimension's shard replicated
+    and later dimensions' shards shifted down; 'none' and lse placed as it, 'sum' replicated over
+    the class shards and partial over the others, 'mean' on a one-dimensional mesh only). Not
+    sharded on it: torch's own cross-entropy of the DTensor (which propagates its placements)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    class_dim = 0 if input.dim() == 1 else 1
+    placements = tuple(input.placements)
+    sharded = [i for i, p in enumerate(placements) if p.is_shard(class_dim)]
+    if not sharded:
+        if z_loss or softcap is not None or return_lse or inplace_backward:
+            raise NotImplementedError("portable_softmax.cross_entropy: z_loss, softcap, return_lse and "
+                                      "inplace_backward of a DTensor need it sharded on the class dimension")
+        return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                               label_smoothing=label_smoothing)
+    if len(sharded) > 1 or any(not (p.is_shard() or p.is_replicate()) for p in placements):
+        raise NotImplementedError(f"portable_softmax.cross_entropy: a DTensor sharded on the class dimension over one "
+                                  f"mesh dimension, the others sharded or replicated, got {placements}")
+    if inplace_backward:
+        raise NotImplementedError("portable_softmax.cross_entropy: inplace_backward of a DTensor is not supported")
+    mesh, tp = input.device_mesh, sharded[0]
+    if reduction == "mean" and mesh.ndim > 1:
+        raise NotImplementedError("portable_softmax.cross_entropy: reduction='mean' of a DTensor on a mesh of "
+                                  f"{mesh.ndim} dimensions (as torch's loss_parallel); use 'sum' or 'none'")
+    positions = tuple(Replicate() if i == tp or not p.is_shard() else Shard(p.dim - (p.dim > class_dim))
+                      for i, p in enumerate(placements))
+    if isinstance(target, DTensor):
+        if tuple(target.placements) != positions:
+            raise ValueError(f"portable_softmax.cross_entropy: target placements {tuple(target.placements)}, "
+                             f"expected {positions} for input placements {placements}")
+        target = target.to_local()
+    elif any(p.is_shard() for p in positions):
+        raise ValueError(f"portable_softmax.cross_entropy: target must be a DTensor placed {positions} (a plain "
+                         f"tensor would be ambiguous: the whole or this rank's shard)")
+    if isinstance(weight, DTensor):
+        weight = weight.full_tensor()
+    result, lse = cross_entropy(input.to_local(), target, weight, group=mesh.get_group(tp), ignore_index=ignore_index,
+                                reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                                return_lse=True)
+    shape = input.shape[:class_dim] + input.shape[class_dim + 1:]
+
+    def placed(t: torch.Tensor, where: tuple, size: tuple) -> Any:
+        stride = torch.empty(size, device="meta").stride()
+        return DTensor.from_local(t, mesh, where, run_check=False, shape=torch.Size(size), stride=stride)
+
+    if reduction == "none":
+        result = placed(result, positions, shape)
+    else:
+        result = placed(result, tuple(Partial() if p.is_shard() else Replicate() for p in positions), ())
+    return (result, placed(lse, positions, shape)) if return_lse else result
+
+
+# DTensor logits reach ``_dtensor_cross_entropy`` through ``loss.cross_entropy``.
+loss.use_dtensor(_dtensor_cross_entropy)
+
+__all__ = ["cross_entropy"]

@@ -1,0 +1,139 @@
+"""The loss over a vocabulary sharded across ranks (``portable_softmax.distributed.cross_entropy``,
+DTensor logits sharded on the class dimension), on CPU processes talking gloo: 2 and 3 ranks,
+uneven slices and an empty one. Each rank checks the loss of the whole and its slice of the
+gradient against torch's loss of the whole logits in float64 (``test_loss.reference``: z-loss and
+softcap as their definitions compose); DTensors against torch's own ``loss_parallel``. One
+process group runs many cases (``test_distributed._check_each``): its start takes seconds."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from portable_softmax.selfcheck import relative_error
+from test_distributed import _check_each, _run
+from test_loss import TOLERANCE, reference
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="no gloo here")
+
+# Slices of the classes per world size: uneven, and for 3 ranks an empty middle one.
+SLICES = {2: [9, 14], 3: [5, 0, 18]}
+
+# (shape with C classes on dim 1, dtype, options): paired options, every reduction and dtype, each
+# gradient form of distributed_loss._kernel_call (no smoothing; unweighted smoothing; weighted).
+CASES = [
+    ((6, 23), torch.float32, dict()),
+    ((6, 23), torch.bfloat16, dict(reduction="sum", weight=True, label_smoothing=0.1)),
+    ((5, 23), torch.float64, dict(reduction="none", weight=True, ignored=0.3)),
+    ((5, 23), torch.float16, dict(ignored=0.4, z_loss=1e-3, softcap=5.0)),
+    ((6, 23), torch.float32, dict(weight=True, label_smoothing=0.2, ignored=0.3, z_loss=0.01)),
+    ((4, 23), torch.bfloat16, dict(reduction="none", label_smoothing=0.1, softcap=3.0)),
+    ((6, 23), torch.float64, dict(label_smoothing=0.3, z_loss=0.05, ignored=0.3)),
+    ((3, 23, 2), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1, ignored=0.3, softcap=4.0)),
+    ((23,), torch.float64, dict(z_loss=0.1)),
+]
+
+
+def _inputs(shape, dtype, options, seed):
+    """The whole logits, targets and options, the same on every rank."""
+    torch.manual_seed(seed)
+    options = dict(options)
+    n_classes = shape[0] if len(shape) == 1 else shape[1]
+    x = (torch.randn(shape) * 3).to(dtype)
+    positions = () if len(shape) == 1 else (shape[0], *shape[2:])
+    target = torch.randint(0, n_classes, positions)
+    ignored = options.pop("ignored", 0.0)
+    if ignored:
+        target[torch.rand(positions) < ignored] = -100
+    if options.pop("weight", False):
+        options["weight"] = (torch.rand(n_classes) + 0.5).to(dtype)
+    return x, target, options
+
+
+def _check_case(rank: int, world: int, shape, dtype, options, seed: int = 0) -> None:
+    from portable_softmax import distributed
+
+    x, target, options = _inputs(shape, dtype, options, seed)
+    sizes = SLICES[world]
+    class_dim = 0 if x.dim() == 1 else 1
+    local = x.split(sizes, class_dim)[rank].clone().requires_grad_()
+    ours, lse = distributed.cross_entropy(local, target, return_lse=True, **options)
+    theirs, leaf = reference(x, target, **options)
+    tol = TOLERANCE[dtype]
+    assert ours.dtype == dtype and ours.shape == theirs.shape
+    assert relative_error(ours, theirs) <= tol, f"rank {rank}: loss {relative_error(ours, theirs):.1e}"
+    capped = leaf.detach() if options.get("softcap") is None else \
+        options["softcap"] * torch.tanh(leaf.detach() / options["softcap"])
+    assert relative_error(lse, torch.logsumexp(capped, class_dim)) <= 1e-6, f"rank {rank}: lse"
+    torch.manual_seed(seed + 1)
+    upstream = torch.randn(theirs.shape).to(dtype)
+    ours.backward(upstream)
+    theirs.backward(upstream.double())
+    expected = leaf.grad.split(sizes, class_dim)[rank]
+    assert local.grad.dtype == dtype and local.grad.shape == local.shape
+    if local.numel():
+        error = relative_error(local.grad, expected)
+        assert error <= tol, f"rank {rank}: gradient {error:.1e}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_loss_of_the_whole_on_every_rank(world):
+    """Every case's loss, lse and this slice's gradient against torch's of the whole logits."""
+    _run(world, _check_each, _check_case, [case + (i,) for i, case in enumerate(CASES)])
+
+
+def _check_special(rank: int, world: int) -> None:
+    """torch's special values: +inf and NaN logits (NaN rows), -inf logits (their classes'
+    probability 0), a target of the last class; every target ignored ('mean': NaN, and a zero
+    gradient, as ``portable_softmax.cross_entropy``'s: torch's is NaN on the rows holding NaN or
+    inf, ignored or not)."""
+    from portable_softmax import distributed
+
+    sizes = SLICES[world]
+    torch.manual_seed(3)  # the same logits on every rank
+    x = torch.randn(5, 23, dtype=torch.float64) * 3
+    x[1, 20] = math.inf
+    x[2, 2] = math.nan
+    x[3, :7] = -math.inf
+    target = torch.tensor([22, 0, 4, 10, -100])
+    for options, t in ((dict(), target), (dict(reduction="none"), target), (dict(reduction="sum", z_loss=0.1), target),
+                       (dict(), torch.full((5,), -100))):
+        local = x.split(sizes, 1)[rank].clone().requires_grad_()
+        ours = distributed.cross_entropy(local, t, **options)
+        theirs, leaf = reference(x, t, **options)
+        assert torch.equal(ours.isnan(), theirs.isnan()), f"rank {rank}: {options} NaN where torch's"
+        finite = ~theirs.isnan()
+        assert torch.allclose(ours[finite], theirs[finite], rtol=1e-12), f"rank {rank}: {options}"
+        ours.sum().backward()
+        theirs.sum().backward()
+        expected = leaf.grad.split(sizes, 1)[rank]
+        if (t == -100).all():
+            expected = expected.nan_to_num(0.0)
+        assert torch.equal(local.grad.isnan(), expected.isnan()), f"rank {rank}: {options} gradient NaN"
+        assert torch.allclose(local.grad.nan_to_num(), expected.nan_to_num(), rtol=1e-12, atol=1e-15), \
+            f"rank {rank}: {options} gradient"
+
+
+def _check_errors(rank: int, world: int) -> None:
+    """Errors every rank raises alike (they hold the same targets and weights)."""
+    from portable_softmax import distributed
+
+    local = torch.randn(4, SLICES[world][rank])
+    with pytest.raises(IndexError, match="out of bounds for 23 classes"):
+        distributed.cross_entropy(local, torch.tensor([0, 23, 1, 2]))
+    with pytest.raises(ValueError, match="weight has 22 values but the slices hold 23"):
+        distributed.cross_entropy(local, torch.tensor([0, 1, 1, 2]), torch.ones(22))
+    with pytest.raises(NotImplementedError, match="class probabilities"):
+        distributed.cross_entropy(local, torch.rand(local.shape))
+
+
+def _check_both(rank: int, world: int) -> None:
+    _check_special(rank, world)
+    _check_errors(rank, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_special_values_and_errors(world):
+    _run(world, _check_both)
