@@ -115,18 +115,23 @@ def _sizes_code(n_local: int, rank: int, ranks: int, dtype: torch.dtype, device:
     return loss_rows._constant(device, dtype, tuple(code))
 
 
-def _denominators(target: torch.Tensor, counted: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
-                  acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target weights w_t and the reduction's factors [ce, zs] (1 / the denominators of
-    'mean', as ``loss_rows._stats`` forms them; 1 otherwise), on the device."""
-    if weight is not None:
-        # A target outside the classes reads class 0's weight here: its loss is NaN anyway.
-        w_t = weight.to(acc)[target.clamp(0, weight.shape[0] - 1)].masked_fill(~counted, 0)
-    else:
-        w_t = counted.to(acc)
+def _target_weights(target: torch.Tensor, counted: torch.Tensor, weight: Optional[torch.Tensor],
+                    acc: torch.dtype) -> torch.Tensor:
+    """w_t of each counted position (1 unweighted, 0 ignored). A target outside the classes reads
+    class 0's weight here: its loss is NaN anyway."""
+    if weight is None:
+        return counted.to(acc)
+    return weight.to(acc)[target.clamp(0, weight.shape[0] - 1)].masked_fill(~counted, 0)
+
+
+def factors(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options, acc: torch.dtype) -> torch.Tensor:
+    """The reduction's factors [ce, zs] of a batch of targets, on the device: 1 / the denominators
+    of 'mean' (the summed weights of the counted targets, their count: ``loss_rows._stats``'s),
+    1 otherwise."""
     if options.reduction != "mean":
-        return w_t, torch.ones(2, dtype=acc, device=target.device)
-    return w_t, 1.0 / torch.stack([w_t.sum(), counted.sum(dtype=acc)])
+        return torch.ones(2, dtype=acc, device=target.device)
+    counted = target != options.ignore_index
+    return 1.0 / torch.stack([_target_weights(target, counted, weight, acc).sum(), counted.sum(dtype=acc)])
 
 
 def _check(target: torch.Tensor, valid: torch.Tensor, counted: torch.Tensor, n_classes: int,
@@ -153,9 +158,8 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     n_local = x.shape[1]
     eps, weighted = options.smoothing, weight is not None
     counted = target != options.ignore_index
-    w_t, factors = _denominators(target, counted, weight, options, acc)
-    if scales is not None:
-        factors = scales
+    w_t = _target_weights(target, counted, weight, acc)
+    scales = factors(target, weight, options, acc) if scales is None else scales
     # Weighted smoothing needs the slice's weights, which need its offset: S_r after the exchange.
     lse, smooth_sum = _local_statistics(x, None, options, eps > 0 and not weighted)
     peak = torch.cat([lse.flatten(), _sizes_code(n_local, rank, ranks, acc, x.device)])
@@ -195,13 +199,13 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     rows = (1.0 - eps) * w_t * (lse - z_t)
     if eps > 0:
         rows = rows + eps / classes * (weight_sum * lse - summed[2])
-    rows = torch.where(counted, rows, 0.0) * factors[0]
+    rows = torch.where(counted, rows, 0.0) * scales[0]
     if options.z_loss:
-        rows = rows + torch.where(counted, options.z_loss * lse * lse, 0.0) * factors[1]
+        rows = rows + torch.where(counted, options.z_loss * lse * lse, 0.0) * scales[1]
     rows = torch.where(counted & ~valid, math.nan, rows)
     kernel_target = torch.where(counted, torch.where(valid, 0, n_local), -1)
-    scales = torch.cat([factors, torch.stack([classes, weight_sum])])
-    return rows, Exchanged(kernel_target, counted, held, index, x_t, lse, w_t, scales, local_weight)
+    values = torch.cat([scales, torch.stack([classes, weight_sum])])
+    return rows, Exchanged(kernel_target, counted, held, index, x_t, lse, w_t, values, local_weight)
 
 
 def _kernel_call(saved: Exchanged, incoming: torch.Tensor, options: Options, n_local: int
@@ -399,4 +403,4 @@ def _dtensor_cross_entropy(input: Any, target: Any, weight: Any, *, ignore_index
 # DTensor logits reach ``_dtensor_cross_entropy`` through ``loss.cross_entropy``.
 loss.use_dtensor(_dtensor_cross_entropy)
 
-__all__ = ["cross_entropy"]
+__all__ = ["cross_entropy", "factors", "forward", "gradient"]

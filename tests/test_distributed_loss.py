@@ -186,3 +186,58 @@ def _check_dtensor(rank: int, world: int) -> None:
 
 def test_dtensors_sharded_on_the_classes_follow_loss_parallel():
     _run(2, _check_dtensor)
+
+
+# (hidden's shape, dtype, with a bias, options) of the tensor-parallel head: 23 classes sliced.
+HEAD_CASES = [
+    ((6, 16), torch.float64, True, dict(weight=True, label_smoothing=0.1, ignored=0.3)),
+    ((2, 3, 16), torch.float32, False, dict(reduction="none", z_loss=0.01, softcap=4.0)),
+    ((5, 16), torch.float64, True, dict(reduction="sum", label_smoothing=0.2, z_loss=0.1)),
+    ((4, 16), torch.bfloat16, True, dict()),
+]
+
+
+def _check_head(rank: int, world: int, shape, dtype, bias: bool, options, seed: int) -> None:
+    """``distributed.linear_cross_entropy`` against torch's loss of ``hidden @ weight.T + bias`` of
+    the whole weight in float64: the loss, hidden's whole gradient on every rank, this slice's
+    of the weight and bias."""
+    from portable_softmax import distributed
+
+    torch.manual_seed(seed)
+    sizes = SLICES[world]
+    hidden = (torch.randn(shape) / 2).to(dtype)
+    weight = torch.randn(23, shape[-1]).to(dtype)
+    full_bias = torch.randn(23).to(dtype) if bias else None
+    target = torch.randint(0, 23, shape[:-1])
+    options = dict(options)
+    if options.pop("ignored", 0.0):
+        target[torch.rand(shape[:-1]) < 0.3] = -100
+    if options.pop("weight", False):
+        options["class_weight"] = torch.rand(23).to(dtype) + 0.5
+    ours_hidden = hidden.clone().requires_grad_()
+    local_weight = weight.split(sizes)[rank].clone().requires_grad_()
+    local_bias = full_bias.split(sizes)[rank].clone().requires_grad_() if bias else None
+    ours = distributed.linear_cross_entropy(ours_hidden, local_weight, target, local_bias, **options)
+    leaves = [t.detach().double().requires_grad_() for t in (hidden, weight) + ((full_bias,) if bias else ())]
+    logits = torch.nn.functional.linear(*leaves).movedim(-1, 1)
+    class_weight = options.pop("class_weight", None)
+    theirs, logits_leaf = reference(logits.detach(), target, class_weight, **options)
+    tol = TOLERANCE[dtype]
+    assert ours.dtype == dtype and ours.shape == theirs.shape
+    assert relative_error(ours, theirs) <= tol, f"rank {rank}: loss {relative_error(ours, theirs):.1e}"
+    torch.manual_seed(seed + 1)
+    upstream = torch.randn(theirs.shape).to(dtype)
+    ours.backward(upstream)
+    theirs.backward(upstream.double())
+    logits.backward(logits_leaf.grad)
+    expected = [leaves[0].grad, leaves[1].grad.split(sizes)[rank]] + ([leaves[2].grad.split(sizes)[rank]] if bias else [])
+    found = [ours_hidden.grad, local_weight.grad] + ([local_bias.grad] if bias else [])
+    for name, got, want in zip(("hidden", "weight", "bias"), found, expected):
+        assert got.dtype == dtype and got.shape == want.shape, f"rank {rank}: {name}"
+        if want.numel():
+            assert relative_error(got, want) <= tol, f"rank {rank}: {name} {relative_error(got, want):.1e}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_tensor_parallel_head(world):
+    _run(world, _check_each, _check_head, [case + (i,) for i, case in enumerate(HEAD_CASES)])

@@ -14,9 +14,9 @@ LAYERS = [
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
     ("planning", {"tuning", "planner", "loss_planner", "targets"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch", "loss_launch"}),
-    ("public API and torch integration", {"ops", "torch_ops", "distributed", "distributed_loss", "fused", "enable",
-                                          "__init__", "loss", "loss_rows", "loss_ops", "nn", "head", "head_chunks",
-                                          "head_ops"}),
+    ("public API and torch integration", {"ops", "torch_ops", "distributed", "distributed_loss", "distributed_head",
+                                          "fused", "enable", "__init__", "loss", "loss_rows", "loss_ops", "nn",
+                                          "head", "head_chunks", "head_ops"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
                "machine_code", "bench_loss", "bench_head"}),
 ]
