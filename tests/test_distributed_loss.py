@@ -18,6 +18,11 @@ from test_loss import TOLERANCE, reference
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="no gloo here")
 
+# CPU processes in a gloo group, 2 and 3 ranks; 2 GPUs in an NCCL group where the host has them.
+_TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available()
+GROUPS = [pytest.param("cpu", 2, id="cpu-2"), pytest.param("cpu", 3, id="cpu-3"),
+          pytest.param("cuda", 2, id="cuda-2", marks=pytest.mark.skipif(not _TWO_GPUS, reason="needs 2 GPUs, NCCL"))]
+
 # Slices of the classes per world size: uneven, and for 3 ranks an empty middle one.
 SLICES = {2: [9, 14], 3: [5, 0, 18]}
 
@@ -52,14 +57,19 @@ def _inputs(shape, dtype, options, seed):
     return x, target, options
 
 
-def _check_case(rank: int, world: int, shape, dtype, options, seed: int = 0) -> None:
+def _on(device: str, options: dict) -> dict:
+    return {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in options.items()}
+
+
+def _check_case(rank: int, world: int, shape, dtype, options, seed: int, device: str) -> None:
     from portable_softmax import distributed
 
     x, target, options = _inputs(shape, dtype, options, seed)
     sizes = SLICES[world]
     class_dim = 0 if x.dim() == 1 else 1
-    local = x.split(sizes, class_dim)[rank].clone().requires_grad_()
-    ours, lse = distributed.cross_entropy(local, target, return_lse=True, **options)
+    local = x.split(sizes, class_dim)[rank].to(device).requires_grad_()
+    ours, lse = distributed.cross_entropy(local, target.to(device), return_lse=True, **_on(device, options))
+    ours, lse = ours.cpu(), lse.cpu()
     theirs, leaf = reference(x, target, **options)
     tol = TOLERANCE[dtype]
     assert ours.dtype == dtype and ours.shape == theirs.shape
@@ -74,17 +84,17 @@ def _check_case(rank: int, world: int, shape, dtype, options, seed: int = 0) -> 
     expected = leaf.grad.split(sizes, class_dim)[rank]
     assert local.grad.dtype == dtype and local.grad.shape == local.shape
     if local.numel():
-        error = relative_error(local.grad, expected)
+        error = relative_error(local.grad.cpu(), expected)
         assert error <= tol, f"rank {rank}: gradient {error:.1e}"
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_the_loss_of_the_whole_on_every_rank(world):
+@pytest.mark.parametrize("device, world", GROUPS)
+def test_the_loss_of_the_whole_on_every_rank(device, world):
     """Every case's loss, lse and this slice's gradient against torch's of the whole logits."""
-    _run(world, _check_each, _check_case, [case + (i,) for i, case in enumerate(CASES)])
+    _run(world, _check_each, _check_case, [case + (i, device) for i, case in enumerate(CASES)], device=device)
 
 
-def _check_special(rank: int, world: int) -> None:
+def _check_special(rank: int, world: int, device: str) -> None:
     """torch's special values: +inf and NaN logits (NaN rows), -inf logits (their classes'
     probability 0), a target of the last class; every target ignored ('mean': NaN, and a zero
     gradient, as ``portable_softmax.cross_entropy``'s: torch's is NaN on the rows holding NaN or
@@ -100,46 +110,53 @@ def _check_special(rank: int, world: int) -> None:
     target = torch.tensor([22, 0, 4, 10, -100])
     for options, t in ((dict(), target), (dict(reduction="none"), target), (dict(reduction="sum", z_loss=0.1), target),
                        (dict(), torch.full((5,), -100))):
-        local = x.split(sizes, 1)[rank].clone().requires_grad_()
-        ours = distributed.cross_entropy(local, t, **options)
+        local = x.split(sizes, 1)[rank].to(device).requires_grad_()
+        ours = distributed.cross_entropy(local, t.to(device), **options)
         theirs, leaf = reference(x, t, **options)
-        assert torch.equal(ours.isnan(), theirs.isnan()), f"rank {rank}: {options} NaN where torch's"
+        assert torch.equal(ours.detach().cpu().isnan(), theirs.isnan()), f"rank {rank}: {options} NaN where torch's"
         finite = ~theirs.isnan()
-        assert torch.allclose(ours[finite], theirs[finite], rtol=1e-12), f"rank {rank}: {options}"
+        assert torch.allclose(ours.detach().cpu()[finite], theirs[finite], rtol=1e-12), f"rank {rank}: {options}"
         ours.sum().backward()
         theirs.sum().backward()
+        ours, grad = ours.detach().cpu(), local.grad.cpu()
         expected = leaf.grad.split(sizes, 1)[rank]
         if (t == -100).all():
             expected = expected.nan_to_num(0.0)
-        assert torch.equal(local.grad.isnan(), expected.isnan()), f"rank {rank}: {options} gradient NaN"
-        assert torch.allclose(local.grad.nan_to_num(), expected.nan_to_num(), rtol=1e-12, atol=1e-15), \
+        assert torch.equal(grad.isnan(), expected.isnan()), f"rank {rank}: {options} gradient NaN"
+        assert torch.allclose(grad.nan_to_num(), expected.nan_to_num(), rtol=1e-12, atol=1e-15), \
             f"rank {rank}: {options} gradient"
 
 
-def _check_errors(rank: int, world: int) -> None:
-    """Errors every rank raises alike (they hold the same targets and weights)."""
+def _check_errors(rank: int, world: int, device: str) -> None:
+    """Errors every rank raises alike (they hold the same targets and weights); on a GPU a target
+    outside the classes gives NaN at its position instead (no host synchronisation)."""
     from portable_softmax import distributed
 
-    local = torch.randn(4, SLICES[world][rank])
+    local = torch.randn(4, SLICES[world][rank], device=device)
+    outside = torch.tensor([0, 23, 1, 2], device=device)
+    if device != "cpu":
+        found = distributed.cross_entropy(local, outside, reduction="none").cpu().isnan()
+        assert found.tolist() == [False, True, False, False], f"rank {rank}: {found}"
+        return
     with pytest.raises(IndexError, match="out of bounds for 23 classes"):
-        distributed.cross_entropy(local, torch.tensor([0, 23, 1, 2]))
+        distributed.cross_entropy(local, outside)
     with pytest.raises(ValueError, match="weight has 22 values but the slices hold 23"):
         distributed.cross_entropy(local, torch.tensor([0, 1, 1, 2]), torch.ones(22))
     with pytest.raises(NotImplementedError, match="class probabilities"):
         distributed.cross_entropy(local, torch.rand(local.shape))
 
 
-def _check_both(rank: int, world: int) -> None:
-    _check_special(rank, world)
-    _check_errors(rank, world)
+def _check_both(rank: int, world: int, device: str) -> None:
+    _check_special(rank, world, device)
+    _check_errors(rank, world, device)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_special_values_and_errors(world):
-    _run(world, _check_both)
+@pytest.mark.parametrize("device, world", GROUPS)
+def test_special_values_and_errors(device, world):
+    _run(world, _check_both, device, device=device)
 
 
-def _check_dtensor(rank: int, world: int) -> None:
+def _check_dtensor(rank: int, world: int, device: str) -> None:
     """``portable_softmax.cross_entropy`` of DTensor logits sharded on the classes (torch's even
     shards: 12, 11) against torch's ``loss_parallel`` of the same DTensor: the loss, its
     placements and the logits' gradient; sharded on the batch instead, torch's own loss."""
@@ -150,13 +167,13 @@ def _check_dtensor(rank: int, world: int) -> None:
 
     import portable_softmax as ps
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device, (world,))
     torch.manual_seed(5)
-    x = torch.randn(6, 23, dtype=torch.float64) * 3
-    counted = torch.randint(0, 23, (6,))
+    x = (torch.randn(6, 23, dtype=torch.float64) * 3).to(device)
+    counted = torch.randint(0, 23, (6,)).to(device)
     target = counted.clone()
     target[::4] = -100
-    weight = torch.rand(23, dtype=torch.float64) + 0.5
+    weight = (torch.rand(23, dtype=torch.float64) + 0.5).to(device)
     # torch 2.13's loss_parallel backward fails with a weight and ignored targets (it gathers the
     # weight at -100): weighted cases count every target.
     for reduction, w, t in (("mean", None, target), ("sum", weight, counted), ("none", weight, counted)):
@@ -174,8 +191,8 @@ def _check_dtensor(rank: int, world: int) -> None:
     # Options torch's loss_parallel lacks, on the shards: against the whole logits' loss.
     ours = ps.cross_entropy(distribute_tensor(x, mesh, [Shard(1)]), target, label_smoothing=0.1, z_loss=0.01,
                             softcap=4.0)
-    theirs, _ = reference(x, target, label_smoothing=0.1, z_loss=0.01, softcap=4.0)
-    assert relative_error(ours.full_tensor(), theirs) < 1e-12
+    theirs, _ = reference(x.cpu(), target.cpu(), label_smoothing=0.1, z_loss=0.01, softcap=4.0)
+    assert relative_error(ours.full_tensor().cpu(), theirs) < 1e-12
     # Sharded on the batch: torch's own cross-entropy of the DTensor.
     batch = distribute_tensor(x, mesh, [Shard(0)])
     ours = ps.cross_entropy(batch, distribute_tensor(target, mesh, [Shard(0)]))
@@ -184,8 +201,9 @@ def _check_dtensor(rank: int, world: int) -> None:
         ps.cross_entropy(batch, distribute_tensor(target, mesh, [Shard(0)]), z_loss=0.1)
 
 
-def test_dtensors_sharded_on_the_classes_follow_loss_parallel():
-    _run(2, _check_dtensor)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GROUPS[2].marks)])
+def test_dtensors_sharded_on_the_classes_follow_loss_parallel(device):
+    _run(2, _check_dtensor, device, device=device)
 
 
 # (hidden's shape, dtype, with a bias, options) of the tensor-parallel head: 23 classes sliced.
@@ -197,7 +215,7 @@ HEAD_CASES = [
 ]
 
 
-def _check_head(rank: int, world: int, shape, dtype, bias: bool, options, seed: int) -> None:
+def _check_head(rank: int, world: int, shape, dtype, bias: bool, options, seed: int, device: str) -> None:
     """``distributed.linear_cross_entropy`` against torch's loss of ``hidden @ weight.T + bias`` of
     the whole weight in float64: the loss, hidden's whole gradient on every rank, this slice's
     of the weight and bias."""
@@ -214,30 +232,31 @@ def _check_head(rank: int, world: int, shape, dtype, bias: bool, options, seed: 
         target[torch.rand(shape[:-1]) < 0.3] = -100
     if options.pop("weight", False):
         options["class_weight"] = torch.rand(23).to(dtype) + 0.5
-    ours_hidden = hidden.clone().requires_grad_()
-    local_weight = weight.split(sizes)[rank].clone().requires_grad_()
-    local_bias = full_bias.split(sizes)[rank].clone().requires_grad_() if bias else None
-    ours = distributed.linear_cross_entropy(ours_hidden, local_weight, target, local_bias, **options)
+    ours_hidden = hidden.to(device).requires_grad_()
+    local_weight = weight.split(sizes)[rank].to(device).requires_grad_()
+    local_bias = full_bias.split(sizes)[rank].to(device).requires_grad_() if bias else None
+    ours = distributed.linear_cross_entropy(ours_hidden, local_weight, target.to(device), local_bias,
+                                            **_on(device, options))
     leaves = [t.detach().double().requires_grad_() for t in (hidden, weight) + ((full_bias,) if bias else ())]
     logits = torch.nn.functional.linear(*leaves).movedim(-1, 1)
     class_weight = options.pop("class_weight", None)
     theirs, logits_leaf = reference(logits.detach(), target, class_weight, **options)
     tol = TOLERANCE[dtype]
     assert ours.dtype == dtype and ours.shape == theirs.shape
-    assert relative_error(ours, theirs) <= tol, f"rank {rank}: loss {relative_error(ours, theirs):.1e}"
+    assert relative_error(ours.cpu(), theirs) <= tol, f"rank {rank}: loss {relative_error(ours.cpu(), theirs):.1e}"
     torch.manual_seed(seed + 1)
     upstream = torch.randn(theirs.shape).to(dtype)
-    ours.backward(upstream)
+    ours.backward(upstream.to(device))
     theirs.backward(upstream.double())
     logits.backward(logits_leaf.grad)
     expected = [leaves[0].grad, leaves[1].grad.split(sizes)[rank]] + ([leaves[2].grad.split(sizes)[rank]] if bias else [])
-    found = [ours_hidden.grad, local_weight.grad] + ([local_bias.grad] if bias else [])
+    found = [t.grad.cpu() for t in (ours_hidden, local_weight) + ((local_bias,) if bias else ())]
     for name, got, want in zip(("hidden", "weight", "bias"), found, expected):
         assert got.dtype == dtype and got.shape == want.shape, f"rank {rank}: {name}"
         if want.numel():
             assert relative_error(got, want) <= tol, f"rank {rank}: {name} {relative_error(got, want):.1e}"
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_the_tensor_parallel_head(world):
-    _run(world, _check_each, _check_head, [case + (i,) for i, case in enumerate(HEAD_CASES)])
+@pytest.mark.parametrize("device, world", GROUPS)
+def test_the_tensor_parallel_head(device, world):
+    _run(world, _check_each, _check_head, [case + (i, device) for i, case in enumerate(HEAD_CASES)], device=device)
