@@ -50,6 +50,11 @@
 # Other machines and tools
 #   distributed    distributed_bench.py and the issue's baseline (probes/dt_baseline.py) on every
 #                  GPU of the host, NCCL, NVLink multicast off
+#   vocab-parallel 2 GPUs, NCCL, multicast off (issue 33): the GPU tests of the vocabulary-parallel
+#                  loss and head (tests/test_distributed_loss.py -k cuda), then vocab_parallel_bench.py
+#                  under torchrun: ours against torch's DTensor loss_parallel, bf16, forward + backward,
+#                  8192x128256 and 16384x151936 split in 2 (VOCAB_CASES), the target 1.2 x (local loss
+#                  + collectives)
 #   ncu            Nsight Compute counters of probes/ncu_cases.py (NCU_CASES: space-separated names)
 #   probe:NAME     benchmarks/probes/NAME.py (PROBE_ARGS passed on), e.g. probe:causal_floor
 set -uo pipefail
@@ -200,6 +205,13 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 240 python3 benchmarks/distributed_bench.py --out "$OUT/distributed.json" 2>&1 | quiet | tee "$OUT/ours.log"
       timeout 200 python3 benchmarks/probes/dt_baseline.py 2>&1 | quiet | tee "$OUT/baseline.log" ;;
+    vocab-parallel)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda tests/test_distributed_loss.py 2>&1 \
+        | grep -E "passed|failed|FAILED|Error" | tail -12 | tee "$OUT/tests-vocab-parallel.log"
+      timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/vocab_parallel_bench.py \
+        --cases "${VOCAB_CASES:-8192x128256,16384x151936}" --out "$OUT/vocab-parallel.json" 2>&1 | quiet \
+        | grep -v -E "^W[0-9]+ |\*\*\*\*|OMP_NUM_THREADS" | tee "$OUT/vocab-parallel.log" ;;
     ncu)
       metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
       metrics=$metrics,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
