@@ -208,25 +208,44 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     return rows, Exchanged(kernel_target, counted, held, index, x_t, lse, w_t, values, local_weight)
 
 
-def _kernel_call(saved: Exchanged, incoming: torch.Tensor, options: Options, n_local: int
-                 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Options]:
+def _coefficients(saved: Exchanged, options: Options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """a and c per row, and b, of the module docstring's gradient."""
+    ce, zs, classes, weight_sum = saved.scales
+    eps, w_t = options.smoothing, saved.target_weight
+    a = ((1.0 - eps) * w_t + eps * weight_sum / classes) * ce + 2.0 * options.z_loss * zs * saved.lse
+    return a, eps * ce / classes, (1.0 - eps) * w_t * ce
+
+
+def _kernel_call(saved: Exchanged, incoming: torch.Tensor, a: torch.Tensor, b: torch.Tensor, options: Options,
+                 n_local: int) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Options]:
     """The loss backward kernel's per-row incoming gradient, weights, stats and options that make
     it write f (k P_j - u_j / C_l) s'_j as the module docstring's gradient needs."""
-    ce, zs, classes, weight_sum = saved.scales
-    acc = saved.lse.dtype
+    ce, zs, classes, _ = saved.scales
     eps, zl = options.smoothing, options.z_loss
-    softcap = options.softcap or 1.0
-    one = torch.ones((), dtype=acc, device=ce.device)
+    one = torch.ones((), dtype=a.dtype, device=a.device)
+    softcap = one * (options.softcap or 1.0)
     if eps > 0 and not options.weighted:
-        # u = 1 (unweighted): f = dl b C_l, k = a / (b C_l) = (W' + 2 zl' LSE) / C_l.
-        factor = torch.where(saved.counted, incoming * (eps * ce * n_local / classes), 0.0)
-        stats = torch.stack([one, one, classes / eps, one, zl * zs * classes / (eps * ce * n_local), one * softcap])
+        # u = 1 (unweighted): f = dl b C_l, and k = a / (b C_l) = W' / C_l + 2 zl' LSE.
+        factor = torch.where(saved.counted, incoming * b * n_local, 0.0)
+        stats = torch.stack([one, one, classes / eps, one, zl * zs / (b * n_local), softcap])
         return factor, None, stats, Options(n_local, False, "none", -1, 1.0, zl, options.softcap, False)
-    a = ((1.0 - eps) * saved.target_weight + eps * weight_sum / classes) * ce + 2.0 * zl * zs * saved.lse
+    # u = 0 (the uniform term silenced), k = 1: f = dl a.
     factor = torch.where(saved.counted, incoming * a, 0.0)
-    stats = torch.stack([one, one, one * n_local, one, one * 0.0, one * softcap])
-    zeros = torch.zeros(n_local, dtype=acc, device=ce.device)
+    stats = torch.stack([one, one, one * n_local, one, one * 0.0, softcap])
+    zeros = torch.zeros(n_local, dtype=a.dtype, device=a.device)
     return factor, zeros, stats, Options(n_local, False, "none", -1, 1.0, 0.0, options.softcap, True)
+
+
+def _uniform_term(x: torch.Tensor, saved: Exchanged, incoming: torch.Tensor, b: torch.Tensor,
+                  options: Options) -> torch.Tensor:
+    """dl b w_j s'_j over the slice (weighted smoothing: the zero weights left it out of the
+    kernel's gradient), in the accumulation dtype."""
+    acc = saved.lse.dtype
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    term = (incoming * b * saved.counted).unsqueeze(1) * saved.local_weight.to(acc).view(shape)
+    if options.softcap is not None:
+        term = term * (1.0 - torch.tanh(x.to(acc) / options.softcap) ** 2)
+    return term
 
 
 def gradient(x: torch.Tensor, saved: Exchanged, dloss: torch.Tensor, options: Options,
@@ -238,28 +257,20 @@ def gradient(x: torch.Tensor, saved: Exchanged, dloss: torch.Tensor, options: Op
         return torch.zeros_like(x)
     acc = saved.lse.dtype
     incoming = dloss.to(acc) if options.reduction == "none" else dloss.to(acc).reshape(()).expand(saved.lse.shape)
-    factor, kernel_weight, stats, kernel_options = _kernel_call(saved, incoming, options, n_local)
+    a, b, c = _coefficients(saved, options)
+    # Formed before the kernel, which may write over x.
+    uniform = _uniform_term(x, saved, incoming, b, options) if options.smoothing > 0 and options.weighted else None
+    factor, kernel_weight, stats, kernel_options = _kernel_call(saved, incoming, a, b, options, n_local)
     grad = loss_rows.backward(x, saved.kernel_target, kernel_weight, stats, saved.lse, factor, kernel_options, inplace)
-    ce, zs, classes, weight_sum = saved.scales
-    eps = options.smoothing
-    b = eps * ce / classes
-    if eps > 0 and options.weighted:
-        # The uniform term -dl b w_j s'_j, which the zero weights left out.
-        shape = (1, n_local) + (1,) * (x.dim() - 2)
-        term = (incoming * b * saved.counted).unsqueeze(1) * saved.local_weight.to(acc).view(shape)
-        if options.softcap is not None:
-            term = term * (1.0 - torch.tanh(x.to(acc) / options.softcap) ** 2)
-        grad.copy_(grad.to(acc) - term)
-    # The target's column, where this slice holds it: (a P_t - b w_t - c) from its logit.
-    z_t = _capped(saved.target_logit, options.softcap)
-    w_t = saved.target_weight
-    a = ((1.0 - eps) * w_t + eps * weight_sum / classes) * ce + 2.0 * options.z_loss * zs * saved.lse
-    value = incoming * (a * torch.exp(z_t - saved.lse) - b * w_t - (1.0 - eps) * w_t * ce)
+    if uniform is not None:
+        grad.copy_(grad.to(acc) - uniform)
+    # The target's column, where this slice holds it, from its logit: rounded once.
+    value = incoming * (a * torch.exp(_capped(saved.target_logit, options.softcap) - saved.lse)
+                        - b * saved.target_weight - c)
     if options.softcap is not None:
         value = value * (1.0 - torch.tanh(saved.target_logit / options.softcap) ** 2)
-    index = saved.index
-    current = grad.gather(1, index)
-    grad.scatter_(1, index, torch.where(saved.held.unsqueeze(1), value.unsqueeze(1).to(grad.dtype), current))
+    current = grad.gather(1, saved.index)
+    grad.scatter_(1, saved.index, torch.where(saved.held.unsqueeze(1), value.unsqueeze(1).to(grad.dtype), current))
     return grad
 
 

@@ -208,7 +208,7 @@ def test_dtensors_sharded_on_the_classes_follow_loss_parallel(device):
 
 # (hidden's shape, dtype, with a bias, options) of the tensor-parallel head: 23 classes sliced.
 HEAD_CASES = [
-    ((6, 16), torch.float64, True, dict(weight=True, label_smoothing=0.1, ignored=0.3)),
+    ((6, 16), torch.float64, True, dict(weight=True, label_smoothing=0.1, ignored=0.3, softcap=3.0)),
     ((2, 3, 16), torch.float32, False, dict(reduction="none", z_loss=0.01, softcap=4.0)),
     ((5, 16), torch.float64, True, dict(reduction="sum", label_smoothing=0.2, z_loss=0.1)),
     ((4, 16), torch.bfloat16, True, dict()),
