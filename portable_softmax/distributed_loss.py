@@ -12,7 +12,8 @@ forward, none in the backward.
 1. The cross-entropy forward kernel over the local slice (every position ignored: lse alone,
    ``loss_rows.lse_rows``'s use) gives each row's lse_r of the slice, after the softcap. With label
    smoothing, the same kernel with probability targets of 1 everywhere (one value, strides 0) gives
-   lse_r and A lse_r - S_r, A = sum_c w_c, S_r = sum_c w_c z_c: the slice's smoothing sum.
+   lse_r and A lse_r - S_r, A = sum_c w_c, S_r = sum_c w_c z_c: the slice's smoothing sum (with
+   class weights after step 2, which gives the slice's offset into them: one more read).
 2. ``all_reduce(MAX)`` of [lse_r, the slices' sizes]: each rank writes its own size in its own
    place among zeros, so every rank receives every size, on the device: the slice's offset and C
    with no collective of their own, no host synchronisation and no cache (a cache that one rank
@@ -129,7 +130,7 @@ def factors(target: torch.Tensor, weight: Optional[torch.Tensor], options: Optio
     of 'mean' (the summed weights of the counted targets, their count: ``loss_rows._stats``'s),
     1 otherwise."""
     if options.reduction != "mean":
-        return torch.ones(2, dtype=acc, device=target.device)
+        return loss_rows._constant(target.device, acc, (1.0, 1.0))
     counted = target != options.ignore_index
     return 1.0 / torch.stack([_target_weights(target, counted, weight, acc).sum(), counted.sum(dtype=acc)])
 
