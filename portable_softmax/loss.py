@@ -114,7 +114,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
 
     Args:
         input: logits (C,), (N, C) or (N, C, d1, ...) (classes on dim 1), any floating dtype and
-            strides; math in float32 (float64 for float64 input).
+            strides; math in float32 (float64 for float64 input). A DTensor sharded on the class
+            dimension: the loss of the whole from its shards (``distributed.cross_entropy``).
         target: class indices of any integer dtype, shape (), (N) or (N, d1, ...); or class
             probabilities, floating, of input's shape.
         weight: a weight per class (C,), as torch's (with smoothing too).
