@@ -125,6 +125,12 @@ def _check_special(rank: int, world: int, device: str) -> None:
         assert torch.equal(grad.isnan(), expected.isnan()), f"rank {rank}: {options} gradient NaN"
         assert torch.allclose(grad.nan_to_num(), expected.nan_to_num(), rtol=1e-12, atol=1e-15), \
             f"rank {rank}: {options} gradient"
+    # No positions: 'mean' is NaN and 'sum' 0, as torch's.
+    empty = x[:0].split(sizes, 1)[rank].to(device)
+    for reduction in ("mean", "sum"):
+        ours = distributed.cross_entropy(empty, target[:0].to(device), reduction=reduction).cpu()
+        theirs = torch.nn.functional.cross_entropy(x[:0], target[:0], reduction=reduction)
+        assert torch.equal(ours.isnan(), theirs.isnan()) and ours.nan_to_num() == theirs.nan_to_num(), reduction
 
 
 def _check_errors(rank: int, world: int, device: str) -> None:
