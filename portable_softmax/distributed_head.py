@@ -79,7 +79,8 @@ class _VocabParallelHead(torch.autograd.Function):
 
 def _forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
              class_weight: Optional[torch.Tensor], options: Options, group: Optional[dist.ProcessGroup],
-             wanted: tuple[bool, bool, bool]):
+             wanted: tuple[bool, bool, bool]
+             ) -> tuple[torch.Tensor, torch.Tensor, Optional[tuple], distributed_loss.Exchanged]:
     """The loss, lse, the gradients formed in the forward (a reduced loss with some wanted; None
     otherwise) and the per-row values a backward recomputes from."""
     logits = _logits(hidden, weight, bias)
