@@ -1,22 +1,24 @@
 """The tensor-parallel LLM head and its loss: ``linear_cross_entropy`` (as
 ``portable_softmax.distributed.linear_cross_entropy``), the cross-entropy of
 ``hidden @ weight.T + bias`` whose classes (the weight's rows) the ranks of a group hold in
-slices, in rank order (``distributed_loss``'s vocabulary-parallel loss over the local logits).
+slices, in rank order, without all the local logits at once.
 
-The local logits by the vendor's BLAS (``torch.addmm``); the loss of the whole from them
-(``distributed_loss.forward``: two all-reduces of per-row statistics); with a reduced loss and a
-gradient wanted, the gradient of the logits is written over them in the forward, then the three
-products: ``grad_logits @ weight`` (this slice's part of the hidden states' gradient, summed over
-the ranks by one ``all_reduce``, so that every rank holds the whole), ``grad_logits.T @ hidden``
-and the bias's column sums. The backward only rescales them by the incoming gradient (nothing to
-do when it is 1: decided on the device). With ``reduction='none'`` the incoming gradient weighs
-each row, which the forward cannot know: the backward recomputes the logits (one more matmul) and
-their gradient from the saved per-row statistics, with no collective besides the hidden states'.
+Per chunk of tokens (``head_chunks``' chunks and products): the local logits by the vendor's BLAS,
+the vocabulary-parallel loss of the chunk (``distributed_loss.forward``: two all-reduces of
+per-row statistics) and, with a reduced loss and a gradient wanted, the chunk's logit gradient
+written over its logits (``distributed_loss.gradient``), then its products: its rows of
+``grad_logits @ weight`` (this slice's part of the hidden states' gradient), its terms of
+``grad_logits.T @ hidden`` and of the bias's column sums, accumulated in float32. After the chunks
+one ``all_reduce`` sums the hidden states' gradient over the ranks, so that every rank holds the
+whole. The backward only rescales the gradients by the incoming one. With ``reduction='none'``
+the incoming gradient weighs each row, which the forward cannot know: the backward recomputes
+each chunk's logits and their gradient from the saved per-row statistics (no collective besides
+the hidden states').
 
-The reduction's factors are formed from the whole batch of targets (``distributed_loss.factors``)
-and the per-row work takes any block of rows with them, so that the rows can be taken in chunks
-of tokens; here they are one block: the local logits (tokens x the slice's classes) are held
-once, then their gradient in their place.
+The chunks take collectives, so every rank must cut the tokens alike: their rows are sized from
+the budget and the group's largest slice, asked of the group once (``_chunk_rows``), never from
+the free device memory (which differs between ranks). The reduction's factors are the whole
+batch's (``distributed_loss.factors``), so that the chunks' gradients add up to the whole's.
 """
 from __future__ import annotations
 
@@ -25,76 +27,115 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
-from portable_softmax import distributed_loss, loss_rows
-from portable_softmax.loss_rows import Options
+from portable_softmax import distributed_loss, head, head_chunks, loss_rows
+from portable_softmax.distributed_loss import Exchanged
+from portable_softmax.head_chunks import Gradients, HeadCall
 
 _NAME = "portable_softmax.distributed.linear_cross_entropy"
 
+# The largest slice of each group, asked of the group at its first call (one all-reduce and the
+# one host read of the path). Keyed by the group alone, so that every rank asks at the same call:
+# a key holding this rank's slice could miss on one rank alone, which would then wait in an
+# all-reduce the others never enter.
+_largest_slices: dict[Any, int] = {}
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
+
+def _chunk_rows(hidden: torch.Tensor, weight: torch.Tensor, chunk_bytes: Optional[int],
+                group: Optional[dist.ProcessGroup]) -> int:
+    """Tokens per chunk, the same on every rank: ``chunk_bytes`` (default 1 GiB) of the largest
+    slice's logits."""
+    key = dist.group.WORLD if group is None else group
+    largest = _largest_slices.get(key)
+    if largest is None:
+        size = torch.tensor([weight.shape[0]], dtype=torch.int64, device=hidden.device)
+        dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
+        largest = _largest_slices[key] = int(size.item())
+    budget = head_chunks.CHUNK_LIMIT_BYTES if chunk_bytes is None else chunk_bytes
+    return head_chunks.chunk_rows(hidden.shape[0], max(largest, 1), hidden.element_size(), budget)
 
 
-def _products(grad_logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, wanted: tuple[bool, ...],
-              group: Optional[dist.ProcessGroup]) -> tuple[Optional[torch.Tensor], ...]:
-    """The gradients of hidden (summed over the ranks), weight and bias from the logits'."""
-    grad_hidden = grad_weight = grad_bias = None
-    if wanted[0]:
-        grad_hidden = torch.mm(grad_logits, weight)
-        dist.all_reduce(grad_hidden, group=group)
-    if wanted[1]:
-        grad_weight = torch.mm(grad_logits.t(), hidden)
-    if wanted[2]:
-        grad_bias = grad_logits.sum(0)
-    return grad_hidden, grad_weight, grad_bias
+def _forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+             class_weight: Optional[torch.Tensor], call: HeadCall, group: Optional[dist.ProcessGroup]
+             ) -> tuple[torch.Tensor, torch.Tensor, Optional[Exchanged], Optional[Gradients]]:
+    """The loss, lse per token, the per-row values a backward recomputes from ('none' with a
+    gradient wanted) and the gradients the forward forms (``HeadCall.grad_in_forward``, for an
+    incoming gradient of 1)."""
+    options = call.options
+    acc = loss_rows._acc(hidden.dtype)
+    scales = distributed_loss.factors(target, class_weight, options, acc)
+    rows = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+    lse = torch.empty_like(rows)
+    grads = head_chunks._new_gradients(hidden, weight, bias, call) if call.grad_in_forward else None
+    step = _chunk_rows(hidden, weight, call.chunk_bytes, group)
+    budget_bytes = step * max(weight.shape[0], 1) * hidden.element_size()
+    one = torch.ones((), dtype=acc, device=hidden.device)
+    parts = []
+    for start, chunk, z in head_chunks.chunks(hidden, weight, bias, step):
+        stop = start + chunk.shape[0]
+        rows[start:stop], saved = distributed_loss.forward(z, target[start:stop], class_weight, options, group,
+                                                           scales)
+        lse[start:stop] = saved.lse
+        if grads is not None:
+            grad_logits = distributed_loss.gradient(z, saved, one, options, inplace=True)
+            head_chunks._add_chunk(grads, grad_logits, chunk, weight, start, start == 0, budget_bytes)
+        elif call.wants_grad:
+            parts.append(saved)
+    if grads is not None and grads.hidden is not None:
+        dist.all_reduce(grads.hidden, group=group)
+    kept = Exchanged.joined(parts) if parts else None
+    return loss_rows._reduced(rows, call.loss_dtype, options), lse, kept, grads
+
+
+def _backward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], saved: Exchanged,
+              dloss: torch.Tensor, call: HeadCall, group: Optional[dist.ProcessGroup]) -> Gradients:
+    """The gradients of reduction='none' recomputed chunk by chunk from the saved per-row values,
+    times ``dloss`` (one per token)."""
+    grads = head_chunks._new_gradients(hidden, weight, bias, call)
+    step = _chunk_rows(hidden, weight, call.chunk_bytes, group)
+    budget_bytes = step * max(weight.shape[0], 1) * hidden.element_size()
+    incoming = dloss.reshape(-1)
+    for start, chunk, z in head_chunks.chunks(hidden, weight, bias, step):
+        stop = start + chunk.shape[0]
+        grad_logits = distributed_loss.gradient(z, saved.rows(start, stop), incoming[start:stop], call.options,
+                                                inplace=True)
+        head_chunks._add_chunk(grads, grad_logits, chunk, weight, start, start == 0, budget_bytes)
+    if grads.hidden is not None:
+        dist.all_reduce(grads.hidden, group=group)
+    return grads
 
 
 class _VocabParallelHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor], options: Options,
-                group: Optional[dist.ProcessGroup], wanted: tuple[bool, bool, bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        result, lse, held, saved = _forward(hidden, weight, target, bias, class_weight, options, group, wanted)
-        ctx.options, ctx.group, ctx.wanted, ctx.held = options, group, wanted, held
-        if held is None:
-            ctx.save_for_backward(hidden, weight, bias, *saved)
+                bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor], call: HeadCall,
+                group: Optional[dist.ProcessGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+        result, lse, saved, grads = _forward(hidden, weight, target, bias, class_weight, call, group)
+        ctx.call, ctx.group, ctx.held = call, group, grads
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        if grads is None:
+            ctx.save_for_backward(hidden, weight, bias, *(saved or ()))
         ctx.mark_non_differentiable(lse)
         return result, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dloss: torch.Tensor, _: Optional[torch.Tensor]):
-        if ctx.held is not None:
-            grads, ctx.held = ctx.held, None
-            grads = tuple(loss_rows.rescale(g, dloss) if g is not None else None for g in grads)
+        if ctx.call.grad_in_forward:
+            grads, ctx.held, scale = ctx.held, None, dloss
+            if grads is None:
+                raise RuntimeError(f"{_NAME}: its gradients were formed in the forward and have been used; a second "
+                                   f"backward through the same loss is not supported (call it again)")
         else:
             hidden, weight, bias, *saved = ctx.saved_tensors
-            logits = _logits(hidden, weight, bias)
-            grad_logits = distributed_loss.gradient(logits, distributed_loss.Exchanged(*saved), dloss, ctx.options,
-                                                    inplace=True)
-            grads = _products(grad_logits, hidden, weight, ctx.wanted, ctx.group)
-        grad_hidden, grad_weight, grad_bias = grads
-        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None
+            grads = _backward(hidden, weight, bias, Exchanged(*saved), dloss, ctx.call, ctx.group) if saved else \
+                head_chunks._new_gradients(hidden, weight, bias, ctx.call)
+            scale = None
+        hidden, weight, bias = (head_chunks.finish(g, scale, dtype) if dtype is not None else None
+                                for g, dtype in zip(grads, ctx.dtypes))
+        return hidden, weight, None, bias, None, None, None
 
 
-def _forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-             class_weight: Optional[torch.Tensor], options: Options, group: Optional[dist.ProcessGroup],
-             wanted: tuple[bool, bool, bool]
-             ) -> tuple[torch.Tensor, torch.Tensor, Optional[tuple], distributed_loss.Exchanged]:
-    """The loss, lse, the gradients formed in the forward (a reduced loss with some wanted; None
-    otherwise) and the per-row values a backward recomputes from."""
-    logits = _logits(hidden, weight, bias)
-    scales = distributed_loss.factors(target, class_weight, options, loss_rows._acc(logits.dtype))
-    rows, saved = distributed_loss.forward(logits, target, class_weight, options, group, scales)
-    held = None
-    if options.reduction != "none" and any(wanted):
-        one = torch.ones((), dtype=logits.dtype, device=logits.device)
-        grad_logits = distributed_loss.gradient(logits, saved, one, options, inplace=True)
-        held = _products(grad_logits, hidden, weight, wanted, group)
-    return loss_rows._reduced(rows, logits.dtype, options), saved.lse, held, saved
-
-
-def _check(hidden: Any, weight: Any, bias: Any) -> None:
+def _check(hidden: Any, weight: Any, target: Any, bias: Any, class_weight: Any) -> None:
     if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point() or hidden.dim() == 0:
         raise TypeError(f"{_NAME}: hidden must be a floating tensor (..., H), got "
                         f"{getattr(hidden, 'shape', type(hidden).__name__)}")
@@ -105,22 +146,24 @@ def _check(hidden: Any, weight: Any, bias: Any) -> None:
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)):
         raise ValueError(f"{_NAME}: bias_local must have shape ({weight.shape[0]},), got "
                          f"{tuple(getattr(bias, 'shape', ()))}")
-    for name, t in (("weight_local", weight), ("bias_local", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_NAME}: {name} must be a tensor, got {type(t).__name__}")
-        if t is not None and (t.dtype != hidden.dtype or t.device != hidden.device):
-            raise ValueError(f"{_NAME}: {name} is {t.dtype} on {t.device}, hidden {hidden.dtype} on {hidden.device}; "
-                             f"they must match (as F.linear's)")
+    if not isinstance(target, torch.Tensor) or target.shape != hidden.shape[:-1]:
+        raise ValueError(f"{_NAME}: target must be a tensor of shape {tuple(hidden.shape[:-1])} (hidden's without "
+                         f"its features), got {tuple(getattr(target, 'shape', ()))}")
+    for name, t in (("weight_local", weight), ("bias_local", bias), ("class_weight", class_weight)):
+        if t is not None and t.device != hidden.device:
+            raise ValueError(f"{_NAME}: {name} is on {t.device}, hidden on {hidden.device}; move it there")
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight_local: torch.Tensor, target: torch.Tensor,
                          bias_local: Optional[torch.Tensor] = None, *, group: Optional[dist.ProcessGroup] = None,
                          class_weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
-                         softcap: Optional[float] = None, return_lse: bool = False
+                         softcap: Optional[float] = None, return_lse: bool = False, chunk_bytes: Optional[int] = None,
+                         accumulate_dtype: Optional[torch.dtype] = None
                          ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """``cross_entropy(hidden @ weight.T + bias, target)`` of a head whose weight rows (classes)
-    the ranks of ``group`` hold in slices: the tensor-parallel LLM head and its loss.
+    the ranks of ``group`` hold in slices: the tensor-parallel LLM head and its loss, in chunks
+    of tokens (module docstring).
 
     Args:
         hidden: the hidden states (..., H), the same on every rank.
@@ -132,6 +175,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight_local: torch.Tensor, targe
         class_weight: a weight per class, all of them (``cross_entropy``'s ``weight``).
         ignore_index, reduction, label_smoothing, z_loss, softcap, return_lse: as
             ``portable_softmax.cross_entropy``'s.
+        chunk_bytes: the most bytes of the group's largest slice's logits a chunk holds (default
+            1 GiB), the same on every rank. The largest slice is asked once per group: a later
+            head on the same group with larger slices holds more.
+        accumulate_dtype: as ``portable_softmax.linear_cross_entropy``'s (float32 by default).
 
     Returns:
         The loss of the whole on every rank (with ``return_lse``, also lse per token, float32),
@@ -141,30 +188,30 @@ def linear_cross_entropy(hidden: torch.Tensor, weight_local: torch.Tensor, targe
     Raises:
         RuntimeError: torch.distributed is not initialized.
         TypeError, ValueError: an argument of the wrong type, shape, dtype or device (named).
+        NotImplementedError: class probabilities as the target.
         IndexError: on CPU, a counted target outside the classes (on an accelerator its loss is NaN).
     """
-    _check(hidden, weight_local, bias_local)
-    positions = hidden.shape[:-1]
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    stand_in = torch.empty((rows.shape[0], weight_local.shape[0]), dtype=hidden.dtype, device="meta")
-    if not isinstance(target, torch.Tensor) or target.shape != positions:
-        raise ValueError(f"{_NAME}: target must be a tensor of shape {tuple(positions)} (hidden's without its "
-                         f"features), got {tuple(getattr(target, 'shape', ()))}")
+    _check(hidden, weight_local, target, bias_local, class_weight)
+    if chunk_bytes is not None and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int)
+                                    or chunk_bytes < 1):
+        raise ValueError(f"{_NAME}: chunk_bytes must be a positive int or None, got {chunk_bytes!r}")
+    leading = hidden.shape[:-1]
     flat_target = target.reshape(-1)
-    options = distributed_loss.validate(stand_in, flat_target.to("meta"), None if class_weight is None else
-                                        class_weight.to("meta"), ignore_index, reduction, label_smoothing, z_loss,
-                                        softcap)
-    if class_weight is not None and class_weight.device != hidden.device:
-        raise ValueError(f"{_NAME}: class_weight is on {class_weight.device}, hidden on {hidden.device}; move it there")
+    # The options are the loss's, checked on a stand-in for the (N, V_l) logits of one element.
+    stand_in = hidden.new_empty(1).expand(flat_target.shape[0], weight_local.shape[0])
+    options = distributed_loss.validate(stand_in, flat_target, class_weight, ignore_index, reduction,
+                                        label_smoothing, z_loss, softcap)
+    hidden, weight_local, bias_local, loss_dtype = head._autocast(hidden, weight_local, bias_local)
+    head._check_factors(hidden, weight_local, bias_local)
+    rows = hidden.reshape(-1, hidden.shape[-1])
     grad = torch.is_grad_enabled()
-    wanted = (grad and hidden.requires_grad, grad and weight_local.requires_grad,
-              grad and bias_local is not None and bias_local.requires_grad)
-    if any(wanted):
-        result, lse = _VocabParallelHead.apply(rows, weight_local, flat_target, bias_local, class_weight, options,
-                                               group, wanted)
+    call = HeadCall(options, chunk_bytes, head._accumulate(accumulate_dtype, weight_local.dtype), loss_dtype,
+                    grad and hidden.requires_grad, grad and weight_local.requires_grad,
+                    grad and bias_local is not None and bias_local.requires_grad)
+    if call.wants_grad:
+        result, lse = _VocabParallelHead.apply(rows, weight_local, flat_target, bias_local, class_weight, call, group)
     else:
-        result, lse, _, _ = _forward(rows, weight_local, flat_target, bias_local, class_weight, options, group, wanted)
+        result, lse, _, _ = _forward(rows, weight_local, flat_target, bias_local, class_weight, call, group)
     if reduction == "none":
-        result = result.reshape(positions)
-    lse = lse.reshape(positions)
-    return (result, lse) if return_lse else result
+        result = result.reshape(leading)
+    return (result, lse.reshape(leading)) if return_lse else result

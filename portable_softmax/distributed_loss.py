@@ -70,6 +70,19 @@ class Exchanged(NamedTuple):
     scales: torch.Tensor  # [ce, zs, C, W]: the reduction's factors, the classes, their summed weights
     local_weight: Optional[torch.Tensor]  # this slice's class weights (weighted calls)
 
+    def rows(self, start: int, stop: int) -> Exchanged:
+        """The values of rows [start, stop) (of a 2-D call's)."""
+        return Exchanged(*(t[start:stop] for t in self[:_PER_ROW]), *self[_PER_ROW:])
+
+    @staticmethod
+    def joined(parts: list[Exchanged]) -> Exchanged:
+        """The values of consecutive blocks of rows (one call's, in chunks) as one."""
+        return Exchanged(*(torch.cat(ts) for ts in zip(*(p[:_PER_ROW] for p in parts))), *parts[0][_PER_ROW:])
+
+
+# Exchanged's fields of one value per row come first.
+_PER_ROW = 7
+
 
 def _group_ranks(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():

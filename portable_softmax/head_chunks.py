@@ -144,9 +144,15 @@ def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: boo
 
 
 def _chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], budget_bytes: int):
-    """(start, hidden rows, their logits) per chunk; the logits in one buffer kept for the call."""
+    """(start, hidden rows, their logits) per chunk of ``budget_bytes`` of logits."""
+    return chunks(hidden, weight, bias, chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size(),
+                                                   budget_bytes))
+
+
+def chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], step: int):
+    """(start, hidden rows, their logits) per chunk of ``step`` tokens; the logits in one buffer
+    kept for the call."""
     n_rows, n_classes = hidden.shape[0], weight.shape[0]
-    step = chunk_rows(n_rows, n_classes, hidden.element_size(), budget_bytes)
     logits = hidden.new_empty(min(step, n_rows), n_classes)
     for start in range(0, n_rows, step):
         rows = hidden[start:start + step]

@@ -213,11 +213,13 @@ def test_dtensors_sharded_on_the_classes_follow_loss_parallel(device):
 
 
 # (hidden's shape, dtype, with a bias, options) of the tensor-parallel head: 23 classes sliced.
+# chunk_bytes of the largest slice's logits: one token a chunk; 4 and 2 tokens (2 ranks, float32);
+# one chunk (the default); 3 and 1 tokens (2 ranks, bf16).
 HEAD_CASES = [
-    ((6, 16), torch.float64, True, dict(weight=True, label_smoothing=0.1, ignored=0.3, softcap=3.0)),
-    ((2, 3, 16), torch.float32, False, dict(reduction="none", z_loss=0.01, softcap=4.0)),
+    ((6, 16), torch.float64, True, dict(weight=True, label_smoothing=0.1, ignored=0.3, softcap=3.0, chunk_bytes=1)),
+    ((2, 3, 16), torch.float32, False, dict(reduction="none", z_loss=0.01, softcap=4.0, chunk_bytes=250)),
     ((5, 16), torch.float64, True, dict(reduction="sum", label_smoothing=0.2, z_loss=0.1)),
-    ((4, 16), torch.bfloat16, True, dict()),
+    ((4, 16), torch.bfloat16, True, dict(chunk_bytes=100)),
 ]
 
 
@@ -246,6 +248,7 @@ def _check_head(rank: int, world: int, shape, dtype, bias: bool, options, seed: 
     leaves = [t.detach().double().requires_grad_() for t in (hidden, weight) + ((full_bias,) if bias else ())]
     logits = torch.nn.functional.linear(*leaves).movedim(-1, 1)
     class_weight = options.pop("class_weight", None)
+    options.pop("chunk_bytes", None)
     theirs, logits_leaf = reference(logits.detach(), target, class_weight, **options)
     tol = TOLERANCE[dtype]
     assert ours.dtype == dtype and ours.shape == theirs.shape
