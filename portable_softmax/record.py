@@ -144,6 +144,15 @@ class Tuning:
             (2026-11-25, ``benchmarks/loss_sweep.py``) the cut grid of bf16 rows of 128256 (153
             programs) read 0.42 of the floor forward + backward against 0.62 with the full grid,
             too few bytes in flight for the L2 hits to pay.
+        loss_split: the cross-entropy forwards of class targets whose rows are longer than a
+            tile that take the split regime where it is open (``planner._can_split``; the loss's
+            ``cross_entropy_forward_split``): "gradient", the forward that writes the gradient
+            (one read and one write where the loop regime streams each row twice), and "loss",
+            the forward alone (one read either way: the split regime's chunks are read at once,
+            aligned through windows, where a streamed program has one chunk in flight). The
+            others stream through the loop regime. Both by default, from a prediction (NOTES
+            v26): the H100 ran the loop at 0.44-0.74 of the floor forward + backward and 0.51-0.84
+            forward alone in bf16.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -245,6 +254,7 @@ class Tuning:
     loss_loop_warps: int = 0
     loss_loop_stages: int = 1
     loss_l2_share: float = 0.0
+    loss_split: frozenset[str] = frozenset({"gradient", "loss"})
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

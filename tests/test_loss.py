@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import portable_softmax as ps
 from portable_softmax import loss_launch, loss_ops
 from portable_softmax.selfcheck import relative_error
-from regimes import force_regime
+from regimes import SPLIT_REGIMES, force_regime, interpreted, open_split
 
 # Relative error of the whole tensor allowed per dtype: the output's rounding (loss and gradient
 # are rounded once to it), float32 for float32, near-exact for float64.
@@ -48,12 +48,19 @@ def reference(x, target, weight=None, ignore_index=-100, reduction="mean", label
     return loss, leaf
 
 
-def check(x, target, dtype_tol=None, grad_output=None, **options):
-    """Our loss and input gradient against ``reference``'s, within the dtype's tolerance."""
+def check(x, target, dtype_tol=None, grad_output=None, with_lse=False, **options):
+    """Our loss and input gradient (``with_lse``: and lse) against ``reference``'s, within the
+    dtype's tolerance."""
     tol = dtype_tol or TOLERANCE[x.dtype]
     ours_x = x.detach().clone().requires_grad_()
-    ours = ps.cross_entropy(ours_x, target, **options)
+    ours = ps.cross_entropy(ours_x, target, return_lse=with_lse, **options)
     theirs, leaf = reference(x, target, **options)
+    if with_lse:
+        ours, lse = ours
+        z = leaf.detach()
+        if options.get("softcap") is not None:
+            z = options["softcap"] * torch.tanh(z / options["softcap"])
+        assert relative_error(lse, torch.logsumexp(z, 0 if z.dim() == 1 else 1)) < 1e-6
     assert ours.dtype == x.dtype and ours.shape == theirs.shape
     assert relative_error(ours, theirs) <= tol, (relative_error(ours, theirs), options)
     upstream = torch.randn_like(theirs) if grad_output is None else grad_output
@@ -135,6 +142,114 @@ def test_every_option_in_each_regime(device, monkeypatch, regime):
     check(x, target, grad_output=torch.tensor(2.5), reduction="sum", **options)
     # Forward with and without the gradient, and the backward of 'none': each in the regime.
     assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
+
+
+def _forward_regimes() -> set:
+    """The regimes (``regimes.regime_of``'s names) of the forward records the calls so far planned."""
+    from regimes import regime_of
+
+    return {regime_of(record.plan) for key, record in loss_launch._records.items() if key[0] == "forward"}
+
+
+def _split(monkeypatch, device, regime="split", **changes):
+    """Force ``regime`` (one of ``regimes.SPLIT_REGIMES``) for the loss's rows: on the interpreter
+    its exchange in two launches. ``changes``: the tuning fields that size the chunks (the forced
+    chunks of 128 elsewhere)."""
+    force_regime(monkeypatch, regime, device)
+    if changes:
+        key = (ps.device_info(device)["backend"], "*")
+        from portable_softmax import tuning
+
+        monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], **changes))
+    loss_launch._records.clear()
+
+
+# Split rows (``kernels/loss_split.py``), each case a few rows of a few chunks on the interpreter
+# (an item is interpreted twice, ``regimes.interpreted``): (shape, dtype, options, tuning changes).
+SPLIT_CASES = [
+    # 3 chunks of 128, the last 44 long; every option; the gradient written in the forward.
+    pytest.param("split", (3, 300), torch.float32, dict(weight=True, label_smoothing=0.15, ignored=0.3, z_loss=0.02,
+                                                        softcap=6.0), {}, id="every-option-mean"),
+    # The forward alone (split) and the streamed backward of 'none'; a ticketed grid.
+    pytest.param("ticketed", (3, 300), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1,
+                                                           ignored=0.3, z_loss=0.01), {}, id="ticketed-none"),
+    # Pipelined (a persistent grid whose next chunks load while it waits), rows read unaligned.
+    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(reduction="sum", ignored=0.3, softcap=3.0), {},
+                 id="pipelined-bf16-sum"),
+    # Odd vocabularies: rows off 16-byte boundaries in aligned windows (their edges apart).
+    pytest.param("split", (2, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1), {"split_chunk": 8192},
+                 id="bf16-50257-windows"),
+    pytest.param("split", (2, 32001), torch.float32, dict(reduction="none", z_loss=0.01, softcap=30.0,
+                                                          label_smoothing=0.05), {"split_chunk": 8192},
+                 id="fp32-32001-none"),
+]
+
+
+@pytest.mark.parametrize("regime, shape, dtype, options, changes", SPLIT_CASES)
+def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, options, changes):
+    # Loss, lse and gradient against torch in float64, the rows held by several programs each.
+    _split(monkeypatch, device, regime, **changes)
+    x, target, options = _case(shape, dtype, "class", options, device)
+    target[0] = shape[1] - 1  # the last column: in the last chunk, past the last whole group of a window
+    check(x, target, with_lse=True, **options)
+    assert _forward_regimes() == {regime}
+
+
+def test_split_rows_with_every_target_ignored(device, monkeypatch):
+    _split(monkeypatch, device)
+    x = logits((2, 300), torch.float32, device).requires_grad_()
+    target = torch.full((2,), -100, device=device)
+    for reduction, options in (("mean", dict(label_smoothing=0.1)), ("sum", dict(z_loss=0.1))):
+        ours = ps.cross_entropy(x, target, reduction=reduction, **options)
+        theirs, _ = reference(x, target, reduction=reduction, **options)
+        # 'mean' over no counted target: NaN, as torch's; 'sum': 0.
+        assert torch.equal(ours.isnan(), theirs.isnan()) and (reduction == "mean" or ours.item() == 0.0)
+        (grad,) = torch.autograd.grad(ours, x)
+        assert torch.equal(grad, torch.zeros_like(grad))
+    assert _forward_regimes() == {"split"}
+
+
+def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
+    # A confident row (p = 0.999 on the true class: its gradient p - 1 formed in float32, rounded
+    # once), a row far below zero (exp underflows against 0), and a row whose first chunk is -inf
+    # only, its others far below zero (that chunk's probabilities 0, not 0 * inf).
+    _split(monkeypatch, device)
+    n_classes = 300
+    x = logits((4, n_classes), torch.float32, device)
+    target = torch.tensor([3, 100, 200, 299], device=device)
+    x[0] = 0.0
+    x[0, 3] = math.log(0.999 * (n_classes - 1) / 0.001)
+    x[1] = x[1] - 1000.0
+    x[2, :128], x[2, 128:] = -float("inf"), x[2, 128:] - 1000.0
+    x = x.to(torch.bfloat16).requires_grad_()
+    loss, lse = ps.cross_entropy(x, target, return_lse=True)
+    loss.backward()
+    leaf = x.detach().double().requires_grad_()
+    expected = F.cross_entropy(leaf, target)
+    expected.backward()
+    assert relative_error(loss, expected) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(lse, torch.logsumexp(leaf.detach(), 1)) < 1e-6
+    assert abs(leaf.grad[0, 3].item() - (-0.001 / 4)) < 2e-5
+    assert abs(x.grad[0, 3].double().item() / leaf.grad[0, 3].item() - 1) <= 2**-8
+    assert relative_error(x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
+    assert _forward_regimes() == {"split"}
+
+
+@pytest.mark.parametrize("layout", ["classes-on-dim1", "sliced-bf16"])
+def test_split_rows_of_strided_logits(device, monkeypatch, layout):
+    # Classes strided (an (N, C, d) input: column stride d, rows side by side), and rows sliced from
+    # a padded vocabulary (read in windows, the contiguous gradient written at their columns).
+    _split(monkeypatch, device)
+    if layout == "classes-on-dim1":
+        x = logits((2, 300, 2), torch.float32, device)
+        target = class_targets((2, 2), 300, device, 0.25)
+    else:
+        x = logits((3, 320), torch.bfloat16, device)[:, :300]
+        target = class_targets((3,), 300, device, 0.25)
+    check(x, target, label_smoothing=0.1, weight=torch.rand(300, device=device, dtype=x.dtype) + 0.5)
+    assert _forward_regimes() == {"split"}
+    if layout == "sliced-bf16":
+        assert {record.plan.align for key, record in loss_launch._records.items() if key[0] == "forward"} == {8}
 
 
 def test_integer_target_dtypes_and_strided_logits(device):
