@@ -49,7 +49,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     (``planner.split_config``: chunks, blocks, windows; ``planner.plan_split``: a persistent or
     ticketed grid, and the residency each needs), from the compiled kernel's resources: it
     reads the logits once and, with the gradient, writes it once, as the softmax forward reads x
-    and writes y. Where that grid cannot be resident (no cooperative launch for a persistent
+    and writes y. Its warps are its own (``Tuning.loss_split_elements_per_thread``): a chunk
+    holds more per element across its exchange than the softmax's. Where that grid cannot be resident (no cooperative launch for a persistent
     grid, a row's chunks beyond one residency domain) the row streams instead. Probability
     targets always stream (or take tiles): their loss needs the targets' sums over the row too,
     which the split kernel does not exchange. The backward kernel (``reduction='none'``)
@@ -91,8 +92,9 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         form = "gradient" if writes_gradient else "loss"
         if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols):
             # One row a chunk's item: a tile of several rows would need them adjacent in memory.
-            plan = plan_split(target, split_config(target, n_rows, n_cols, align=align), n_rows, n_cols,
-                              rows_per_group, resources, False, input_bytes)
+            per_thread = tuning.loss_split_elements_per_thread
+            plan = plan_split(target, split_config(target, n_rows, n_cols, align=align, per_thread=per_thread),
+                              n_rows, n_cols, rows_per_group, resources, False, input_bytes, per_thread=per_thread)
             if plan is not None:
                 return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
             note = _no_split_note(record)

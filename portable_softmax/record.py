@@ -153,6 +153,10 @@ class Tuning:
             others stream through the loop regime. Both by default, from a prediction (NOTES
             v26): the H100 ran the loop at 0.44-0.74 of the floor forward + backward and 0.51-0.84
             forward alone in bf16.
+        loss_split_elements_per_thread: as ``split_elements_per_thread``, for the loss's split
+            chunks (their warps). A chunk that writes the gradient holds its exponentials across
+            the exchange and more besides (the compile report, sm_90, bf16 chunks of 8192: 99
+            registers at 4 warps, 51 at 8, so 4 and 5 programs an SM); 32 by default, unmeasured.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -255,6 +259,7 @@ class Tuning:
     loss_loop_stages: int = 1
     loss_l2_share: float = 0.0
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
+    loss_split_elements_per_thread: int = 32
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

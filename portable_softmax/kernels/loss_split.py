@@ -24,7 +24,7 @@ kernel does not exchange (the planner keeps them on tiles and loops). float32 ac
 the exchange packs float32 partials (the planner keeps float64 rows off the split path).
 """
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
-from .common import LOG2E, _load, _row_starts
+from .common import LOG2E, _cast, _load, _row_starts
 from .exchange import EXCHANGE_PUBLISH, _empty_last, _empty_previous, _exchange, _float_bits
 from .loss import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                    _target_logit, _weights)
@@ -79,11 +79,15 @@ def cross_entropy_forward_split(
             z_edge, t_edge = _capped(_edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), x_ptr.dtype.element_ty),
                                      edge_mask, softcap, SOFTCAP)
             chunk_max = tl.maximum(chunk_max, tl.max(z_edge, 0))
+        else:
+            # No edges: their names stand for nothing (every use is under ALIGN > 1).
+            edge, edge_mask, edge_cols, z_edge, t_edge = lead, row_mask, lead, chunk_max, chunk_max
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
         # One exponential per element: summed now, and once lse is known, the probabilities.
         e = tl.exp2((z - ref[:, None]) * LOG2E)
         total = tl.sum(e, 1)
+        e_edge = z_edge
         if ALIGN > 1:
             e_edge = tl.exp2((z_edge - tl.sum(ref, 0)) * LOG2E)
             total += tl.sum(e_edge, 0)
@@ -96,6 +100,16 @@ def cross_entropy_forward_split(
                 smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
         else:
             smooth_sum = tl.full([BLOCK_M], 0.0, tl.float32)
+        # The row's target, its weight and (where this chunk needs it) its logit: loads issued
+        # before the exchange, which their round trips overlap. Chunk 0 takes the target's term of
+        # the loss; the chunk whose columns hold the target writes its gradient (below).
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        target, ignored, valid, _, w_t = _class_terms(target_ptr, target_base, row_mask, row_cols, weight_ptr,
+                                                      ignore_index, n_cols, WEIGHT, False)
+        whole = chunk == 0
+        holds = row_mask & valid & ((target + lead) // BLOCK_N == chunk)
+        z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid,
+                            row_mask & (whole | (holds & WRITE_GRAD)), softcap, False, SOFTCAP)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
         row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
                                        CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
@@ -106,14 +120,8 @@ def cross_entropy_forward_split(
         if PHASE != EXCHANGE_PUBLISH:
             # A row of -inf only has lse -inf, as torch's logsumexp (its peers' sums are 0 * NaN).
             lse = tl.where(row_max == -float("inf"), -float("inf"), row_max + tl.log(row_total))
-            target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
-            target, ignored, valid, hit, w_t = _class_terms(target_ptr, target_base, row_mask, row_cols, weight_ptr,
-                                                            ignore_index, n_cols, WEIGHT, False)
-            whole = chunk == 0
-            # The row's terms in chunk 0's share (its target logit one load, chunk 0's alone);
-            # every share the smoothing's sum over its own columns. The z-loss of chunk 0's lse.
-            z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, row_mask & whole, softcap, False,
-                                SOFTCAP)
+            # The row's terms in chunk 0's share; every share the smoothing's sum over its own
+            # columns. The z-loss of chunk 0's lse.
             ce = _cross_entropy(lse, z_t, w_t, smooth_sum, w_t, w_t, weight_sum, smoothing, n_cols, False, SMOOTHING)
             ce = tl.where(whole, ce, -smoothing / n_cols * smooth_sum)
             share = _scaled_loss(ce, tl.where(whole, lse, 0.0), row_max, ignored, valid, ce_scale, z_scale, z_loss,
@@ -121,23 +129,53 @@ def cross_entropy_forward_split(
             _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride,
                         lse_outer_stride, lse_row_stride, share, lse, row_mask & whole)
             if WRITE_GRAD:
-                # p = exp(z - lse) from this chunk's exponentials. A chunk of -inf only scales its
-                # zeros by exp(row maximum - lse): 0, or NaN for a row of -inf only, as the tile's.
-                scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
-                w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
-                g = _grad_of(e * scale[:, None], t, lse, hit, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
-                             weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
-                grad_base = _output_window(_row_starts(outer, rows, grad_outer_stride, grad_row_stride, False), lead,
-                                           ALIGN, SHIFTED)
-                _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask,
-                              chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
-                if ALIGN > 1:
-                    w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)
-                    g_edge = _grad_of((e_edge * tl.sum(scale, 0))[None, :], t_edge[None, :], lse,
-                                      edge_cols[None, :] == target[:, None], w_t, w_edge[None, :], w_edge[None, :],
-                                      w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols,
-                                      False, SMOOTHING, Z_LOSS, SOFTCAP)
-                    _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
+                _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
+                                row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
+                                rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
+                                ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
+                                Z_LOSS, SOFTCAP, ALIGN, SHIFTED)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
+
+
+@_jit
+def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max, row_max,
+                    lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer, rows, row_mask,
+                    grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk, ce_scale, z_scale, weight_sum,
+                    smoothing, z_loss, softcap, BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr,
+                    Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
+    """Write a chunk's columns of the gradient (``loss._grad_of``) from its exponentials ``e``
+    (and its window's edges'), p = e exp(its maximum - lse); then, where the chunk ``holds`` the
+    target, the target's column again, with its one-hot term.
+
+    Every column is first written without the one-hot term: telling the target's column apart at
+    every column would hold a compare (a register an element) across the exchange; on sm_90 that
+    cost the bf16 forward 138 registers against 107 at 4 warps (48 against 107 at 8), and
+    occupancy with them. The target's value, from its logit (one load) in float32 as the rest, is
+    stored after a barrier, which orders it behind the program's other stores of that column
+    (PTX: the barrier performs the threads' prior accesses relative to every thread of the
+    program)."""
+    # A chunk of -inf only scales its zeros by exp(row maximum - lse): 0, or NaN for a row of
+    # -inf only, as the tile kernel's p.
+    scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
+    w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
+    g = _grad_of(e * scale[:, None], t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
+                 weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+    grad_row = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
+    grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
+    _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
+                  BLOCK_N, ALIGN, SHIFTED)
+    if ALIGN > 1:
+        w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
+        g_edge = _grad_of((e_edge * tl.sum(scale, 0))[None, :], t_edge[None, :], lse, edge_mask[None, :] & False, w_t,
+                          w_edge, w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
+                          n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+        _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
+    tl.debug_barrier()
+    # The target's tanh from its capped logit (z = softcap tanh): the derivative's 1 - tanh^2.
+    p_t = tl.exp2((z_t - lse) * LOG2E)[:, None]
+    g_t = _grad_of(p_t, (z_t / softcap)[:, None], lse, holds[:, None], w_t, w_t[:, None], w_t[:, None], w_t, ignored,
+                   valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+    tl.store(grad_ptr + grad_row + tl.where(holds, target, 0) * grad_col_stride,
+             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds)
