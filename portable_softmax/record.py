@@ -154,9 +154,11 @@ class Tuning:
             v26): the H100 ran the loop at 0.44-0.74 of the floor forward + backward and 0.51-0.84
             forward alone in bf16.
         loss_split_elements_per_thread: as ``split_elements_per_thread``, for the loss's split
-            chunks (their warps). A chunk that writes the gradient holds its exponentials across
-            the exchange and more besides (the compile report, sm_90, bf16 chunks of 8192: 99
-            registers at 4 warps, 51 at 8, so 4 and 5 programs an SM); 32 by default, unmeasured.
+            chunks (their warps); 0: the softmax's. A chunk that writes the gradient holds its
+            exponentials across the exchange, as the softmax forward's does (sm_90, bf16 chunks
+            of 8192 by ticket: 99 registers at 4 warps, 51 at 8; pipelined 135 and 91, the
+            softmax's 128 at 4), and the softmax's 4 warps read higher than 8 (NOTES v11, H200);
+            ``benchmarks/loss_sweep.py`` tries both.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -259,7 +261,7 @@ class Tuning:
     loss_loop_stages: int = 1
     loss_l2_share: float = 0.0
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
-    loss_split_elements_per_thread: int = 32
+    loss_split_elements_per_thread: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -528,6 +528,33 @@ def test_plans_for_recorded_chips(profile):
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
 
 
+@pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])
+def test_split_plans_are_the_softmax_forwards(profile):
+    # A forward of class targets over rows longer than a tile splits where the chip promises
+    # residency, sized as the softmax forward of the same rows (chunks, windows, grid); elsewhere,
+    # for probability targets, the backward, or with the tuning's loss_split empty, it streams.
+    from portable_softmax import loss_planner, planner, profiles, targets
+
+    target = targets.target_for(profiles.profile_record(profile))
+    for n_rows, n_cols, align in ((4096, 256000, 1), (4096, 50257, 8), (16, 128256, 1)):
+        for writes in (True, False):
+            plan = loss_planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2,
+                                          splittable=True, align=align)
+            softmax = planner.plan_launch(target, n_rows, n_cols, "float32", input_bytes=2, align=align)
+            if target.record.residency_guaranteed:
+                assert plan.regime == "split" and plan.config == softmax.config, (plan.reason, softmax.reason)
+                assert plan.programs == softmax.programs and plan.align == align
+            else:
+                assert plan.regime == "loop", plan.reason
+            streamed = dict(writes_gradient=writes, input_bytes=2, align=align)
+            assert loss_planner.plan_loss(target, n_rows, n_cols, "float32", **streamed).regime == "loop"
+    off = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_split=frozenset({"loss"})))
+    assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=True, splittable=True).regime == "loop"
+    assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=False, splittable=True).regime == (
+        "split" if target.record.residency_guaranteed else "loop")
+    assert loss_planner.plan_loss(target, 4096, 256000, "float64", writes_gradient=True, splittable=True).regime == "loop"
+
+
 def test_streamed_twice_rows_fit_the_l2():
     # The forward that streams each row twice (loss, then gradient) gets a grid whose rows in
     # flight fit the share of L2 the tuning allows, where one program a unit fits; otherwise, and
@@ -560,8 +587,10 @@ def test_streamed_twice_rows_fit_the_l2():
 
 
 def test_compile_report_covers_the_loss(monkeypatch):
-    # The loss kernels with every option compile for sm_90 and gfx942 (tiles, and a streamed
-    # vocabulary), and the plan from the compiled resources keeps the planned configuration. The
+    # The loss kernels with every option compile for sm_90 and gfx942 (tiles; a vocabulary split
+    # across programs, in aligned windows, where the target promises residency, else compiled
+    # as it would be planned; the loop it falls back to and the backward's), their wait loops
+    # read memory, and the plan from the compiled resources takes a compiled configuration. The
     # heaviest forms only: CI's compile report (`portable-softmax compile`) compiles every form.
     from portable_softmax import crosscompile
     from portable_softmax.crosscompile import cases as compile_cases
@@ -577,8 +606,14 @@ def test_compile_report_covers_the_loss(monkeypatch):
     assert report["ok"], crosscompile.format_report(report)
     for target in report["targets"]:
         kernels = {v["kernel"] for v in target["variants"]}
-        assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_loop", "cross_entropy_backward"}
-        assert {p["regime"] for p in target["plans"]} == {"tile", "loop"}
+        assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_split", "cross_entropy_forward_loop",
+                           "cross_entropy_backward"}
+        assert {p["regime"] for p in target["plans"]} == {"tile", "split", "loop"}
+        split = [v for v in target["variants"] if v["kernel"] == "cross_entropy_forward_split"]
+        assert all(v["wait_loop_reads_memory"] and v["spills"] == 0 for v in split), split
+        assert {v["constexprs"]["ALIGN"] for v in split} == {8}
+        used = {p["regime"] for p in target["plans"] if "note" not in p}
+        assert used == ({"tile", "split", "loop"} if target["record"]["residency_guaranteed"] else {"tile", "loop"})
 
 
 def test_ignore_index_inside_the_classes(device):

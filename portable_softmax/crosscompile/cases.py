@@ -241,7 +241,7 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         split = plan_loss(resident, case.rows, case.cols, case.plan_dtype, **options).config
         if split.regime != "split":
             continue
-        per_thread = tuning_for(resident).loss_split_elements_per_thread
+        per_thread = tuning_for(resident).loss_split_elements_per_thread or None
         primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
         others = [("split", primary)]
         if "forward" in tuning_for(resident).split_tickets:
