@@ -235,6 +235,22 @@ def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
     assert _forward_regimes() == {"split"}
 
 
+def test_split_rows_inplace_backward(device, monkeypatch):
+    # The gradient written over the logits: each chunk reads its columns (the target's logit among
+    # them, where they hold it) before it writes them.
+    _split(monkeypatch, device)
+    h = torch.randn(3, 300, device=device, requires_grad=True)
+    target = class_targets((3,), 300, device, 0.25)
+    target[0] = 299
+    logits = h * 2.0
+    ps.cross_entropy(logits, target, label_smoothing=0.1, inplace_backward=True).backward()
+    leaf = (h.detach().double() * 2).requires_grad_()
+    F.cross_entropy(leaf, target, label_smoothing=0.1).backward()
+    assert relative_error(h.grad, 2 * leaf.grad) <= TOLERANCE[torch.float32]
+    assert relative_error(logits.detach(), leaf.grad) <= TOLERANCE[torch.float32]
+    assert _forward_regimes() == {"split"}
+
+
 @pytest.mark.parametrize("layout", ["classes-on-dim1", "sliced-bf16"])
 def test_split_rows_of_strided_logits(device, monkeypatch, layout):
     # Classes strided (an (N, C, d) input: column stride d, rows side by side), and rows sliced from

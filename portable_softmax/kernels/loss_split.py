@@ -12,12 +12,13 @@ two where they cannot). It then knows the row's lse and writes:
   formula), p taken from the exponentials it summed;
 * its share of the row's loss, into its slab of ``loss``: a (CHUNKS, positions) float32 buffer
   that the caller sums over the chunks, so that no second exchange and no float atomic is needed
-  and the sum is the same in every run. Chunk 0's share holds the terms of the whole row (lse's,
-  the target logit's, which it loads alone, and the z-loss); every chunk's holds the smoothing's
-  sum over its own columns, -eps / C sum_c w_c z_c. Each share is scaled and masked as the row's
-  loss (``loss._scaled_loss``): ignored rows give 0 times the scale in every chunk, a target
-  outside the classes NaN;
-* chunk 0 the row's lse.
+  and the sum is the same in every run. The share of the chunk whose columns hold the target
+  (chunk 0 where the target names no class) holds the terms of the whole row (lse's, the target
+  logit's, which it loads alone, and the z-loss); every chunk's holds the smoothing's sum over its
+  own columns, -eps / C sum_c w_c z_c. Each share is scaled and masked as the row's loss
+  (``loss._scaled_loss``): ignored rows give 0 times the scale in every chunk, a target outside
+  the classes NaN;
+* that chunk the row's lse.
 
 Class targets only: a probability target's loss needs its own sums over the row, which this
 kernel does not exchange (the planner keeps them on tiles and loops). float32 accumulation only:
@@ -100,16 +101,16 @@ def cross_entropy_forward_split(
                 smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
         else:
             smooth_sum = tl.full([BLOCK_M], 0.0, tl.float32)
-        # The row's target, its weight and (where this chunk needs it) its logit: loads issued
-        # before the exchange, which their round trips overlap. Chunk 0 takes the target's term of
-        # the loss; the chunk whose columns hold the target writes its gradient (below).
+        # The row's target and its weight, loads issued before the exchange, whose round trips
+        # they overlap. The row's own terms go to the chunk whose columns hold the target (chunk 0
+        # where it names no class), which loads its logit there: a logit of its own columns,
+        # read before it writes them (``inplace_backward``: no other program writes them).
         target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
         target, ignored, valid, _, w_t = _class_terms(target_ptr, target_base, row_mask, row_cols, weight_ptr,
                                                       ignore_index, n_cols, WEIGHT, False)
-        whole = chunk == 0
-        holds = row_mask & valid & ((target + lead) // BLOCK_N == chunk)
-        z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid,
-                            row_mask & (whole | (holds & WRITE_GRAD)), softcap, False, SOFTCAP)
+        owns = tl.where(valid, (target + lead) // BLOCK_N, 0) == chunk
+        holds = row_mask & valid & owns
+        z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
         packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
         row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
                                        CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
@@ -120,14 +121,14 @@ def cross_entropy_forward_split(
         if PHASE != EXCHANGE_PUBLISH:
             # A row of -inf only has lse -inf, as torch's logsumexp (its peers' sums are 0 * NaN).
             lse = tl.where(row_max == -float("inf"), -float("inf"), row_max + tl.log(row_total))
-            # The row's terms in chunk 0's share; every share the smoothing's sum over its own
-            # columns. The z-loss of chunk 0's lse.
+            # The row's terms (lse - z_t formed at once, as the tile kernel does) and its z-loss in
+            # the owner's share; every share the smoothing's sum over its own columns.
             ce = _cross_entropy(lse, z_t, w_t, smooth_sum, w_t, w_t, weight_sum, smoothing, n_cols, False, SMOOTHING)
-            ce = tl.where(whole, ce, -smoothing / n_cols * smooth_sum)
-            share = _scaled_loss(ce, tl.where(whole, lse, 0.0), row_max, ignored, valid, ce_scale, z_scale, z_loss,
+            ce = tl.where(owns, ce, -smoothing / n_cols * smooth_sum)
+            share = _scaled_loss(ce, tl.where(owns, lse, 0.0), row_max, ignored, valid, ce_scale, z_scale, z_loss,
                                  Z_LOSS)
             _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride,
-                        lse_outer_stride, lse_row_stride, share, lse, row_mask & whole)
+                        lse_outer_stride, lse_row_stride, share, lse, row_mask & owns)
             if WRITE_GRAD:
                 _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
                                 row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
