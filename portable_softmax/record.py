@@ -156,7 +156,7 @@ class Tuning:
         loss_split_elements_per_thread: as ``split_elements_per_thread``, for the loss's split
             chunks (their warps); 0: the softmax's. A chunk that writes the gradient holds its
             exponentials across the exchange, as the softmax forward's does (sm_90, bf16 chunks
-            of 8192 by ticket: 99 registers at 4 warps, 51 at 8; pipelined 135 and 91, the
+            of 8192 by ticket: 107 registers at 4 warps, 52 at 8; pipelined 127 and 80, the
             softmax's 128 at 4), and the softmax's 4 warps read higher than 8 (NOTES v11, H200);
             ``benchmarks/loss_sweep.py`` tries both.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).

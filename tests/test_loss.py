@@ -235,6 +235,23 @@ def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
     assert _forward_regimes() == {"split"}
 
 
+def test_split_rows_logsumexp(device, monkeypatch):
+    # logsumexp takes the forward alone (every position ignored): rows of -inf only, with a NaN,
+    # far above and far below zero.
+    _split(monkeypatch, device)
+    x = logits((5, 300), torch.float32, device)
+    x[1] = -float("inf")
+    x[2, 17] = float("nan")
+    x[3] += 1e4
+    x[4] -= 1e4
+    ours, theirs = ps.logsumexp(x, 1), torch.logsumexp(x.double(), 1)
+    assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.isinf(), theirs.isinf())
+    finite = theirs.isfinite()
+    infinite = theirs.isinf()
+    assert relative_error(ours[finite], theirs[finite]) < 1e-6 and torch.equal(ours[infinite], theirs[infinite].float())
+    assert _forward_regimes() == {"split"}
+
+
 def test_split_rows_inplace_backward(device, monkeypatch):
     # The gradient written over the logits: each chunk reads its columns (the target's logit among
     # them, where they hold it) before it writes them.
