@@ -93,8 +93,13 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols):
             # One row a chunk's item: a tile of several rows would need them adjacent in memory.
             per_thread = tuning.loss_split_elements_per_thread or None
-            plan = plan_split(target, split_config(target, n_rows, n_cols, align=align, per_thread=per_thread),
-                              n_rows, n_cols, rows_per_group, resources, False, input_bytes, per_thread=per_thread)
+            config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
+            if writes_gradient:
+                # Its target's column is stored after a barrier, which Triton's pipeliner does not
+                # cross (sm_90: no stage buffers compiled): the pipeline would cost registers only.
+                config = dataclasses.replace(config, num_stages=1)
+            plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
+                              per_thread=per_thread)
             if plan is not None:
                 return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
             note = _no_split_note(record)

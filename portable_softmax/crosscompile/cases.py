@@ -243,6 +243,8 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
             continue
         per_thread = tuning_for(resident).loss_split_elements_per_thread or None
         primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
+        if options["writes_gradient"]:
+            primary = dataclasses.replace(primary, num_stages=1)
         others = [("split", primary)]
         if "forward" in tuning_for(resident).split_tickets:
             others += [("ticketed", ticketed) for ticketed in ticketed_forms(resident, primary, case.cols, False,

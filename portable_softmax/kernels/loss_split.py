@@ -156,7 +156,8 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     against 52 at 8), and occupancy with them. The target's value, from its logit (one load) in float32 as the rest, is
     stored after a barrier, which orders it behind the program's other stores of that column
     (PTX: the barrier performs the threads' prior accesses relative to every thread of the
-    program)."""
+    program). Triton does not software-pipeline a loop that holds a barrier: the planner gives
+    this form one stage (``loss_planner.plan_loss``)."""
     # A chunk of -inf only scales its zeros by exp(row maximum - lse): 0, or NaN for a row of
     # -inf only, as the tile kernel's p.
     scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
