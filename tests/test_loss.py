@@ -170,12 +170,16 @@ SPLIT_CASES = [
     # 3 chunks of 128, the last 44 long; every option; the gradient written in the forward.
     pytest.param("split", (3, 300), torch.float32, dict(weight=True, label_smoothing=0.15, ignored=0.3, z_loss=0.02,
                                                         softcap=6.0), {}, id="every-option-mean"),
+    # 'sum' with an incoming gradient of 2.5: the held gradient rescaled.
+    pytest.param("split", (2, 300), torch.bfloat16, dict(reduction="sum", ignored=0.3, softcap=3.0, weight=True), {},
+                 id="bf16-sum"),
     # The forward alone (split) and the streamed backward of 'none'; a ticketed grid.
     pytest.param("ticketed", (3, 300), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1,
                                                            ignored=0.3, z_loss=0.01), {}, id="ticketed-none"),
-    # Pipelined (a persistent grid whose next chunks load while it waits), rows read unaligned.
-    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(reduction="sum", ignored=0.3, softcap=3.0), {},
-                 id="pipelined-bf16-sum"),
+    # Pipelined (a persistent grid whose next chunks load while it waits: the forward alone, as
+    # 'none' runs it), rows read unaligned.
+    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(reduction="none", ignored=0.3, softcap=3.0), {},
+                 id="pipelined-bf16-none"),
     # Odd vocabularies: rows off 16-byte boundaries in aligned windows (their edges apart).
     pytest.param("split", (2, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1), {"split_chunk": 8192},
                  id="bf16-50257-windows"),
