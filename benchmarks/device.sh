@@ -32,7 +32,7 @@
 #                  (HEAD_PEERS: another list)
 #   loss-sweep     loss_sweep.py: the loss's split rows against the streamed loop on the bench's six
 #                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
-#                  shapes, each checked against torch in float64 first (about 5 minutes: run it
+#                  shapes, each checked against torch in float64 first (about 6 minutes: run it
 #                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 # Sweeps
