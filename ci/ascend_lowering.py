@@ -125,9 +125,9 @@ def lowering_jobs():
     for write_grad, (form, flags) in itertools.product((False, True), list(LOSS_FORMS.items())[:2]):
         facts = variants.LossFacts(write_grad=write_grad, **flags)
         for phase in variants.launch_phases(split):
+            label = f"M=1 N=8192 CHUNKS={LOSS_SPLIT_CHUNKS} PHASE={phase} {form}"
             yield (variants.loss_kernel_name("forward", "split"), ("loss", "forward", False, "split"),
-                   f"M=1 N=8192 CHUNKS={LOSS_SPLIT_CHUNKS} PHASE={phase} {form}" + (" WRITE_GRAD" if write_grad else ""),
-                   variants.loss_constexprs("forward", split, facts, phase))
+                   label + (" WRITE_GRAD" if write_grad else ""), variants.loss_constexprs("forward", split, facts, phase))
     yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
            {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False})
 

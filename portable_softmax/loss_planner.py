@@ -49,9 +49,10 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     (``planner.split_config``: chunks, blocks, windows; ``planner.plan_split``: a persistent or
     ticketed grid, and the residency each needs), from the compiled kernel's resources: it
     reads the logits once and, with the gradient, writes it once, as the softmax forward reads x
-    and writes y. Its warps are its own (``Tuning.loss_split_elements_per_thread``): a chunk
-    holds more per element across its exchange than the softmax's. Where that grid cannot be resident (no cooperative launch for a persistent
-    grid, a row's chunks beyond one residency domain) the row streams instead. Probability
+    and writes y. Its warps may be its own (``Tuning.loss_split_elements_per_thread``); the one
+    that writes the gradient is unpipelined (its kernel holds a barrier). Where that grid cannot
+    be resident (no cooperative launch for a persistent grid, a row's chunks beyond one
+    residency domain) the row streams instead. Probability
     targets always stream (or take tiles): their loss needs the targets' sums over the row too,
     which the split kernel does not exchange. The backward kernel (``reduction='none'``)
     streams with the loop's blocks (one read, one write: nothing to hold); a row that fits is one

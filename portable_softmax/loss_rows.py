@@ -6,8 +6,8 @@ math, float64 for float64 input), then reduced here. Where the input needs a gra
 reduction is 'mean' or 'sum' (``writes_gradient``), the forward writes the gradient (rows held
 whole, in tiles or split across programs: in the same pass; streamed rows: a second pass) and the
 backward only rescales it by the incoming gradient (``rescale``: decided on the device, nothing
-when it is 1). With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming gradient of
-each position: one more read of the logits.
+when it is 1). With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming
+gradient of each position: one more read of the logits.
 
 No host synchronisation: the denominators of 'mean' are formed on the device (``_stats``) and
 read by the kernels through a pointer. A target outside [0, C) that is not ``ignore_index`` raises

@@ -596,7 +596,8 @@ def test_split_plans_are_the_softmax_forwards(profile):
     assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=True, splittable=True).regime == "loop"
     assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=False, splittable=True).regime == (
         "split" if target.record.residency_guaranteed else "loop")
-    assert loss_planner.plan_loss(target, 4096, 256000, "float64", writes_gradient=True, splittable=True).regime == "loop"
+    fp64 = loss_planner.plan_loss(target, 4096, 256000, "float64", writes_gradient=True, splittable=True)
+    assert fp64.regime == "loop"
 
 
 def test_streamed_twice_rows_fit_the_l2():
