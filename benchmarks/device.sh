@@ -30,7 +30,10 @@
 #                  128256 and 151936) with the peers: torch eager, torch.compile, Liger's FLCE and Cut
 #                  Cross-Entropy from .whl/, QuACK's chunked LCE when QUACK_DIR names its prepared folder
 #                  (HEAD_PEERS: another list)
-#   loss-sweep     loss_sweep.py: the loss's streamed settings (chunk, warps, the L2-fit grid)
+#   loss-sweep     loss_sweep.py: the loss's split rows against the streamed loop on the bench's six
+#                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
+#                  shapes, each checked against torch in float64 first (about 6 minutes: run it
+#                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 # Sweeps
 #   sweep          sweep.py over SWEEP_SHAPES (default: the split shapes) for the variants of
@@ -139,7 +142,8 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases head --peers $peers --warmup 100 --rep 600 \
         --out "$OUT/head" --no-progress 2>&1 | quiet | tee "$OUT/head.log" ;;
     loss-sweep)
-      timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;
+      timeout 570 python3 benchmarks/loss_sweep.py --json "$OUT/loss-sweep.json" ${LOSS_SWEEP_ARGS:-} 2>&1 | quiet \
+        | tee "$OUT/loss-sweep.log" ;;
     enable)
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     real)

@@ -27,8 +27,8 @@ from portable_softmax import amdgcn, compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
-from portable_softmax.planner import (KernelConfig, LaunchPlan, call_windows, plan_launch, plan_sharded, split_fit,
-                                      tile_fill, tile_fit)
+from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, call_windows, plan_launch, plan_sharded,
+                                      split_fit, tile_fill, tile_fit)
 from portable_softmax.targets import target_for
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import TUNING
@@ -334,19 +334,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         return kernel, args, constexprs, options
 
     def fitted(kernel: Any, args: tuple, constexprs: dict, options: dict, caps: list, reach: bool) -> dict:
-        # The most programs per unit whose register cap spills no more than the tuning allows (a
-        # cap that spills in the loop costs more than the programs it adds) and that holds more
-        # programs than the uncapped kernel, or (reach) as many as the cap was asked for.
-        held = target.occupancy(record, compiled(kernel, args, constexprs, options))
-        for programs, fit in caps:
-            if programs <= held:
-                break
-            capped = {**options, **fit}
-            used = compiled(kernel, args, constexprs, capped)
-            occupancy = target.occupancy(record, used)
-            if used.spills <= target.tuning.split_fit_max_spills and occupancy >= (programs if reach else held + 1):
-                return capped
-        return options
+        return fit_registers(target, options, caps, reach, lambda tried: compiled(kernel, args, constexprs, tried))
 
     def compiled(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
         # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
@@ -374,6 +362,26 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
         def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
             return build_record(direction, now, view, log, acc_fp64, allow_split=False, fusion=fusion)
     return LaunchRecord(kernel, backend, device, plan, args, launches, options, fallback)
+
+
+def fit_registers(target: Target, options: dict, caps: list[tuple[int, dict[str, Any]]], reach: bool,
+                  compiled: Callable[[dict], KernelResources]) -> dict:
+    """``options`` with the register cap of ``caps`` (``planner.split_fit`` and its siblings: programs
+    per unit, most first, and the options for each) that holds the most programs per unit while
+    spilling no more than the tuning allows (a cap that spills in the loop costs more than the
+    programs it adds), and more programs than the uncapped kernel, or (``reach``) as many as the
+    cap was asked for; else ``options``. ``compiled``: the kernel's resources under given options."""
+    record = target.record
+    held = target.occupancy(record, compiled(options))
+    for programs, fit in caps:
+        if programs <= held:
+            break
+        capped = {**options, **fit}
+        used = compiled(capped)
+        occupancy = target.occupancy(record, used)
+        if used.spills <= target.tuning.split_fit_max_spills and occupancy >= (programs if reach else held + 1):
+            return capped
+    return options
 
 
 # Launch records by call signature; bounded so that a stream of distinct shapes cannot grow it
