@@ -21,11 +21,19 @@
 #                  torch.compile; Liger and FlagGems from .whl/ when carried; QuACK when
 #                  QUACK_DIR names its prepared folder (../shared/peers/README.md)
 # The loss and whole models (issues 32, 34)
-#   tests-loss     the GPU tests of the loss, the learnable mask, enable() and the unserved tensors
-#                  (every test with cuda in its name in those files; four pytest-xdist workers)
+#   tests-loss     the GPU tests of the loss, the head (linear_cross_entropy), the learnable mask,
+#                  enable() and the unserved tensors (every test with cuda in its name in those
+#                  files; four pytest-xdist workers)
 #   loss           `portable-softmax bench --cases loss` with the peers: torch eager, torch.compile,
 #                  Liger and FlagGems from .whl/, QuACK when QUACK_DIR names its prepared folder
-#   loss-sweep     loss_sweep.py: the loss's streamed settings (chunk, warps, the L2-fit grid)
+#   head           `portable-softmax bench --cases head` (linear_cross_entropy, bf16, hidden 4096, vocab
+#                  128256 and 151936) with the peers: torch eager, torch.compile, Liger's FLCE and Cut
+#                  Cross-Entropy from .whl/, QuACK's chunked LCE when QUACK_DIR names its prepared folder
+#                  (HEAD_PEERS: another list)
+#   loss-sweep     loss_sweep.py: the loss's split rows against the streamed loop on the bench's six
+#                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
+#                  shapes, each checked against torch in float64 first (about 6 minutes: run it
+#                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 #   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
@@ -48,6 +56,11 @@
 # Other machines and tools
 #   distributed    distributed_bench.py and the issue's baseline (probes/dt_baseline.py) on every
 #                  GPU of the host, NCCL, NVLink multicast off
+#   vocab-parallel 2 GPUs, NCCL, multicast off (issue 33): the GPU tests of the vocabulary-parallel
+#                  loss and head (tests/test_distributed_loss.py -k cuda), then vocab_parallel_bench.py
+#                  under torchrun: ours against torch's DTensor loss_parallel, bf16, forward + backward,
+#                  8192x128256 and 16384x151936 split in 2 (VOCAB_CASES), the target 1.2 x (local loss
+#                  + collectives)
 #   ncu            Nsight Compute counters of probes/ncu_cases.py (NCU_CASES: space-separated names)
 #   probe:NAME     benchmarks/probes/NAME.py (PROBE_ARGS passed on), e.g. probe:causal_floor
 set -uo pipefail
@@ -106,8 +119,8 @@ for section in "$@"; do
         | tee "$OUT/fused.log"
       timeout 150 python3 benchmarks/probes/fused_vs_plain.py ${FUSED_ARGS:-} 2>&1 | quiet | tee "$OUT/fused-vs-plain.log" ;;
     tests-loss)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda -n 4 tests/test_loss.py tests/test_mask_grad.py \
-        tests/test_enable.py tests/test_unserved.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda -n 4 tests/test_loss.py tests/test_head.py \
+        tests/test_mask_grad.py tests/test_enable.py tests/test_unserved.py 2>&1 | grep -E "passed|failed|FAILED|Error" \
         | tail -20 | tee "$OUT/tests-loss.log" ;;
     loss)
       peer_wheels
@@ -119,8 +132,21 @@ for section in "$@"; do
       fi
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases loss --peers $peers \
         --out "$OUT/loss" --no-progress 2>&1 | quiet | tee "$OUT/loss.log" ;;
+    head)
+      peer_wheels
+      # Which sum of the weight's gradient this torch gives: float32 inside the matmul, or a pass after it.
+      python3 -c "import torch; from portable_softmax import head_chunks as h
+print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('cuda', 0), torch.bfloat16, torch.float32))" \
+        2>&1 | tee "$OUT/head-path.log"
+      peers="${HEAD_PEERS:-torch compile liger cce}"
+      if [ -n "${QUACK_DIR:-}" ]; then
+        if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
+      fi
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases head --peers $peers --warmup 100 --rep 600 \
+        --out "$OUT/head" --no-progress 2>&1 | quiet | tee "$OUT/head.log" ;;
     loss-sweep)
-      timeout 400 python3 benchmarks/loss_sweep.py 2>&1 | quiet | tee "$OUT/loss-sweep.log" ;;
+      timeout 570 python3 benchmarks/loss_sweep.py --json "$OUT/loss-sweep.json" ${LOSS_SWEEP_ARGS:-} 2>&1 | quiet \
+        | tee "$OUT/loss-sweep.log" ;;
     enable)
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     firstcall)
@@ -190,6 +216,13 @@ for section in "$@"; do
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       timeout 240 python3 benchmarks/distributed_bench.py --out "$OUT/distributed.json" 2>&1 | quiet | tee "$OUT/ours.log"
       timeout 200 python3 benchmarks/probes/dt_baseline.py 2>&1 | quiet | tee "$OUT/baseline.log" ;;
+    vocab-parallel)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cuda tests/test_distributed_loss.py 2>&1 \
+        | grep -E "passed|failed|FAILED|Error" | tail -12 | tee "$OUT/tests-vocab-parallel.log"
+      timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/vocab_parallel_bench.py \
+        --cases "${VOCAB_CASES:-8192x128256,16384x151936}" --out "$OUT/vocab-parallel.json" 2>&1 | quiet \
+        | grep -v -E "^W[0-9]+ |\*\*\*\*|OMP_NUM_THREADS" | tee "$OUT/vocab-parallel.log" ;;
     ncu)
       metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
       metrics=$metrics,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum

@@ -1,19 +1,26 @@
-"""The cross-entropy's streamed (loop) regime under tuning overrides: forward + ``loss.backward()``
-and forward alone, fraction of the copy floor, per shape, dtype and setting (issue 32).
+"""The cross-entropy's long rows under tuning overrides: the split regime (v26) against the streamed
+loop (v25), forward + ``loss.backward()`` and forward alone, fraction of the copy floor, per shape,
+dtype and setting (issue 32), each checked against torch in float64 first.
 
-    PYTHONPATH=. python3 benchmarks/loss_sweep.py            # every shape, dtype and setting
-    PYTHONPATH=. python3 benchmarks/loss_sweep.py --check    # loss and gradient against torch in float64 first
-    PYTHONPATH=. python3 benchmarks/loss_sweep.py --shape 8192x128256 --dtype bfloat16 --setting base --setting l2-off
+    PYTHONPATH=. python3 benchmarks/loss_sweep.py             # the default run (below)
+    PYTHONPATH=. python3 benchmarks/loss_sweep.py --shape 8192x128256 --dtype bfloat16 --setting base --setting loop
+    PYTHONPATH=. python3 benchmarks/loss_sweep.py --all      # every setting on every shape and dtype (long)
+
+The default run times ``base`` and ``loop`` on the six shapes of ``portable-softmax bench --cases
+loss`` in both dtypes, and the split regime's other settings (``EXPLORE``) on ``EXPLORE_SHAPES``
+in bf16, the dtype that misses its floor: about 6 minutes on an H100 (estimated), most of it
+compiling (each split kernel is specialised on its rows' chunk count, and the launch tries
+register caps).
 
 A setting is a set of ``Tuning`` fields laid over the row in force for the device (through
 ``portable_softmax.tuning.TUNING``, keyed by the device's name so that it wins over every other
-row): the chunk (``loop_chunk``), the warps (``loss_loop_warps``), the pipeline depth
-(``loss_loop_stages``) and the L2-fit grid of the forward that writes the gradient
-(``loss_l2_share``, 0 = off). Floor: ``x.clone()`` timed before and after each shape (the faster
-kept), which reads and writes N·V·b: the floor of forward + backward (read the logits once,
-write the gradient once); half of it the forward's. Times are ``triton.testing.do_bench``
-medians. Targets uniform over the vocabulary, every seventh ignored (-100), as
-``portable-softmax bench --cases loss``.
+row). Floor: ``x.clone()`` timed before and after each shape (the faster kept), which reads and
+writes N·V·b: the floor of forward + backward (read the logits once, write the gradient once);
+half of it the forward's. Times are ``triton.testing.do_bench`` medians. Targets uniform over the
+vocabulary, every seventh ignored (-100), as ``portable-softmax bench --cases loss``. The check
+(``_check``): the loss with and without the gradient, the first rows' gradient and lse, each
+against torch's in float64 (relative error of the whole tensor); a setting off torch beyond the
+dtype's tolerance fails the run (exit 1).
 
 Nothing GPU-only is imported before ``main`` runs.
 """
@@ -24,22 +31,34 @@ import json
 import sys
 from typing import Any
 
-SHAPES = [(8192, 32000), (8192, 128256), (4096, 256000)]
+# The shapes of ``portable-softmax bench --cases loss`` (``bench_loss.SHAPES``).
+SHAPES = [(8192, 32000), (4096, 50257), (8192, 128256), (4096, 151936), (4096, 256000), (16384, 128256)]
 DTYPES = ["bfloat16", "float32"]
 # name -> Tuning fields over the row in force. "base": the row in force, unchanged.
 SETTINGS: dict[str, dict[str, Any]] = {
     "base": {},
-    "l2-off": {"loss_l2_share": 0.0},
-    "l2-0.5": {"loss_l2_share": 0.5},
-    "l2-1.0": {"loss_l2_share": 1.0},
-    **{f"c{chunk}-w{warps}": {"loop_chunk": chunk, "loss_loop_warps": warps}
-       for chunk in (2048, 4096, 8192) for warps in (4, 8, 16)},
-    **{f"c{chunk}-w{warps}-l2off": {"loop_chunk": chunk, "loss_loop_warps": warps, "loss_l2_share": 0.0}
-       for chunk, warps in ((4096, 8), (8192, 8), (8192, 16))},
-    "stages2": {"loss_loop_stages": 2},
-    "stages3": {"loss_loop_stages": 3},
-    "c8192-w16-stages2": {"loop_chunk": 8192, "loss_loop_warps": 16, "loss_loop_stages": 2},
+    # v25's streamed rows: each row read twice where the gradient is written.
+    "loop": {"loss_split": frozenset()},
+    # The split regime's choices the planner makes from the softmax's measurements:
+    # 8 warps a chunk of 8192 (32 elements a thread) rather than 4: more programs an SM.
+    "split-w8": {"loss_split_elements_per_thread": 32},
+    # A program per item taken by ticket, whatever the bytes a unit holds.
+    "split-ticketed": {"split_ticket_bytes": 0, "split_ticket_waves": 0},
+    "split-w8-ticketed": {"loss_split_elements_per_thread": 32, "split_ticket_bytes": 0, "split_ticket_waves": 0},
+    # A persistent grid, pipelined as planned; and unpipelined.
+    "split-persistent": {"split_tickets": frozenset()},
+    "split-unpipelined": {"split_tickets": frozenset(), "split_pipelined": frozenset()},
+    # Chunks of 4096: more items, fewer registers each.
+    "split-c4096": {"split_chunk": 4096},
+    # No register caps (the launch's split_fit).
+    "split-nofit": {"split_fit_bytes": 0},
 }
+DEFAULT_SETTINGS = ["base", "loop"]
+# Compiles dominate the run (the split kernels are specialised on their rows' chunk count, and
+# the launch compiles each candidate grid with register caps): three settings by default.
+EXPLORE = ["split-w8", "split-ticketed", "split-unpipelined"]
+EXPLORE_SHAPES = [(8192, 32000), (8192, 128256)]
+EXPLORE_DTYPES = ["bfloat16"]
 IGNORED_EVERY = 7
 CHECK_ROWS = 64
 # Relative error accepted (the loss is rounded to the input's dtype; the gradient is rounded once).
@@ -69,8 +88,8 @@ def _apply(setting: dict[str, Any], device) -> None:
 
 
 def _plans(n_cols: int) -> str:
-    """The loop plans the last calls took for rows of ``n_cols``: direction, programs, warps,
-    chunk, stages."""
+    """The plans the last calls took for rows of ``n_cols``: direction, regime, programs, warps,
+    chunk (and a split row's chunks, T for ticketed, its windows), stages, occupancy."""
     from portable_softmax import loss_launch
 
     found = []
@@ -78,13 +97,16 @@ def _plans(n_cols: int) -> str:
         if key[0] in ("forward", "backward") and key[2].n_cols == n_cols:
             plan = record.plan
             kind = f"{key[0]}{'+grad' if key[0] == 'forward' and key[1].write_grad else ''}"
-            found.append(f"{kind}:{plan.regime} p{plan.programs} w{plan.num_warps} c{plan.block_n} "
+            split = (f" x{plan.chunks}{' T' if plan.ticketed else ''}{f' a{plan.align}' if plan.align > 1 else ''}"
+                     if plan.regime == "split" else "")
+            found.append(f"{kind}:{plan.regime} p{plan.programs} w{plan.num_warps} c{plan.block_n}{split} "
                          f"s{plan.num_stages} occ{plan.occupancy}")
     return "; ".join(sorted(set(found)))
 
 
 def _check(x, target) -> tuple[float, float]:
-    """The loss's and the first rows' gradient's relative errors against torch in float64."""
+    """The worst relative errors against torch in float64 of (the loss with the gradient, the
+    loss alone, lse) and of the first rows' gradient."""
     import torch
     import torch.nn.functional as F
 
@@ -93,13 +115,32 @@ def _check(x, target) -> tuple[float, float]:
     leaf = x.detach().clone().requires_grad_()
     loss = portable_softmax.cross_entropy(leaf, target)
     loss.backward()
+    with torch.no_grad():
+        alone, lse = portable_softmax.cross_entropy(x, target, return_lse=True)
     expected = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], 1024):
         expected += F.cross_entropy(x[start:start + 1024].double(), target[start:start + 1024], reduction="sum")
     counted = (target != -100).sum()
     head = x[:CHECK_ROWS].detach().double().requires_grad_()
     (F.cross_entropy(head, target[:CHECK_ROWS], reduction="sum") / counted).backward()
-    return _relative_error(loss.detach(), expected / counted), _relative_error(leaf.grad[:CHECK_ROWS], head.grad)
+    losses = max(_relative_error(loss.detach(), expected / counted), _relative_error(alone, expected / counted),
+                 _relative_error(lse[:CHECK_ROWS], torch.logsumexp(head.detach(), 1)))
+    return losses, _relative_error(leaf.grad[:CHECK_ROWS], head.grad)
+
+
+def _runs(args: argparse.Namespace) -> list[tuple[str, tuple[int, int], str]]:
+    """(dtype, shape, setting) in the order timed: by dtype and shape, so that a shape's floor is
+    timed around its settings."""
+    if args.all or args.setting or args.shape or args.dtype:
+        names = list(SETTINGS) if args.all else args.setting or DEFAULT_SETTINGS
+        return [(dtype, shape, name) for dtype in args.dtype or DTYPES for shape in args.shape or SHAPES
+                for name in names]
+    runs = []
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            names = DEFAULT_SETTINGS + (EXPLORE if dtype in EXPLORE_DTYPES and shape in EXPLORE_SHAPES else [])
+            runs += [(dtype, shape, name) for name in names]
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", type=_shape, action="append", help="tokens x vocabulary; repeat (default: "
                         + " ".join(f"{r}x{c}" for r, c in SHAPES) + ")")
     parser.add_argument("--dtype", action="append", choices=DTYPES, help="repeat (default: both)")
-    parser.add_argument("--setting", action="append", choices=sorted(SETTINGS), help="repeat (default: all)")
-    parser.add_argument("--check", action="store_true", help="compare loss and gradient with torch in float64 "
-                        "under each setting before timing it")
+    parser.add_argument("--setting", action="append", choices=sorted(SETTINGS),
+                        help=f"repeat (default: {' '.join(DEFAULT_SETTINGS)}, and {' '.join(EXPLORE)} on "
+                             f"{' '.join(f'{r}x{c}' for r, c in EXPLORE_SHAPES)} in {' '.join(EXPLORE_DTYPES)})")
+    parser.add_argument("--all", action="store_true", help="every setting on every shape and dtype given")
+    parser.add_argument("--no-check", action="store_true", help="skip the comparison with torch in float64")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
@@ -119,65 +162,66 @@ def main(argv: list[str] | None = None) -> int:
     import portable_softmax
 
     device = torch.device("cuda")
-    names = args.setting or list(SETTINGS)
     rows: list[dict[str, Any]] = []
     failed = False
-    print(f"cross_entropy loop sweep on {torch.cuda.get_device_name(device)} (torch {torch.__version__}); "
-          f"fraction of the copy floor (fwd+bwd: 2NVb, fwd: NVb)")
-    print(f"{'dtype':9s} {'N x V':>13s} {'setting':22s} {'fwd+bwd ms':>10s} {'floor':>6s} {'fwd ms':>8s} "
-          f"{'floor':>6s} {'loss err':>9s} {'grad err':>9s}  plans")
-    for dtype_name in args.dtype or DTYPES:
+    print(f"cross_entropy sweep on {torch.cuda.get_device_name(device)} (torch {torch.__version__}); fraction of "
+          f"the copy floor (fwd+bwd: 2NVb, fwd: NVb); errors against torch in float64")
+    print(f"{'dtype':9s} {'N x V':>13s} {'setting':18s} {'fwd+bwd ms':>10s} {'floor':>6s} {'fwd ms':>8s} "
+          f"{'floor':>6s} {'loss err':>9s} {'grad err':>9s}  plans", flush=True)
+    runs = _runs(args)
+    groups = list(dict.fromkeys((dtype, shape) for dtype, shape, _ in runs))
+    for dtype_name, (n_rows, n_cols) in groups:
         dtype = getattr(torch, dtype_name)
-        for n_rows, n_cols in args.shape or SHAPES:
-            torch.manual_seed(0)
-            x0 = (torch.randn(n_rows, n_cols, device=device) * 2).to(dtype)
-            target = torch.randint(0, n_cols, (n_rows,), device=device)
-            target[::IGNORED_EVERY] = -100
-            x = x0.clone().requires_grad_()
-            copy_ms = [triton.testing.do_bench(lambda: x0.clone(), return_mode="median")]
-            shape_rows = []
-            for name in names:
-                _apply(SETTINGS[name], device)
-                row: dict[str, Any] = {"dtype": dtype_name, "N": n_rows, "V": n_cols, "setting": name,
-                                       **SETTINGS[name]}
-                try:
-                    if args.check:
-                        row["loss_err"], row["grad_err"] = _check(x0, target)
-                        if max(row["loss_err"], row["grad_err"]) > TOLERANCE[dtype_name]:
-                            failed = True
+        torch.manual_seed(0)
+        x0 = (torch.randn(n_rows, n_cols, device=device) * 2).to(dtype)
+        target = torch.randint(0, n_cols, (n_rows,), device=device)
+        target[::IGNORED_EVERY] = -100
+        x = x0.clone().requires_grad_()
+        copy_ms = [triton.testing.do_bench(lambda: x0.clone(), return_mode="median")]
+        shape_rows = []
+        for _, _, name in (run for run in runs if run[:2] == (dtype_name, (n_rows, n_cols))):
+            _apply(SETTINGS[name], device)
+            row: dict[str, Any] = {"dtype": dtype_name, "N": n_rows, "V": n_cols, "setting": name,
+                                   **{k: sorted(v) if isinstance(v, frozenset) else v
+                                      for k, v in SETTINGS[name].items()}}
+            try:
+                if not args.no_check:
+                    row["loss_err"], row["grad_err"] = _check(x0, target)
+                    if not max(row["loss_err"], row["grad_err"]) <= TOLERANCE[dtype_name]:
+                        failed = True
 
-                    def step() -> None:
-                        x.grad = None
-                        portable_softmax.cross_entropy(x, target).backward()
+                def step() -> None:
+                    x.grad = None
+                    portable_softmax.cross_entropy(x, target).backward()
 
-                    def forward() -> None:
-                        with torch.no_grad():
-                            portable_softmax.cross_entropy(x0, target)
+                def forward() -> None:
+                    with torch.no_grad():
+                        portable_softmax.cross_entropy(x0, target)
 
-                    row["fwdbwd_ms"] = triton.testing.do_bench(step, return_mode="median")
-                    row["fwd_ms"] = triton.testing.do_bench(forward, return_mode="median")
-                    row["plans"] = _plans(n_cols)
-                except Exception as error:  # a setting that fails to compile or launch is reported
-                    row["error"] = " ".join(repr(error).split())[:200]
-                    failed = True
-                shape_rows.append(row)
-            _apply({}, device)
-            copy_ms.append(triton.testing.do_bench(lambda: x0.clone(), return_mode="median"))
-            for row in shape_rows:
-                row["copy_ms"] = min(copy_ms)
-                label = f"{dtype_name:9s} {n_rows:>6d}x{n_cols:<6d} {row['setting']:22s}"
-                if "error" in row:
-                    print(f"{label} {row['error']}")
-                    continue
-                row["of_floor"] = row["copy_ms"] / row["fwdbwd_ms"]
-                row["fwd_of_floor"] = row["copy_ms"] / 2 / row["fwd_ms"]
-                errors = (f"{row['loss_err']:9.1e} {row['grad_err']:9.1e}" if "loss_err" in row
-                          else f"{'':9s} {'':9s}")
-                print(f"{label} {row['fwdbwd_ms']:10.3f} {row['of_floor']:6.2f} {row['fwd_ms']:8.3f} "
-                      f"{row['fwd_of_floor']:6.2f} {errors}  {row['plans']}", flush=True)
-            rows += shape_rows
-            del x, x0
-            torch.cuda.empty_cache()
+                row["fwdbwd_ms"] = triton.testing.do_bench(step, return_mode="median")
+                row["fwd_ms"] = triton.testing.do_bench(forward, return_mode="median")
+                row["plans"] = _plans(n_cols)
+            except Exception as error:  # a setting that fails to compile or launch is reported
+                row["error"] = " ".join(repr(error).split())[:200]
+                failed = True
+            shape_rows.append(row)
+        _apply({}, device)
+        copy_ms.append(triton.testing.do_bench(lambda: x0.clone(), return_mode="median"))
+        for row in shape_rows:
+            row["copy_ms"] = min(copy_ms)
+            label = f"{dtype_name:9s} {n_rows:>6d}x{n_cols:<6d} {row['setting']:18s}"
+            if "error" in row:
+                print(f"{label} {row['error']}")
+                continue
+            row["of_floor"] = row["copy_ms"] / row["fwdbwd_ms"]
+            row["fwd_of_floor"] = row["copy_ms"] / 2 / row["fwd_ms"]
+            errors = (f"{row['loss_err']:9.1e} {row['grad_err']:9.1e}" if "loss_err" in row
+                      else f"{'':9s} {'':9s}")
+            print(f"{label} {row['fwdbwd_ms']:10.3f} {row['of_floor']:6.2f} {row['fwd_ms']:8.3f} "
+                  f"{row['fwd_of_floor']:6.2f} {errors}  {row['plans']}", flush=True)
+        rows += shape_rows
+        del x, x0
+        torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)

@@ -4,8 +4,9 @@ Run it with the Python of a venv that has triton-ascend (``bash ci/ascend_loweri
 triton-ascend installs as the ``triton`` module, so it cannot share an environment with upstream
 Triton. For every kernel the Ascend launch plans use (``*_tile`` and ``*_loop``: the planner never
 picks ``split`` on Ascend, which cannot promise residency; the kernels of rows sharded across
-ranks, ``distributed.py``; and the cross-entropy kernels), for softmax and log-softmax, fp32, bf16
-and fp16, and the block shapes the npu tuning table yields, it builds the same ASTSource a launch
+ranks, ``distributed.py``; and the cross-entropy kernels, with the split forward's two launches),
+for softmax and log-softmax, fp32, bf16 and fp16, and the block shapes the npu tuning table
+yields, it builds the same ASTSource a launch
 would and runs triton-ascend's own stages (``AscendBackend.add_stages`` for
 ``GPUTarget('npu', 'Ascend910B3', 0)``) in order, stopping before the first stage that needs CANN
 (``npubin``: bishengir-compile turns the Linalg/HIVM module into an NPU binary).
@@ -71,6 +72,11 @@ LOSS_PLANS = {
 }
 LOSS_FORMS = {"plain": {}, "every option": {"weight": True, "smoothing": True, "z_loss": True, "softcap": True},
               "probabilities": {"prob_target": True, "smoothing": True}}
+# The loss's split kernel (``kernels/loss_split.py``; class targets only) as a backend without
+# residency would run it, were its tuning to open the split path (``Tuning.split_two_launches``):
+# rows of 16 chunks of 8192, the exchange in two launches (publish, then read), so no program
+# waits on another; with and without the gradient, plain and with every option.
+LOSS_SPLIT_CHUNKS = 16
 
 
 def lowering_jobs():
@@ -109,11 +115,19 @@ def lowering_jobs():
                        variants.sharded_constexprs(phase, config, log, False, 2))
     for (direction, regime, write_grad), shapes in LOSS_PLANS.items():
         for (block_m, block_n), (form, flags) in itertools.product(shapes, LOSS_FORMS.items()):
-            config = types.SimpleNamespace(block_m=block_m, block_n=block_n)
+            config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n)
             facts = variants.LossFacts(write_grad=write_grad, **flags)
-            yield (variants.loss_kernel_name(direction, regime), ("loss", direction, facts.prob_target),
+            yield (variants.loss_kernel_name(direction, regime), ("loss", direction, facts.prob_target, regime),
                    f"M={block_m} N={block_n} {form}" + (" WRITE_GRAD" if write_grad else ""),
                    variants.loss_constexprs(direction, config, facts))
+    split = types.SimpleNamespace(regime="split", block_m=1, block_n=8192, chunks=LOSS_SPLIT_CHUNKS,
+                                  chunks_p2=LOSS_SPLIT_CHUNKS, num_stages=1, align=1, ticketed=False, phased=True)
+    for write_grad, (form, flags) in itertools.product((False, True), list(LOSS_FORMS.items())[:2]):
+        facts = variants.LossFacts(write_grad=write_grad, **flags)
+        for phase in variants.launch_phases(split):
+            label = f"M=1 N=8192 CHUNKS={LOSS_SPLIT_CHUNKS} PHASE={phase} {form}"
+            yield (variants.loss_kernel_name("forward", "split"), ("loss", "forward", False, "split"),
+                   label + (" WRITE_GRAD" if write_grad else ""), variants.loss_constexprs("forward", split, facts, phase))
     yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
            {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False})
 
@@ -139,19 +153,20 @@ variants = load_module("portable_softmax_variants", VARIANTS_PY)
 def kernel_parameters(kernel):
     """The variant table's tensors (name -> element type, None for the data's) and parameter
     names of ``kernel``: (direction, regime), a phase of sharded rows (partials in fp32), a
-    cross-entropy kernel ("loss", direction, probability targets), or the gradient's rescale."""
+    cross-entropy kernel ("loss", direction, probability targets, regime), or the gradient's rescale."""
     if kernel == "grad_scale":
         return {"grad_ptr": None, "dloss_ptr": None}, variants.GRAD_SCALE_PARAMETERS
     if isinstance(kernel, str):
         tensors = {f"{t}_ptr": ("fp32" if t == "stats" else None) for t in variants.SHARDED_TENSORS[kernel]}
         return tensors, variants.sharded_parameter_names(kernel)
     if kernel[0] == "loss":
-        # Class targets int64 (probabilities: the data's dtype); weights, stats, loss rows, lse fp32.
-        _, direction, probabilities = kernel
+        # Class targets int64 (probabilities: the data's dtype); weights, stats, loss rows, lse fp32;
+        # a split kernel's scratch as ``variants.SCRATCH`` types it.
+        _, direction, probabilities, regime = kernel
         types = {"target": None if probabilities else "i64", "weight": "fp32", "stats": "fp32", "loss": "fp32",
-                 "lse": "fp32"}
-        return ({f"{t}_ptr": types.get(t) for t in variants.LOSS_TENSORS[direction]},
-                variants.loss_parameter_names(direction))
+                 "lse": "fp32", **{f"{name}": kind for name, kind in variants.SCRATCH}}
+        names = variants.loss_parameter_names(direction, regime)
+        return ({name: types.get(name[:-len("_ptr")]) for name in names if name.endswith("_ptr")}, names)
     direction, regime = kernel
     return ({f"{t}_ptr": None for t in variants.tensor_names(direction, regime)},
             variants.parameter_names(direction, regime))

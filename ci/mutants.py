@@ -55,6 +55,7 @@ def _ids(function: str, *params: str) -> tuple[str, ...]:
 
 FORWARD = "tests/test_softmax.py::test_forward_matches_torch"
 FUSED = "tests/test_fused.py::test_fused_variants_match_the_composite"
+SPLIT_LOSS = "tests/test_loss.py::test_split_rows_match_torch"
 
 MUTANTS = [
     # The four that passed the whole suite in issue 35.
@@ -126,6 +127,18 @@ MUTANTS = [
            "    _all_gather(gathered, partials, group=group)\n",
            "    gathered = partials.repeat(ranks, 1)  # every rank's partials taken to be this one's\n",
            _ids("tests/test_distributed.py::test_sharded_rows_match_torch", "3")),
+    Mutant("vocab_sums_not_reduced", "portable_softmax/distributed_loss.py",
+           "        dist.all_reduce(summed, group=group)\n",
+           "        summed = summed  # the all_reduce skipped\n",
+           _ids("tests/test_distributed_loss.py::test_the_loss_of_the_whole_on_every_rank", "cpu-2")),
+    Mutant("vocab_target_column_left", "portable_softmax/distributed_loss.py",
+           "    grad.scatter_(1, saved.index, torch.where(",
+           "    grad.gather(1, saved.index).add_(torch.where(",
+           _ids("tests/test_distributed_loss.py::test_the_loss_of_the_whole_on_every_rank", "cpu-3")),
+    Mutant("head_hidden_gradient_not_summed", "portable_softmax/distributed_head.py",
+           "    if grads is not None and grads.hidden is not None:\n        dist.all_reduce(grads.hidden, group=group)\n",
+           "    if grads is not None and grads.hidden is not None:\n        pass  # the all_reduce skipped\n",
+           _ids("tests/test_distributed_loss.py::test_the_tensor_parallel_head", "cpu-2")),
     Mutant("eager_calls_through_the_operators", "portable_softmax/ops.py",
            "    if _custom_op_call is not None and _compiling():\n",
            "    if _custom_op_call is not None:\n",
@@ -143,6 +156,20 @@ MUTANTS = [
            "    if widest != 1 and (n_cols - 1) * widest >= _MAX_COLUMN_SPAN:\n",
            "    if False:\n",
            ("tests/test_device_layer.py::test_rows_of_2_31_elements_are_planned_without_the_tensor",)),
+    # The loss's split rows (kernels/loss_split.py): each chunk's gradient and its share of the loss.
+    Mutant("split_loss_chunk_own_maximum", f"{KERNELS}/loss_split.py",
+           "scale = tl.exp2((tl.where(chunk_max == -float(\"inf\"), row_max, chunk_max) - lse) * LOG2E)\n",
+           "scale = tl.exp2((tl.where(chunk_max == -float(\"inf\"), row_max, chunk_max) - chunk_max\n"
+           "                                 - tl.log(row_total)) * LOG2E)\n",
+           _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
+    Mutant("split_loss_smoothing_shares_dropped", f"{KERNELS}/loss_split.py",
+           "            ce = tl.where(owns, ce, -smoothing / n_cols * smooth_sum)\n",
+           "            ce = tl.where(owns, ce, 0.0)\n",
+           _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
+    Mutant("split_loss_target_column_not_rewritten", f"{KERNELS}/loss_split.py",
+           "             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds)\n",
+           "             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds & False)\n",
+           _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
     Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",

@@ -17,6 +17,7 @@ from portable_softmax import distributed  # noqa: F401,E402  (sharded dimensions
 from portable_softmax import fused  # noqa: F401,E402  (scale, mask, causal; ops routes those calls to it)
 from portable_softmax.enable import Served, disable, enable, enabled  # whole models: torch's softmax served
 from portable_softmax.loss import cross_entropy, logsumexp  # noqa: E402
+from portable_softmax.head import linear_cross_entropy  # noqa: E402
 from portable_softmax import nn  # noqa: F401,E402  (CrossEntropyLoss, Softmax, LogSoftmax)
 from portable_softmax.planner import LaunchPlan
 from portable_softmax.targets import plan_launch
@@ -37,6 +38,7 @@ __all__ = [
     "enable",
     "enabled",
     "get_backend",
+    "linear_cross_entropy",
     "log_softmax",
     "logsumexp",
     "nn",

@@ -227,6 +227,22 @@ def _loss_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
     _write(results, out, _stem("loss", results), bench_loss.plot, bench_loss.table(results))
 
 
+def _head_cases(args: Any, out: Path) -> None:
+    """``--cases head``: linear_cross_entropy, the LLM head and its loss (``bench_head``);
+    ``--small`` as for the real cases."""
+    from portable_softmax import bench_cases, bench_head
+
+    if as_device(args.device).type == "cpu" and not args.small:
+        raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use --cases head "
+                           "--small)")
+    timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
+    print(bench_head.COLUMNS, flush=True)
+    results = bench_head.run(set(args.peers), args.device, small=args.small, timer=timer,
+                             progress=lambda line: print(line, flush=True))
+    print()
+    _write(results, out, _stem("head", results), bench_head.plot, bench_head.table(results))
+
+
 def main(args: Any) -> int:
     shapes = [(args.M, args.N)] if args.M and args.N else SHAPES
     dtypes = [getattr(torch, d) for d in args.dtype]
@@ -242,6 +258,9 @@ def main(args: Any) -> int:
         return 0
     if args.cases == "loss":
         _loss_cases(args, dtypes, out)
+        return 0
+    if args.cases == "head":
+        _head_cases(args, out)
         return 0
     if args.eager:
         from portable_softmax import host_time

@@ -3,7 +3,7 @@
     portable-softmax                    the main job: device record, plans, correctness, timing
     portable-softmax info [--json]      the present device's normalized record
     portable-softmax plan --profile NAME --shape MxN --dtype DTYPE [--backward] [--json]
-    portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...] [--cases rows|real|fused|loss|all]
+    portable-softmax bench [--M M --N N] [--dtype ...] [--backward] [--peers ...] [--cases rows|real|fused|loss|head|all]
     portable-softmax compile --target cuda:90 --target hip:gfx942 [--json]
     portable-softmax warmup --shape 4096x50257 --dtype bfloat16 [--backward] [--loss] [--profile NAME]
     portable-softmax validate [--out DIR] [--no-bench]
@@ -57,7 +57,7 @@ def parse_device(text: str) -> str:
         hint = " (ROCm builds of torch name their GPUs 'cuda')" if device.type == "hip" else ""
         raise argparse.ArgumentTypeError(f"device {text!r}: torch {torch.__version__} has no {device.type!r} "
                                          f"devices{hint}")
-    # A plugin's device module need not have these (README: Writing a backend).
+    # A plugin's device module need not have these (docs/design.md: Adding a backend).
     if hasattr(module, "is_available") and not module.is_available():
         built = device.type != "cuda" or torch.version.cuda is not None or torch.version.hip is not None
         why = "none is visible here" if built else "this torch was built without CUDA or ROCm"
@@ -179,16 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--N", type=int, help="columns")
     bench.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
     bench.add_argument("--backward", action="store_true", help="also time the backward kernels")
-    bench.add_argument("--cases", choices=["rows", "real", "fused", "loss", "all"], default="rows",
+    bench.add_argument("--cases", choices=["rows", "real", "fused", "loss", "head", "all"], default="rows",
                        help="rows: 2-D rows (default); real: calls as models make them (attention scores, NCHW "
                             "channels, a column, a transposed input, sliced vocabulary rows, router rows, and the "
                             "fused calls: a padding mask with a scale, causal attention, a per-row temperature), "
                             "forward, backward op and backward through autograd; fused: those fused calls alone; "
                             "loss: cross_entropy forward+backward and forward of (tokens, vocabulary) logits (add "
-                            "quack to --peers where it runs); all: rows, then real. --dtype picks the real cases "
+                            "quack to --peers where it runs); head: linear_cross_entropy, the LLM head and its loss "
+                            "forward+backward, bfloat16 (peers: torch compile liger cce quack); all: rows, then real. "
+                            "--dtype picks the real cases "
                             "of those dtypes")
     bench.add_argument("--small", action="store_true",
-                       help="with --cases real or loss: the cases' small stand-in shapes timed by the host's clock (runs on "
+                       help="with --cases real, loss or head: the cases' small stand-in shapes timed by the host's clock (runs on "
                             "a CPU through Triton's interpreter; a check, not a measurement)")
     bench.add_argument("--peers", nargs="+", default=["torch", "compile", "liger", "flaggems"],
                        help="implementations to time beside ours (those not importable are skipped)")

@@ -12,6 +12,9 @@ slice at copy speed plus the collectives.
 DTensors reach this path through ``portable_softmax.softmax`` / ``log_softmax``: sharded on the
 softmax dimension they keep their shards and placements; sharded on other dimensions or
 replicated, each rank runs the local softmax on its shard.
+
+``cross_entropy``, the loss over a vocabulary sharded across ranks, is ``distributed_loss.py``'s;
+``linear_cross_entropy``, the tensor-parallel head with it, ``distributed_head.py``'s.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from portable_softmax import launch, ops
+from portable_softmax.distributed_head import linear_cross_entropy
+from portable_softmax.distributed_loss import cross_entropy
 from portable_softmax.launch import RowView
 
 
@@ -184,4 +189,4 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
 # torch.distributed.tensor (``ops._is_dtensor``).
 ops.use_dtensor(_dtensor_softmax)
 
-__all__ = ["softmax", "log_softmax"]
+__all__ = ["softmax", "log_softmax", "cross_entropy", "linear_cross_entropy"]

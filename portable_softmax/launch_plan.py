@@ -270,29 +270,56 @@ def plan_softmax(target: Target, call: SoftmaxCall, known: Lookup, compile: Look
     return plan_checked(plan, launched, known, compile)
 
 
-def loss_variant(direction: str, config: KernelConfig, view: RowView, facts: variants.LossFacts,
-                 scalars: tuple) -> Variant:
-    """The cross-entropy kernel ``config`` launches in ``direction`` over ``view`` for a call of
-    ``facts`` and ``variants.LOSS_SCALARS``' values ``scalars``."""
+@dataclass(frozen=True)
+class LossCall:
+    """What a cross-entropy call's plan and variants depend on, besides the target: the
+    direction, the row view (``variants.loss_row_tensors``' strides), the call's facts (its split
+    kernel's wait and windows set: ``variants.LossFacts``), ``variants.LOSS_SCALARS``' values, the
+    bytes a column reads, whether the forward may split (class targets) and through which
+    windows (``planner.call_windows``), and whether a cooperative launch is on offer."""
+
+    direction: str
+    view: RowView
+    facts: variants.LossFacts
+    scalars: tuple
+    input_bytes: int
+    splittable: bool = False
+    align: int = 1
+    cooperative: bool = False
+
+    @property
+    def writes_gradient(self) -> bool:
+        """Whether its kernel writes the gradient (as the planner and the estimate count its
+        registers)."""
+        return loss_writes_gradient(self.direction, self.facts)
+
+
+def loss_variant(target: Target, call: LossCall, config: KernelConfig, lookup: Lookup) -> Variant:
+    """The cross-entropy kernel ``config`` launches for ``call``, a split one with the register
+    cap that fits the most programs per unit (``planner.split_fit``, ``_fitted``)."""
+    view = call.view
     arguments = variants.loss_scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
-                                               scalars)
-    return Variant.of(variants.loss_kernel_name(direction, config.regime), arguments,
-                      variants.loss_constexprs(direction, config, facts),
-                      {"num_warps": config.num_warps, "num_stages": config.num_stages}, config)
+                                               call.scalars)
+    variant = Variant.of(variants.loss_kernel_name(call.direction, config.regime), arguments,
+                         variants.loss_constexprs(call.direction, config, call.facts),
+                         variants.options(config, config.num_warps, call.cooperative), config)
+    caps = split_fit(target, config, call.input_bytes)
+    return _fitted(target, variant, caps, lookup, reach=False) if caps else variant
 
 
-def plan_cross_entropy(target: Target, direction: str, view: RowView, facts: variants.LossFacts, scalars: tuple,
-                       input_bytes: int, known: Lookup, compile: Lookup) -> tuple[LaunchPlan, list[Variant]]:
-    """The plan of a cross-entropy kernel (``loss_planner.plan_loss``) over ``view`` and the
-    variant it launches, by ``plan_checked``; ``scalars``: ``variants.LOSS_SCALARS``' values;
-    ``input_bytes``: what a column reads."""
+def plan_cross_entropy(target: Target, call: LossCall, known: Lookup,
+                       compile: Lookup) -> tuple[LaunchPlan, list[Variant]]:
+    """The plan of ``call``'s cross-entropy kernel (``loss_planner.plan_loss``) and the variant it
+    launches, by ``plan_checked``."""
+    view = call.view
 
     def plan(lookup: Lookup) -> LaunchPlan:
-        return plan_loss(target, view.n_rows, view.n_cols, "float64" if facts.acc_fp64 else "float32",
-                         writes_gradient=loss_writes_gradient(direction, facts), rows_per_group=view.rows_per_outer,
-                         resources=lambda config: lookup(loss_variant(direction, config, view, facts, scalars)),
-                         input_bytes=input_bytes, rereads=facts.write_grad and direction == "forward")
-    return plan_checked(plan, lambda found, _: [loss_variant(direction, found.config, view, facts, scalars)], known,
+        return plan_loss(target, view.n_rows, view.n_cols, "float64" if call.facts.acc_fp64 else "float32",
+                         writes_gradient=call.writes_gradient, rows_per_group=view.rows_per_outer,
+                         resources=lambda config: lookup(loss_variant(target, call, config, lookup)),
+                         input_bytes=call.input_bytes, rereads=call.facts.write_grad and call.direction == "forward",
+                         splittable=call.splittable, align=call.align)
+    return plan_checked(plan, lambda found, lookup: [loss_variant(target, call, found.config, lookup)], known,
                         compile)
 
 

@@ -9,7 +9,7 @@ the reduction's values on the device) is ``loss_rows.py``'s.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 import torch
@@ -49,6 +49,18 @@ def _after_autocast(x: torch.Tensor) -> torch.Tensor:
         return x
     dtype = _autocast_dtype(x.device.type, x.dtype, torch.get_autocast_dtype(x.device.type))
     return x if dtype is None else x.to(dtype)
+
+
+# The call that takes DTensor logits (``distributed_loss`` registers it): sharded on the class
+# dimension, the loss of the whole from the shards. ``ops._is_dtensor`` recognises DTensors without
+# importing torch.distributed.tensor.
+_dtensor_call: Optional[Callable[..., Any]] = None
+
+
+def use_dtensor(call: Callable[..., Any]) -> None:
+    """Route calls on DTensor logits to ``call(input, target, weight, **options)``."""
+    global _dtensor_call
+    _dtensor_call = call
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -102,7 +114,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
 
     Args:
         input: logits (C,), (N, C) or (N, C, d1, ...) (classes on dim 1), any floating dtype and
-            strides; math in float32 (float64 for float64 input).
+            strides; math in float32 (float64 for float64 input). A DTensor sharded on the class
+            dimension: the loss of the whole from its shards (``distributed.cross_entropy``).
         target: class indices of any integer dtype, shape (), (N) or (N, d1, ...); or class
             probabilities, floating, of input's shape.
         weight: a weight per class (C,), as torch's (with smoothing too).
@@ -132,6 +145,10 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
         IndexError: on CPU, a target outside [0, C) that is not ``ignore_index`` (on an
             accelerator its position's loss is NaN instead: no host synchronisation).
     """
+    if _dtensor_call is not None and type(input) is not torch.Tensor and ops._is_dtensor(input):
+        return _dtensor_call(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                             label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, return_lse=return_lse,
+                             inplace_backward=inplace_backward)
     options = loss_rows.validate(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     x = _after_autocast(input)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or target.requires_grad)

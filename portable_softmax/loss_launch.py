@@ -1,15 +1,20 @@
-"""The cross-entropy kernels' launches (``kernels/loss.py``): planned once per call signature by
-the pure planner (``loss_planner.plan_loss``), from the kernel's known resources checked against
-its compiled binary (``launch_plan.plan_checked``), and kept as
-``launch.LaunchRecord``s, so that a repeated call is one dictionary lookup and its launches.
+"""The cross-entropy kernels' launches (``kernels/loss.py``, ``kernels/loss_split.py``): planned once
+per call signature by the pure planner (``loss_planner.plan_loss``), from the kernel's known
+resources checked against its compiled binary (``launch_plan.plan_cross_entropy``), and kept as
+``launch.LaunchRecord``s, so that a repeated call is one dictionary lookup and its launches. A
+split plan's record holds its exchange (the scratch, one launch or two) as the softmax's does,
+register caps as ``launch_plan`` fits them, and falls back to the loop regime where a graph capture
+cannot grow its scratch.
 
 The kernel arguments come from the variant table (``variants.LOSS_TENSORS`` and its neighbours),
 which the compile report and the Ascend lowering read too.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 import torch
 
@@ -17,9 +22,9 @@ from portable_softmax import variants
 from portable_softmax.backend import on_registry_change
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
-from portable_softmax.launch_plan import Variant, loss_writes_gradient, plan_cross_entropy
+from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
 from portable_softmax.loss_planner import plan_elementwise
-from portable_softmax.planner import LaunchPlan
+from portable_softmax.planner import LaunchPlan, call_windows
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 from portable_softmax.tuning import TUNING
@@ -38,8 +43,19 @@ def _signature(tensors: Sequence[torch.Tensor]) -> tuple:
     return tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
 
 
+def _windows(tensors: tuple[torch.Tensor, ...], view: RowView) -> tuple[int, bool]:
+    """The split kernel's ``ALIGN`` and ``SHIFTED`` for a forward's tensors: windows over the two
+    tensors walked along their classes, the logits and the gradient (the gradient written at the
+    logits' windows where only they share them: ``planner.call_windows``)."""
+    names = variants.loss_row_tensors("forward")
+    walked = (names.index("x"), names.index("grad"))
+    x, grad = tensors[0], tensors[variants.LOSS_TENSORS["forward"].index("grad")]
+    return call_windows(view.n_outer, view.rows_per_outer, view.n_cols, [view.strides[i] for i in walked],
+                        [x.element_size(), grad.element_size()], x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
+
+
 def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
-            scalars: tuple) -> LaunchRecord:
+            scalars: tuple, allow_split: bool = True) -> LaunchRecord:
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
@@ -49,30 +65,41 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     # The bytes a column reads: the logits, and probability targets (input-shaped).
     input_bytes = tensors[0].element_size() + (tensors[names.index("target")].element_size()
                                                if facts.prob_target else 0)
+    splittable = allow_split and direction == "forward" and not facts.prob_target
+    align, shifted = _windows(tensors, view) if splittable else (1, False)
+    facts = dataclasses.replace(facts, wait_atomic=target.tuning.split_wait_atomic, shifted=shifted)
+
+    call = LossCall(direction, view, facts, scalars, input_bytes, splittable, align, record.cooperative_launch)
 
     def compile(chosen: Variant) -> KernelResources:
+        # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
+        scratch = (torch.int64, torch.int32) if chosen.config.regime == "split" else ()
         args = variants.loss_scalar_arguments(chosen.config, view.n_outer, view.rows_per_outer, view.n_cols,
                                               view.strides, scalars)
-        return _compiled_resources(getattr(module, chosen.kernel), backend, device, (*tensors, *args),
+        return _compiled_resources(getattr(module, chosen.kernel), backend, device, (*tensors, *scratch, *args),
                                    chosen.constexpr_values, chosen.option_values)
 
-    known = _known(backend, target, tensors[0].dtype, loss_writes_gradient(direction, facts), input_bytes)
-    plan, chosen = plan_cross_entropy(target, direction, view, facts, scalars, input_bytes, known, compile)
+    known = _known(backend, target, tensors[0].dtype, call.writes_gradient, input_bytes)
+    plan, chosen = plan_cross_entropy(target, call, known, compile)
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     args = variants.loss_scalar_arguments(plan.config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                           scalars)
-    return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, args,
-                        (chosen[0].constexpr_values,), chosen[0].option_values, None)
+    launches = tuple(variants.loss_constexprs(direction, plan.config, facts, phase)
+                     for phase in variants.launch_phases(plan.config))
+    fallback: Optional[Callable[[tuple[torch.Tensor, ...]], LaunchRecord]] = None
+    if plan.regime == "split":
+        # The same call streamed, for a graph capture that cannot grow the scratch; built from the
+        # tensors of the call that needs it: a record holds no tensor.
+        def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
+            return _record(direction, now, view, facts, scalars, allow_split=False)
+    return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, args, launches,
+                        chosen[0].option_values, fallback)
 
 
-def plan_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
-             scalars: tuple) -> LaunchPlan:
-    """The plan a launch of these tensors takes (building its record on a miss)."""
-    return _found(direction, tensors, view, facts, scalars).plan
-
-
-def _found(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
-           scalars: tuple) -> LaunchRecord:
+def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
+               scalars: tuple) -> LaunchRecord:
+    """The launch record of these tensors (built on a miss): its ``plan`` says what the launch
+    writes (``run``); calling it with the tensors launches."""
     key = (direction, facts, view, tensors[0].device, _signature(tensors), scalars)
     found = _records.get(key)
     if found is None:
@@ -86,8 +113,11 @@ def run(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts:
         scalars: tuple) -> LaunchPlan:
     """Launch the cross-entropy kernel of ``direction`` on ``tensors`` (``variants.LOSS_TENSORS``
     order) over ``view`` (the row tensors' strides, in ``variants.loss_row_tensors`` order), with
-    the values of ``variants.LOSS_SCALARS``."""
-    return _found(direction, tensors, view, facts, scalars)(tensors)
+    the values of ``variants.LOSS_SCALARS``. Returns the plan of the launch made: a split plan's
+    forward writes ``plan.chunks`` slabs of loss shares from ``loss`` on, one value a row apart
+    (``kernels/loss_split.py``), any other the rows' losses alone (the split plan's fallback
+    under a graph capture among them)."""
+    return record_for(direction, tensors, view, facts, scalars)(tensors)
 
 
 def run_grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> None:

@@ -1,13 +1,14 @@
-"""Planning the cross-entropy kernels (``kernels/loss.py``) and the held gradient's rescale: a pure
-function of the target and the problem, as ``planner`` (whose tiles, loops and grid sizing it uses).
+"""Planning the cross-entropy kernels (``kernels/loss.py``, ``kernels/loss_split.py``) and the held
+gradient's rescale: a pure function of the target and the problem, as ``planner`` (whose tiles,
+split rows, loops and grid sizing it uses).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
-from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, LaunchPlan, ResourceSource, Target, _cdiv, _resources,
-    _row_limit, _size, _warps, next_power_of_2)
+from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, LaunchPlan, ResourceSource, Target, _can_split, _cdiv,
+    _no_split_note, _resources, _row_limit, _size, _warps, next_power_of_2, plan_split, split_config)
 
 
 def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> LaunchPlan:
@@ -34,13 +35,28 @@ def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> La
 
 def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
               rows_per_group: Optional[int] = None, resources: ResourceSource = None,
-              input_bytes: Optional[int] = None, rereads: bool = False) -> LaunchPlan:
-    """Plan a cross-entropy kernel (``kernels/loss.py``): ``tile`` where a tile of whole rows fits
-    a program (``_row_limit``; where the gradient is formed from the same registers, rows half as
-    long, as the softmax backward's), else ``loop`` (rows streamed in chunks of
-    ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time,
-    from L2). The backward kernel streams with the same blocks: a row that fits is one chunk.
-    Sized as the softmax tiles and loops are (``_size``), from the compiled kernel's resources.
+              input_bytes: Optional[int] = None, rereads: bool = False, splittable: bool = False,
+              align: int = 1) -> LaunchPlan:
+    """Plan a cross-entropy kernel: ``tile`` where a tile of whole rows fits a program
+    (``_row_limit``; where the gradient is formed from the same registers, rows half as long, as
+    the softmax backward's); else for a ``splittable`` forward (class targets:
+    ``cross_entropy_forward_split``) ``split`` where the split path is open (``_can_split``:
+    residency, or the exchange in two launches; float32 accumulation) and the tuning's
+    ``loss_split`` names the form; else ``loop`` (rows streamed in chunks of
+    ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time).
+
+    A split row is sized as the softmax forward's split row of the same length
+    (``planner.split_config``: chunks, blocks, windows; ``planner.plan_split``: a persistent or
+    ticketed grid, and the residency each needs), from the compiled kernel's resources: it
+    reads the logits once and, with the gradient, writes it once, as the softmax forward reads x
+    and writes y. Its warps may be its own (``Tuning.loss_split_elements_per_thread``); the one
+    that writes the gradient is unpipelined (its kernel holds a barrier). Where that grid cannot
+    be resident (no cooperative launch for a persistent grid, a row's chunks beyond one
+    residency domain) the row streams instead. Probability
+    targets always stream (or take tiles): their loss needs the targets' sums over the row too,
+    which the split kernel does not exchange. The backward kernel (``reduction='none'``)
+    streams with the loop's blocks (one read, one write: nothing to hold); a row that fits is one
+    chunk. Tiles and loops are sized as the softmax's are (``_size``).
 
     Args:
         target: the device's target.
@@ -53,9 +69,12 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         input_bytes: bytes a column reads (the logits', plus probability targets').
         rereads: a streamed program reads each row twice (the forward that writes the gradient):
             its grid is cut so that the rows in flight fit the L2 (``_l2_fit``).
+        splittable: the forward of class targets, which has a split kernel.
+        align: ``planner.window_align`` of the logits and the gradient: split rows off 16-byte
+            boundaries are read through aligned windows.
 
     Returns:
-        The plan (regime ``tile`` or ``loop``).
+        The plan (regime ``tile``, ``split`` or ``loop``).
     """
     record = target.record
     tuning = target.tuning
@@ -65,16 +84,31 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     if input_bytes is None:
         input_bytes = DTYPE_BYTES[dtype]
     width = next_power_of_2(n_cols)
+    note = ""
     if width <= _row_limit(tuning, dtype, writes_gradient):
         block_m = max(1, min(tuning.tile_elements // width, next_power_of_2(rows_per_group)))
         config = KernelConfig("tile", block_m, width, 1,
                               _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
     else:
+        form = "gradient" if writes_gradient else "loss"
+        if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols):
+            # One row a chunk's item: a tile of several rows would need them adjacent in memory.
+            per_thread = tuning.loss_split_elements_per_thread or None
+            config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
+            if writes_gradient:
+                # Its target's column is stored after a barrier, which Triton's pipeliner does not
+                # cross (sm_90: no stage buffers compiled): the pipeline would cost registers only.
+                config = dataclasses.replace(config, num_stages=1)
+            plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
+                              per_thread=per_thread)
+            if plan is not None:
+                return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
+            note = _no_split_note(record)
         chunk = min(tuning.loop_chunk, width)
         warps = tuning.loss_loop_warps or _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps)
         config = KernelConfig("loop", 1, chunk, 1, warps, max(1, tuning.loss_loop_stages))
     kernel = _resources(resources, target, config, writes_gradient, input_bytes)
-    plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient)
+    plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient, note=note)
     assert plan is not None  # tiles and loops always have a grid
     if plan.regime == "loop" and rereads:
         plan = _l2_fit(target, plan, n_rows, n_cols * input_bytes)

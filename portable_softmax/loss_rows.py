@@ -4,10 +4,10 @@ device, and the launches of the cross-entropy kernels (``kernels/loss.py``) forw
 The loss of an (N, C) or (N, C, d1, ...) input is formed per position by the kernels (float32
 math, float64 for float64 input), then reduced here. Where the input needs a gradient and the
 reduction is 'mean' or 'sum' (``writes_gradient``), the forward writes the gradient (rows held
-whole: in the same pass; streamed rows: a second pass that finds them in L2) and the backward only
-rescales it by the incoming gradient (``rescale``: decided on the device, nothing when it is 1).
-With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming gradient of
-each position: one more read of the logits.
+whole, in tiles or split across programs: in the same pass; streamed rows: a second pass) and the
+backward only rescales it by the incoming gradient (``rescale``: decided on the device, nothing
+when it is 1). With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming
+gradient of each position: one more read of the logits.
 
 No host synchronisation: the denominators of 'mean' are formed on the device (``_stats``) and
 read by the kernels through a pointer. A target outside [0, C) that is not ``ignore_index`` raises
@@ -200,18 +200,45 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
         grad = torch.zeros_like(x) if write_grad else None
         return _reduced(rows, x.dtype, options), lse, grad, stats, x
     grad = (x if inplace else torch.empty_like(x)) if write_grad else None
-    tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
-    view = ops.row_view(tensors[0].shape, 1, *tensors)
-    if view is None:
+    if not launch_forward(x, target, weight, stats, rows, lse, grad, options):
         x, target = x.contiguous(), target.contiguous()
         if write_grad:
             grad = x if inplace else torch.empty_like(x)
-        tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
-        view = ops.row_view(tensors[0].shape, 1, *tensors)
-    x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
-    loss_launch.run("forward", (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows,
-                                lse_rows, grad_rows), view, _facts(x, options, write_grad), (options.ignore_index,))
+        launch_forward(x, target, weight, stats, rows, lse, grad, options)
     return _reduced(rows, x.dtype, options), lse, grad, stats, x
+
+
+def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
+                   rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options) -> bool:
+    """The forward kernel over ``x`` (non-empty): the loss rows (scaled by ``stats``) into
+    ``rows``, lse into ``lse`` and, where ``grad`` is given (it may be ``x``), the gradient into
+    it. False, launching nothing, where some tensor's rows cannot be walked in place.
+
+    A split plan's chunks each write their share of a row's loss (``kernels/loss_split.py``), into
+    slabs of one value a position laid out as a contiguous ``rows``, a slab apart: they are summed
+    into ``rows`` here (torch's sum: no float atomics, the same result every run)."""
+    tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
+    view = ops.row_view(tensors[0].shape, 1, *tensors)
+    if view is None:
+        return False
+    x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
+    launch = (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows, lse_rows, grad_rows)
+    facts, scalars = _facts(x, options, grad is not None), (options.ignore_index,)
+    record = loss_launch.record_for("forward", launch, view, facts, scalars)
+    if record.plan.regime != "split":
+        record(launch)
+        return True
+    shares = torch.empty((record.plan.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
+    tensors = _rows(x, target, shares[0], lse, grad if grad is not None else x)
+    launch = (*launch[:4], tensors[2], *launch[5:])
+    # The plan the launch ran: under a graph capture that cannot grow the split path's scratch, the
+    # loop, which writes the rows' losses into the first slab alone.
+    plan = loss_launch.run("forward", launch, ops.row_view(tensors[0].shape, 1, *tensors), facts, scalars)
+    if plan.regime == "split":
+        torch.sum(shares, 0, out=rows)
+    else:
+        rows.copy_(shares[0])
+    return True
 
 
 def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:

@@ -233,6 +233,26 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
         return plain
     windowed = _plain_config(target, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
                              input_bytes, causal)
+    return _windowed(plain, windowed, align)
+
+
+def split_config(target: Target, n_rows: int, n_cols: int, *, backward: bool = False, align: int = 1,
+                 per_thread: Optional[int] = None) -> KernelConfig:
+    """The split configuration of ``n_rows`` rows of ``n_cols`` (chunks, block, warps, pipeline),
+    read through aligned windows where ``align`` > 1 offers them, as ``select_config`` sizes a
+    split row: for a caller that has chosen the split regime itself (the loss's forward,
+    ``loss_planner.plan_loss``). ``backward``: chunks for two inputs a column. ``per_thread``:
+    the elements a thread holds, for the warps (``Tuning.split_elements_per_thread`` if None)."""
+    plain = _split_config(target, target.tuning, n_rows, n_cols, backward, per_thread)
+    if align == 1 or _direction(backward) not in target.tuning.split_windows:
+        return plain
+    return _windowed(plain, _split_config(target, target.tuning, n_rows, n_cols + align - 1, backward, per_thread),
+                     align)
+
+
+def _windowed(plain: KernelConfig, windowed: KernelConfig, align: int) -> KernelConfig:
+    """``windowed`` (planned for rows ``align - 1`` columns longer) read through windows of
+    ``align``, where it needs no more or wider chunks than ``plain``; else ``plain``."""
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
     # Windowed rows run unpipelined: the pipeline's buffers cost them more programs than it buys.
@@ -370,7 +390,8 @@ def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward
     return KernelConfig("loop", 1, chunk, 1, _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps))
 
 
-def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, backward: bool) -> KernelConfig:
+def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, backward: bool,
+                  per_thread: Optional[int] = None) -> KernelConfig:
     record = target.record
     widest = tuning.split_chunk // (2 if backward else 1)
     chunks = _cdiv(n_cols, widest)
@@ -386,7 +407,7 @@ def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, back
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)
     stages = tuning.split_stages if _direction(backward) in tuning.split_pipelined else 1
-    warps = _warps(block_n, tuning.split_elements_per_thread, record, tuning.max_warps)
+    warps = _warps(block_n, per_thread or tuning.split_elements_per_thread, record, tuning.max_warps)
     return KernelConfig("split", 1, block_n, chunks, warps, stages, phased=_phased(target))
 
 
@@ -498,19 +519,11 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         # Two launches of a program per item, compiled per phase: nothing to size from resources.
         return _size(target, config, estimate_resources(record, config, backward, input_bytes), n_rows,
                      rows_per_group, programs, backward)
-    if config.regime == "split" and programs is None and _direction(backward) in target.tuning.split_tickets:
-        for ticketed in ticketed_forms(target, config, n_cols, backward, input_bytes):
-            kernel = _resources(resources, target, ticketed, backward, input_bytes)
-            if _ticket_fits(target, ticketed, kernel, n_rows, rows_per_group, input_bytes):
-                config = ticketed
-                break
-    if not config.ticketed:
-        kernel = _resources(resources, target, config, backward, input_bytes)
-    plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
-    if plan is not None and config.num_stages > 1 and plan.items < target.tuning.split_pipeline_items * plan.programs:
-        config = dataclasses.replace(config, num_stages=1)
-        kernel = _resources(resources, target, config, backward, input_bytes)
-        plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
+    if config.regime == "split":
+        plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, backward, input_bytes, programs)
+    else:
+        plan = _size(target, config, _resources(resources, target, config, backward, input_bytes), n_rows,
+                     rows_per_group, programs, backward)
     if plan is None:
         config = select_config(target, n_rows, n_cols, dtype, backward=backward, rows_per_group=rows_per_group,
                                allow_split=False, align=align, input_bytes=input_bytes, strided=strided,
@@ -533,8 +546,33 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
     return plan
 
 
+def plan_split(target: Target, config: KernelConfig, n_rows: int, n_cols: int, rows_per_group: int,
+               resources: ResourceSource, backward: bool, input_bytes: int, programs: Optional[int] = None,
+               per_thread: Optional[int] = None) -> Optional[LaunchPlan]:
+    """The grid of a split ``config`` (``select_config``, ``split_config``): a program per item
+    taken by ticket where the tuning row asks in the direction and the ticketed form fits
+    (``ticketed_forms``, ``_ticket_fits``), else a persistent grid, unpipelined where its programs
+    would get too few items (``Tuning.split_pipeline_items``). None where the split path does not
+    fit resident (``_size``): the caller then takes another regime. ``programs``: a forced grid,
+    persistent (``plan_launch``); ``per_thread``: as ``split_config`` takes it."""
+    if programs is None and _direction(backward) in target.tuning.split_tickets:
+        for ticketed in ticketed_forms(target, config, n_cols, backward, input_bytes, per_thread):
+            kernel = _resources(resources, target, ticketed, backward, input_bytes)
+            if _ticket_fits(target, ticketed, kernel, n_rows, rows_per_group, input_bytes):
+                config = ticketed
+                break
+    if not config.ticketed:
+        kernel = _resources(resources, target, config, backward, input_bytes)
+    plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
+    if plan is not None and config.num_stages > 1 and plan.items < target.tuning.split_pipeline_items * plan.programs:
+        config = dataclasses.replace(config, num_stages=1)
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
+    return plan
+
+
 def ticketed_forms(target: Target, config: KernelConfig, n_cols: int, backward: bool,
-                   input_bytes: int) -> list[KernelConfig]:
+                   input_bytes: int, per_thread: Optional[int] = None) -> list[KernelConfig]:
     """The ticketed forms of a split ``config``, in the order ``plan_launch`` tries them: each
     unpipelined (a program takes one item: nothing to pipeline); for one-row items first with
     chunks no wider than ``Tuning.ticket_chunk`` gives for the direction and the bytes a column
@@ -546,7 +584,7 @@ def ticketed_forms(target: Target, config: KernelConfig, n_cols: int, backward: 
     span = n_cols + (config.align - 1 if config.align > 1 else 0)
     if config.block_m > 1 or widest >= config.block_n or _cdiv(span, widest) > MAX_SPLIT_CHUNKS:
         return [own]
-    warps = _warps(widest, tuning.split_elements_per_thread, target.record, tuning.max_warps)
+    warps = _warps(widest, per_thread or tuning.split_elements_per_thread, target.record, tuning.max_warps)
     return [dataclasses.replace(own, block_n=widest, chunks=_cdiv(span, widest), num_warps=warps), own]
 
 

@@ -144,6 +144,21 @@ class Tuning:
             (2026-11-25, ``benchmarks/loss_sweep.py``) the cut grid of bf16 rows of 128256 (153
             programs) read 0.42 of the floor forward + backward against 0.62 with the full grid,
             too few bytes in flight for the L2 hits to pay.
+        loss_split: the cross-entropy forwards of class targets whose rows are longer than a
+            tile that take the split regime where it is open (``planner._can_split``; the loss's
+            ``cross_entropy_forward_split``): "gradient", the forward that writes the gradient
+            (one read and one write where the loop regime streams each row twice), and "loss",
+            the forward alone (one read either way: the split regime's chunks are read at once,
+            aligned through windows, where a streamed program has one chunk in flight). The
+            others stream through the loop regime. Both by default, from a prediction (NOTES
+            v26): the H100 ran the loop at 0.44-0.74 of the floor forward + backward and 0.51-0.84
+            forward alone in bf16.
+        loss_split_elements_per_thread: as ``split_elements_per_thread``, for the loss's split
+            chunks (their warps); 0: the softmax's. A chunk that writes the gradient holds its
+            exponentials across the exchange, as the softmax forward's does (sm_90, bf16 chunks
+            of 8192 by ticket: 107 registers at 4 warps, 52 at 8; pipelined 127 and 80, the
+            softmax's 128 at 4), and the softmax's 4 warps read higher than 8 (NOTES v11, H200);
+            ``benchmarks/loss_sweep.py`` tries both.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -245,6 +260,8 @@ class Tuning:
     loss_loop_warps: int = 0
     loss_loop_stages: int = 1
     loss_l2_share: float = 0.0
+    loss_split: frozenset[str] = frozenset({"gradient", "loss"})
+    loss_split_elements_per_thread: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

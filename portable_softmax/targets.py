@@ -3,7 +3,7 @@ its backend's occupancy rule, gathered from the registry and the tuning table. A
 functions for a record, for callers that hold a record (the command line, tests, plugins)."""
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from portable_softmax import loss_planner, planner
 from portable_softmax.backend import get_backend
@@ -33,6 +33,11 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **
     return planner.select_config(target_for(record), n_rows, n_cols, dtype, **options)
 
 
+def split_config(record: DeviceRecord, n_rows: int, n_cols: int, **options: Any) -> KernelConfig:
+    """``planner.split_config`` for ``record``'s target."""
+    return planner.split_config(target_for(record), n_rows, n_cols, **options)
+
+
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
     """``planner.split_fit`` for ``record``'s target."""
     return planner.split_fit(target_for(record), config, input_bytes)
@@ -49,9 +54,9 @@ def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tup
 
 
 def ticketed_forms(record: DeviceRecord, config: KernelConfig, n_cols: int, backward: bool,
-                   input_bytes: int) -> list[KernelConfig]:
+                   input_bytes: int, per_thread: Optional[int] = None) -> list[KernelConfig]:
     """``planner.ticketed_forms`` for ``record``'s target."""
-    return planner.ticketed_forms(target_for(record), config, n_cols, backward, input_bytes)
+    return planner.ticketed_forms(target_for(record), config, n_cols, backward, input_bytes, per_thread)
 
 
 def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,

@@ -104,13 +104,7 @@ def constexprs(config: Config, facts: CallFacts, phase: Optional[int] = None) ->
     """
     values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "LOG": facts.log}
     if config.regime == "split":
-        phases = launch_phases(config)
-        if phase is not None and phase not in phases:
-            raise ValueError(f"phase={phase!r}: a split config {'with' if config.phased else 'without'} phased "
-                             f"launches runs phases {phases}")
-        values.update(CHUNKS=config.chunks, CHUNKS_P2=config.chunks_p2, ALIGN=config.align,
-                      TICKETED=config.ticketed, STAGES=config.num_stages, WAIT_ATOMIC=facts.wait_atomic,
-                      SHIFTED=facts.shifted and config.align > 1, PHASE=phases[0] if phase is None else phase)
+        values.update(split_constexprs(config, facts.wait_atomic, facts.shifted, phase))
     else:
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":
@@ -118,6 +112,24 @@ def constexprs(config: Config, facts: CallFacts, phase: Optional[int] = None) ->
     if config.regime in FUSED_REGIMES:
         values.update(SCALE=facts.scale, MASK=facts.mask, CAUSAL=facts.causal)
     return values
+
+
+def split_constexprs(config: Config, wait_atomic: bool, shifted: bool, phase: Optional[int] = None) -> dict[str, Any]:
+    """The constexprs every split kernel takes (the softmax's and the loss's): its chunks, windows,
+    grid form, pipeline, the wait's read (``wait_atomic``), whether the output is written at the
+    inputs' windows (``shifted``), and the launch's ``phase`` (None: the first of
+    ``launch_phases``).
+
+    Raises:
+        ValueError: ``phase`` is not one of the config's launches.
+    """
+    phases = launch_phases(config)
+    if phase is not None and phase not in phases:
+        raise ValueError(f"phase={phase!r}: a split config {'with' if config.phased else 'without'} phased "
+                         f"launches runs phases {phases}")
+    return {"CHUNKS": config.chunks, "CHUNKS_P2": config.chunks_p2, "ALIGN": config.align,
+            "TICKETED": config.ticketed, "STAGES": config.num_stages, "WAIT_ATOMIC": wait_atomic,
+            "SHIFTED": shifted and config.align > 1, "PHASE": phases[0] if phase is None else phase}
 
 
 def launch_phases(config: Config) -> tuple[int, ...]:
@@ -261,14 +273,17 @@ def sharded_scalar_arguments(phase: str, config: Config, n_outer: int, rows_per_
     return (total, per_outer, rows_per_outer, n_cols, *counts, *extra, *(s for triple in strides for s in triple))
 
 
-# The cross-entropy kernels (``kernels/loss.py``): a tile of rows held whole (``tile``: the
-# forward may write the gradient in the same pass) or rows streamed in chunks (``loop``); one
-# backward kernel that streams the gradient from the saved lse; and the held gradient's rescale.
-# Tensors in argument order (absent ones: the input stands in, never read or written); the row
-# tensors are walked through the row view with (outer, row, column) strides (one value per
-# position: column stride 0); ``weight`` (classes) and ``stats`` (the reduction's denominators
-# and the summed weights, ``kernels/loss.py``'s ``_constants``) are indexed directly.
-LOSS_REGIMES = ("tile", "loop")
+# The cross-entropy kernels (``kernels/loss.py``, ``kernels/loss_split.py``): a tile of rows held
+# whole (``tile``: the forward may write the gradient in the same pass), a row cut into chunks
+# held by co-resident programs (``split``, forward of class targets only: the split kernels'
+# scratch after the tensors, its ``loss`` the first of CHUNKS slabs of per-position partials) or
+# rows streamed in chunks (``loop``); one backward kernel that streams the gradient from the
+# saved lse; and the held gradient's rescale. Tensors in argument order (absent ones: the input
+# stands in, never read or written); the row tensors are walked through the row view with
+# (outer, row, column) strides (one value per position: column stride 0); ``weight`` (classes)
+# and ``stats`` (the reduction's denominators and the summed weights, ``kernels/loss.py``'s
+# ``_constants``) are indexed directly.
+LOSS_REGIMES = ("tile", "split", "loop")
 LOSS_TENSORS = {
     "forward": ("x", "target", "weight", "stats", "loss", "lse", "grad"),
     "backward": ("x", "target", "weight", "stats", "lse", "dloss", "grad"),
@@ -295,10 +310,14 @@ class LossFacts:
     z_loss: bool = False
     softcap: bool = False
     write_grad: bool = False
+    # The split kernel's (``CallFacts``' namesakes): the wait's read, and the gradient written at
+    # the logits' windows (rows sliced from a padded vocabulary, their gradient contiguous).
+    wait_atomic: bool = True
+    shifted: bool = False
 
 
 def loss_kernel_name(direction: str, regime: str) -> str:
-    if direction not in DIRECTIONS or regime not in LOSS_REGIMES:
+    if direction not in DIRECTIONS or regime not in LOSS_REGIMES or (direction, regime) == ("backward", "split"):
         raise ValueError(f"no cross-entropy kernel for {direction!r} {regime!r}")
     return f"cross_entropy_forward_{regime}" if direction == "forward" else "cross_entropy_backward"
 
@@ -308,25 +327,33 @@ def loss_row_tensors(direction: str) -> tuple[str, ...]:
     return tuple(t for t in LOSS_TENSORS[direction] if t not in LOSS_DIRECT_TENSORS)
 
 
-def loss_constexprs(direction: str, config: Config, facts: LossFacts) -> dict[str, Any]:
+def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Optional[int] = None) -> dict[str, Any]:
+    """The constexprs of a cross-entropy kernel; a split config's also (``split_constexprs``,
+    ``phase`` one of ``launch_phases(config)``)."""
     values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "ACC_FP64": facts.acc_fp64,
                               "WEIGHT": facts.weight, "PROB_TARGET": facts.prob_target,
                               "SMOOTHING": facts.smoothing, "Z_LOSS": facts.z_loss, "SOFTCAP": facts.softcap}
     if direction == "forward":
         values["WRITE_GRAD"] = facts.write_grad
+    if config.regime == "split":
+        values.update(split_constexprs(config, facts.wait_atomic, facts.shifted, phase))
     return values
 
 
 def loss_scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_cols: int,
                           strides: Sequence[tuple[int, int, int]], scalars: Sequence[Any]) -> tuple[Any, ...]:
-    """The arguments after the tensors: ``COUNTS``, each row tensor's strides, ``LOSS_SCALARS``."""
+    """The arguments after the tensors (and a split kernel's scratch): ``COUNTS`` (a split
+    kernel's items are tiles x chunks), each row tensor's strides, ``LOSS_SCALARS``."""
     per_outer, total = tiles(config, n_outer, rows_per_outer)
-    return (total, per_outer, rows_per_outer, n_cols, *(s for triple in strides for s in triple), *scalars)
+    items = total * config.chunks if config.regime == "split" else total
+    return (items, per_outer, rows_per_outer, n_cols, *(s for triple in strides for s in triple), *scalars)
 
 
-def loss_parameter_names(direction: str) -> tuple[str, ...]:
-    """A cross-entropy kernel's non-constexpr parameters, in order, as ``kernels/loss.py`` spells them."""
+def loss_parameter_names(direction: str, regime: str = "tile") -> tuple[str, ...]:
+    """A cross-entropy kernel's non-constexpr parameters, in order, as the kernels spell them."""
     names = [f"{t}_ptr" for t in LOSS_TENSORS[direction]]
-    names += ["n_tiles", *COUNTS[1:]]
+    if regime == "split":
+        names += [f"{name}_ptr" for name, _ in SCRATCH]
+    names += ["n_items" if regime == "split" else "n_tiles", *COUNTS[1:]]
     names += [f"{t}_{axis}_stride" for t in loss_row_tensors(direction) for axis in ("outer", "row", "col")]
     return (*names, *LOSS_SCALARS)

@@ -29,7 +29,7 @@ from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import ResourceTable, table_for
 from portable_softmax.launch_plan import RowView, Variant
 from portable_softmax.loss_planner import plan_elementwise
-from portable_softmax.planner import DTYPE_BYTES, LaunchPlan, Target
+from portable_softmax.planner import DTYPE_BYTES, LaunchPlan, Target, call_windows
 from portable_softmax.profiles import profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
@@ -110,11 +110,16 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         per_position = (0, 1 if rows > 1 else 0, 0)
         strides = tuple((0, classes if rows > 1 else 0, 1) if name in ("x", "grad") else per_position
                         for name in variants.loss_row_tensors("forward"))
-        facts = variants.LossFacts(acc_fp64=wide, write_grad=call.backward)
-        known = _known(target, table, call.dtype, launch_plan.loss_writes_gradient("forward", facts), size)
-        plan, chosen = launch_plan.plan_cross_entropy(target, "forward", RowView(1, rows, classes, strides), facts,
-                                                      (-100,), size, known, known)
-        found = [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen))]
+        # Windows over the logits and the gradient, as loss_launch reads them for a split row.
+        align, shifted = call_windows(1, rows, classes, [strides[0], strides[-1]], [size, size], True)
+        facts = variants.LossFacts(acc_fp64=wide, write_grad=call.backward,
+                                   wait_atomic=target.tuning.split_wait_atomic, shifted=shifted)
+        loss = launch_plan.LossCall("forward", RowView(1, rows, classes, strides), facts, (-100,), size, True, align,
+                                    target.record.cooperative_launch)
+        known = _known(target, table, call.dtype, loss.writes_gradient, size)
+        plan, chosen = launch_plan.plan_cross_entropy(target, loss, known, known)
+        found = [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
+            plan.config)))]
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
             found.append(PlannedLaunch("gradient scale", scale, ((variants.GRAD_SCALE_KERNEL, UNSIZED),)))

@@ -252,3 +252,21 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
         err = process.stderr.read().decode()
         status = process.wait(timeout=300)
     assert status == 141 and err == "", err
+
+
+def test_head_cases_through_the_command_line_on_the_interpreter(tmp_path, capsys, monkeypatch):
+    """``bench --cases head --small`` on the CPU: the stand-in head checked against torch in
+    float32 (loss and both gradients), timed by the host's clock, its floor and table written."""
+    from portable_softmax import bench_head
+
+    monkeypatch.setattr(bench_head, "SMALL_SHAPES", bench_head.SMALL_SHAPES[:1])
+    code, out, err = _run(["bench", "--device", "cpu", "--cases", "head", "--small", "--peers", "torch",
+                           "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    results = json.loads(next(tmp_path.glob("head-*.json")).read_text())
+    (floor,) = results["floors"]
+    assert floor["target_ms"] == pytest.approx(bench_head.TARGET_FACTOR * (floor["matmul_ms"] + floor["copy_ms"]))
+    rows = {row["impl"]: row for row in results["rows"]}
+    assert set(rows) == {"ours", "ours-bf16acc", "torch"} and not any("error" in row for row in rows.values())
+    assert all(rows["ours"][f"{key}_relerr"] < 1e-2 for key in ("loss", "grad_hidden", "grad_weight")), rows["ours"]
+    assert "of target" in out and "\nours " in out

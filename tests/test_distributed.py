@@ -23,17 +23,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(world: int, check, *args) -> None:
-    """``check(rank, world, *args)`` on ``world`` new processes joined in a gloo group; a failure
-    on any rank is raised here. Spawned, not forked: a fork of a process whose OpenMP threads
-    have run (the rest of the suite) can hang in the child."""
+def _run(world: int, check, *args, device: str = "cpu") -> None:
+    """``check(rank, world, *args)`` on ``world`` new processes joined in a gloo group (``device``
+    'cuda': an NCCL group, a GPU per rank); a failure on any rank is raised here. Spawned, not
+    forked: a fork of a process whose OpenMP threads have run (the rest of the suite) can hang in
+    the child."""
     port = _free_port()
-    mp.start_processes(_rank_main, args=(world, port, check, args), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank_main, args=(world, port, check, args, device), nprocs=world, start_method="spawn")
 
 
-def _rank_main(rank: int, world: int, port: int, check, args) -> None:
+def _rank_main(rank: int, world: int, port: int, check, args, device: str = "cpu") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        # NVLink multicast stays off (the device notes: it can take the host's GPUs out of service).
+        os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         check(rank, world, *args)
     finally:

@@ -17,7 +17,7 @@ import torch
 
 from portable_softmax import launch, launch_plan, loss_launch, variants
 from portable_softmax.backend import get_backend
-from portable_softmax.crosscompile.cases import FUSED_FORM, LOSS_FORMS, Case, _fused_scalars
+from portable_softmax.crosscompile.cases import FUSED_FORM, LOSS_FORMS, Case, _fused_scalars, loss_plan_options
 from portable_softmax.crosscompile.targets import parse_target, target_record
 from portable_softmax.kernel_resources import FOLDER, ResourceTable, argument_signature, table_from_json, variant_key
 from portable_softmax.launch_plan import Fusion, RowView, Variant, plan_checked
@@ -131,7 +131,9 @@ def test_a_first_cross_entropy_compiles_only_the_kernel_it_launches(h100):
                logits)
     loss_launch._record("forward", tensors, RowView(1, 4096, 50257, strides), variants.LossFacts(write_grad=True),
                         (-100,))
-    assert len(h100.asked) == 1 and h100.asked[0].startswith("cross_entropy_forward_loop *bf16")
+    (record,) = Launched.records
+    kernel = getattr(launch._kernel_module(get_backend("cuda")), record.kernel)
+    assert h100.asked == [h100.key(kernel, (*tensors, *record.scalars), record.launches[0], record.options)]
 
 
 def test_a_launch_whose_binary_differs_from_the_table_is_planned_again(h100):
@@ -210,8 +212,16 @@ def _case_calls(record, case: Case):
         strides = tuple((0, case.cols if case.rows > 1 else 0, 1) if name in ("x", "grad") else per_position
                         for name in variants.loss_row_tensors(case.direction))
         view = RowView(1, case.rows, case.cols, strides)
-        return [("loss", variants.LossFacts(acc_fp64=case.dtype == "float64", **form), view)
-                for form in LOSS_FORMS[case.direction].values()]
+        calls = []
+        for form, flags in LOSS_FORMS[case.direction].items():
+            options = loss_plan_options(case, form)
+            facts = variants.LossFacts(acc_fp64=case.dtype == "float64", wait_atomic=target.tuning.split_wait_atomic,
+                                       **flags)
+            # Split where the plan may, and its fallback under a graph capture.
+            calls += [("loss", launch_plan.LossCall(case.direction, view, facts, (-100,), case.input_bytes, splittable,
+                                                    options["align"], record.cooperative_launch), view)
+                      for splittable in {options["splittable"], False}]
+        return calls
     fusion = Fusion(FUSED_FORM["scale"], FUSED_FORM["mask"], case.causal, _fused_scalars(case)) if case.fused else None
     view = RowView(1, case.rows, case.cols, tuple(case.tensor_strides))
     return [("softmax", launch_plan.softmax_call(target, case.direction, view, [size] * len(case.tensor_strides),
@@ -242,8 +252,7 @@ def test_the_tables_hold_every_variant_their_cases_weigh(table):
         lookup = known(case.dtype)
         for kind, call, view in _case_calls(record, case):
             if kind == "loss":
-                launch_plan.plan_cross_entropy(target, case.direction, view, call, (-100,), DTYPE_BYTES[case.dtype],
-                                               lookup, lookup)
+                launch_plan.plan_cross_entropy(target, call, lookup, lookup)
             else:
                 launch_plan.plan_softmax(target, call, lookup, lookup)
     assert not missing, f"{len(missing)} variants weighed but not in the table, e.g. {sorted(missing)[:3]}"

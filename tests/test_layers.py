@@ -1,5 +1,5 @@
 """The package's layers import downward only, and no module imports another that imports it back
-(README, "How the package is laid out"). Read from the source (every import, also inside functions):
+(docs/design.md, "How the package is laid out"). Read from the source (every import, also inside functions):
 no torch or Triton needed."""
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ LAYERS = [
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
     ("planning", {"tuning", "planner", "loss_planner", "targets", "kernel_resources"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch_plan", "launch", "loss_launch"}),
-    ("public API and torch integration", {"ops", "torch_ops", "distributed", "fused", "enable", "__init__", "loss",
-                                          "loss_rows", "loss_ops", "nn"}),
+    ("public API and torch integration", {"ops", "torch_ops", "distributed", "distributed_loss", "distributed_head",
+                                          "fused", "enable", "__init__", "loss", "loss_rows", "loss_ops", "nn",
+                                          "head", "head_chunks", "head_ops"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
-               "machine_code", "bench_loss", "warmup"}),
+               "machine_code", "bench_loss", "bench_head", "warmup"}),
 ]
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import portable_softmax as ps
 from portable_softmax import loss_launch, loss_ops
 from portable_softmax.selfcheck import relative_error
-from regimes import force_regime
+from regimes import SPLIT_REGIMES, force_regime, interpreted, open_split
 
 # Relative error of the whole tensor allowed per dtype: the output's rounding (loss and gradient
 # are rounded once to it), float32 for float32, near-exact for float64.
@@ -48,12 +48,19 @@ def reference(x, target, weight=None, ignore_index=-100, reduction="mean", label
     return loss, leaf
 
 
-def check(x, target, dtype_tol=None, grad_output=None, **options):
-    """Our loss and input gradient against ``reference``'s, within the dtype's tolerance."""
+def check(x, target, dtype_tol=None, grad_output=None, with_lse=False, **options):
+    """Our loss and input gradient (``with_lse``: and lse) against ``reference``'s, within the
+    dtype's tolerance."""
     tol = dtype_tol or TOLERANCE[x.dtype]
     ours_x = x.detach().clone().requires_grad_()
-    ours = ps.cross_entropy(ours_x, target, **options)
+    ours = ps.cross_entropy(ours_x, target, return_lse=with_lse, **options)
     theirs, leaf = reference(x, target, **options)
+    if with_lse:
+        ours, lse = ours
+        z = leaf.detach()
+        if options.get("softcap") is not None:
+            z = options["softcap"] * torch.tanh(z / options["softcap"])
+        assert relative_error(lse, torch.logsumexp(z, 0 if z.dim() == 1 else 1)) < 1e-6
     assert ours.dtype == x.dtype and ours.shape == theirs.shape
     assert relative_error(ours, theirs) <= tol, (relative_error(ours, theirs), options)
     upstream = torch.randn_like(theirs) if grad_output is None else grad_output
@@ -135,6 +142,151 @@ def test_every_option_in_each_regime(device, monkeypatch, regime):
     check(x, target, grad_output=torch.tensor(2.5), reduction="sum", **options)
     # Forward with and without the gradient, and the backward of 'none': each in the regime.
     assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
+
+
+def _forward_regimes() -> set:
+    """The regimes (``regimes.regime_of``'s names) of the forward records the calls so far planned."""
+    from regimes import regime_of
+
+    return {regime_of(record.plan) for key, record in loss_launch._records.items() if key[0] == "forward"}
+
+
+def _split(monkeypatch, device, regime="split", **changes):
+    """Force ``regime`` (one of ``regimes.SPLIT_REGIMES``) for the loss's rows: on the interpreter
+    its exchange in two launches. ``changes``: the tuning fields that size the chunks (the forced
+    chunks of 128 elsewhere)."""
+    force_regime(monkeypatch, regime, device)
+    if changes:
+        key = (ps.device_info(device)["backend"], "*")
+        from portable_softmax import tuning
+
+        monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], **changes))
+    loss_launch._records.clear()
+
+
+# Split rows (``kernels/loss_split.py``), each case a few rows of a few chunks on the interpreter
+# (an item is interpreted twice, ``regimes.interpreted``): (shape, dtype, options, tuning changes).
+SPLIT_CASES = [
+    # 3 chunks of 128, the last 44 long; every option; the gradient written in the forward.
+    pytest.param("split", (3, 300), torch.float32, dict(weight=True, label_smoothing=0.15, ignored=0.3, z_loss=0.02,
+                                                        softcap=6.0), {}, id="every-option-mean"),
+    # 'sum' with an incoming gradient of 2.5: the held gradient rescaled.
+    pytest.param("split", (2, 300), torch.bfloat16, dict(reduction="sum", ignored=0.3, softcap=3.0, weight=True), {},
+                 id="bf16-sum"),
+    # The forward alone (split) and the streamed backward of 'none'; a ticketed grid.
+    pytest.param("ticketed", (3, 300), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1,
+                                                           ignored=0.3, z_loss=0.01), {}, id="ticketed-none"),
+    # Pipelined (a persistent grid whose next chunks load while it waits: the forward alone, as
+    # 'none' runs it), rows read unaligned.
+    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(reduction="none", ignored=0.3, softcap=3.0), {},
+                 id="pipelined-bf16-none"),
+    # Odd vocabularies: rows off 16-byte boundaries in aligned windows (their edges apart).
+    pytest.param("split", (2, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1), {"split_chunk": 8192},
+                 id="bf16-50257-windows"),
+    pytest.param("split", (2, 32001), torch.float32, dict(reduction="none", z_loss=0.01, softcap=30.0,
+                                                          label_smoothing=0.05), {"split_chunk": 8192},
+                 id="fp32-32001-none"),
+]
+
+
+@pytest.mark.parametrize("regime, shape, dtype, options, changes", SPLIT_CASES)
+def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, options, changes):
+    # Loss, lse and gradient against torch in float64, the rows held by several programs each.
+    _split(monkeypatch, device, regime, **changes)
+    x, target, options = _case(shape, dtype, "class", options, device)
+    target[0] = shape[1] - 1  # the last column: in the last chunk, past the last whole group of a window
+    check(x, target, with_lse=True, **options)
+    assert _forward_regimes() == {regime}
+
+
+def test_split_rows_with_every_target_ignored(device, monkeypatch):
+    _split(monkeypatch, device)
+    x = logits((2, 300), torch.float32, device).requires_grad_()
+    target = torch.full((2,), -100, device=device)
+    for reduction, options in (("mean", dict(label_smoothing=0.1)), ("sum", dict(z_loss=0.1))):
+        ours = ps.cross_entropy(x, target, reduction=reduction, **options)
+        theirs, _ = reference(x, target, reduction=reduction, **options)
+        # 'mean' over no counted target: NaN, as torch's; 'sum': 0.
+        assert torch.equal(ours.isnan(), theirs.isnan()) and (reduction == "mean" or ours.item() == 0.0)
+        (grad,) = torch.autograd.grad(ours, x)
+        assert torch.equal(grad, torch.zeros_like(grad))
+    assert _forward_regimes() == {"split"}
+
+
+def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
+    # A confident row (p = 0.999 on the true class: its gradient p - 1 formed in float32, rounded
+    # once), a row far below zero (exp underflows against 0), and a row whose first chunk is -inf
+    # only, its others far below zero (that chunk's probabilities 0, not 0 * inf).
+    _split(monkeypatch, device)
+    n_classes = 300
+    x = logits((4, n_classes), torch.float32, device)
+    target = torch.tensor([3, 100, 200, 299], device=device)
+    x[0] = 0.0
+    x[0, 3] = math.log(0.999 * (n_classes - 1) / 0.001)
+    x[1] = x[1] - 1000.0
+    x[2, :128], x[2, 128:] = -float("inf"), x[2, 128:] - 1000.0
+    x = x.to(torch.bfloat16).requires_grad_()
+    loss, lse = ps.cross_entropy(x, target, return_lse=True)
+    loss.backward()
+    leaf = x.detach().double().requires_grad_()
+    expected = F.cross_entropy(leaf, target)
+    expected.backward()
+    assert relative_error(loss, expected) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(lse, torch.logsumexp(leaf.detach(), 1)) < 1e-6
+    assert abs(leaf.grad[0, 3].item() - (-0.001 / 4)) < 2e-5
+    assert abs(x.grad[0, 3].double().item() / leaf.grad[0, 3].item() - 1) <= 2**-8
+    assert relative_error(x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
+    assert _forward_regimes() == {"split"}
+
+
+def test_split_rows_logsumexp(device, monkeypatch):
+    # logsumexp takes the forward alone (every position ignored): rows of -inf only, with a NaN,
+    # far above and far below zero.
+    _split(monkeypatch, device)
+    x = logits((5, 300), torch.float32, device)
+    x[1] = -float("inf")
+    x[2, 17] = float("nan")
+    x[3] += 1e4
+    x[4] -= 1e4
+    ours, theirs = ps.logsumexp(x, 1), torch.logsumexp(x.double(), 1)
+    assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.isinf(), theirs.isinf())
+    finite = theirs.isfinite()
+    infinite = theirs.isinf()
+    assert relative_error(ours[finite], theirs[finite]) < 1e-6 and torch.equal(ours[infinite], theirs[infinite].float())
+    assert _forward_regimes() == {"split"}
+
+
+def test_split_rows_inplace_backward(device, monkeypatch):
+    # The gradient written over the logits: each chunk reads its columns (the target's logit among
+    # them, where they hold it) before it writes them.
+    _split(monkeypatch, device)
+    h = torch.randn(3, 300, device=device, requires_grad=True)
+    target = class_targets((3,), 300, device, 0.25)
+    target[0] = 299
+    logits = h * 2.0
+    ps.cross_entropy(logits, target, label_smoothing=0.1, inplace_backward=True).backward()
+    leaf = (h.detach().double() * 2).requires_grad_()
+    F.cross_entropy(leaf, target, label_smoothing=0.1).backward()
+    assert relative_error(h.grad, 2 * leaf.grad) <= TOLERANCE[torch.float32]
+    assert relative_error(logits.detach(), leaf.grad) <= TOLERANCE[torch.float32]
+    assert _forward_regimes() == {"split"}
+
+
+@pytest.mark.parametrize("layout", ["classes-on-dim1", "sliced-bf16"])
+def test_split_rows_of_strided_logits(device, monkeypatch, layout):
+    # Classes strided (an (N, C, d) input: column stride d, rows side by side), and rows sliced from
+    # a padded vocabulary (read in windows, the contiguous gradient written at their columns).
+    _split(monkeypatch, device)
+    if layout == "classes-on-dim1":
+        x = logits((2, 300, 2), torch.float32, device)
+        target = class_targets((2, 2), 300, device, 0.25)
+    else:
+        x = logits((3, 320), torch.bfloat16, device)[:, :300]
+        target = class_targets((3,), 300, device, 0.25)
+    check(x, target, label_smoothing=0.1, weight=torch.rand(300, device=device, dtype=x.dtype) + 0.5)
+    assert _forward_regimes() == {"split"}
+    if layout == "sliced-bf16":
+        assert {record.plan.align for key, record in loss_launch._records.items() if key[0] == "forward"} == {8}
 
 
 def test_integer_target_dtypes_and_strided_logits(device):
@@ -413,6 +565,41 @@ def test_plans_for_recorded_chips(profile):
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
 
 
+@pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])
+def test_split_plans_are_the_softmax_forwards(profile):
+    # A forward of class targets over rows longer than a tile splits where the chip promises
+    # residency, sized as the softmax forward of the same rows (chunks, windows, grid; the one
+    # that writes the gradient unpipelined: its kernel holds a barrier); elsewhere, for probability
+    # targets, the backward, or with the tuning's loss_split empty, it streams.
+    from portable_softmax import loss_planner, planner, profiles, targets
+
+    target = targets.target_for(profiles.profile_record(profile))
+    for n_rows, n_cols, align in ((4096, 256000, 1), (4096, 50257, 8), (16, 128256, 1)):
+        for writes in (True, False):
+            plan = loss_planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2,
+                                          splittable=True, align=align)
+            softmax = planner.plan_launch(target, n_rows, n_cols, "float32", input_bytes=2, align=align)
+            if target.record.residency_guaranteed:
+                assert plan.regime == "split" and plan.align == align, plan.reason
+                if writes:
+                    assert plan.num_stages == 1
+                    assert (plan.chunks, plan.block_n, plan.num_warps) == (softmax.chunks, softmax.block_n,
+                                                                           softmax.num_warps)
+                else:
+                    assert plan.config == softmax.config and plan.programs == softmax.programs, (plan.reason,
+                                                                                                 softmax.reason)
+            else:
+                assert plan.regime == "loop", plan.reason
+            streamed = dict(writes_gradient=writes, input_bytes=2, align=align)
+            assert loss_planner.plan_loss(target, n_rows, n_cols, "float32", **streamed).regime == "loop"
+    off = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_split=frozenset({"loss"})))
+    assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=True, splittable=True).regime == "loop"
+    assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=False, splittable=True).regime == (
+        "split" if target.record.residency_guaranteed else "loop")
+    fp64 = loss_planner.plan_loss(target, 4096, 256000, "float64", writes_gradient=True, splittable=True)
+    assert fp64.regime == "loop"
+
+
 def test_streamed_twice_rows_fit_the_l2():
     # The forward that streams each row twice (loss, then gradient) gets a grid whose rows in
     # flight fit the share of L2 the tuning allows, where one program a unit fits; otherwise, and
@@ -445,8 +632,10 @@ def test_streamed_twice_rows_fit_the_l2():
 
 
 def test_compile_report_covers_the_loss(monkeypatch):
-    # The loss kernels with every option compile for sm_90 and gfx942 (tiles, and a streamed
-    # vocabulary), and the plan from the compiled resources keeps the planned configuration. The
+    # The loss kernels with every option compile for sm_90 and gfx942 (tiles; a vocabulary split
+    # across programs, in aligned windows, where the target promises residency, else compiled
+    # as it would be planned; the loop it falls back to and the backward's), their wait loops
+    # read memory, and the plan from the compiled resources takes a compiled configuration. The
     # heaviest forms only: CI's compile report (`portable-softmax compile`) compiles every form.
     from portable_softmax import crosscompile
     from portable_softmax.crosscompile import cases as compile_cases
@@ -462,8 +651,14 @@ def test_compile_report_covers_the_loss(monkeypatch):
     assert report["ok"], crosscompile.format_report(report)
     for target in report["targets"]:
         kernels = {v["kernel"] for v in target["variants"]}
-        assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_loop", "cross_entropy_backward"}
-        assert {p["regime"] for p in target["plans"]} == {"tile", "loop"}
+        assert kernels == {"cross_entropy_forward_tile", "cross_entropy_forward_split", "cross_entropy_forward_loop",
+                           "cross_entropy_backward"}
+        assert {p["regime"] for p in target["plans"]} == {"tile", "split", "loop"}
+        split = [v for v in target["variants"] if v["kernel"] == "cross_entropy_forward_split"]
+        assert all(v["wait_loop_reads_memory"] and v["spills"] == 0 for v in split), split
+        assert {v["constexprs"]["ALIGN"] for v in split} == {8}
+        used = {p["regime"] for p in target["plans"] if "note" not in p}
+        assert used == ({"tile", "split", "loop"} if target["record"]["residency_guaranteed"] else {"tile", "loop"})
 
 
 def test_ignore_index_inside_the_classes(device):

@@ -21,7 +21,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Imported by the library but rightly not declared: Triton comes from the vendor (its distribution
 # name differs per vendor; see pyproject.toml); the bench's peers are timed only when installed.
 VENDOR = {"triton"}
-PEERS = {"liger_kernel", "flag_gems", "quack"}
+PEERS = {"liger_kernel", "flag_gems", "quack", "cut_cross_entropy"}
 
 
 def _name(requirement: str) -> str:

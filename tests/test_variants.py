@@ -30,6 +30,25 @@ def test_the_table_matches_the_kernel_source(direction, regime):
     assert len(scalars) + tensors == len(declared)
 
 
+@pytest.mark.parametrize("direction, regime", [("forward", "tile"), ("forward", "split"), ("forward", "loop"),
+                                               ("backward", "loop")])
+def test_the_loss_table_matches_the_kernel_source(direction, regime):
+    # The cross-entropy kernels (the split one's scratch and its split constexprs among them).
+    kernel = getattr(kernels, variants.loss_kernel_name(direction, regime))
+    declared = [p.name for p in kernel.params if not p.is_constexpr]
+    constexprs = [p.name for p in kernel.params if p.is_constexpr]
+    assert list(variants.loss_parameter_names(direction, regime)) == declared
+    assert sorted(variants.loss_constexprs(direction, _config(regime), variants.LossFacts())) == sorted(constexprs)
+    strides = [(0, 7, 1)] * len(variants.loss_row_tensors(direction))
+    scalars = variants.loss_scalar_arguments(_config(regime), 1, 10, 1000, strides, (-100,))
+    tensors = len(variants.LOSS_TENSORS[direction]) + (len(variants.SCRATCH) if regime == "split" else 0)
+    assert len(scalars) + tensors == len(declared)
+    # A split kernel's items are its rows' chunks.
+    assert scalars[0] == (40 if regime == "split" else 10)
+    with pytest.raises(ValueError):
+        variants.loss_kernel_name("backward", "split")
+
+
 def test_scalar_arguments_count_tiles_and_items():
     # 10 rows in tiles of 4: 3 tiles per group, 2 groups; a split row of 4 chunks: 24 items.
     assert variants.scalar_arguments(_config("tile", block_m=4), 2, 10, 64, [(640, 64, 1)] * 2)[:4] == (6, 3, 10, 64)

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from portable_softmax import variants
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
                                       call_windows, input_bytes_per_column, next_power_of_2)
-from portable_softmax.targets import dense_form, plan_loss, select_config, target_for, ticketed_forms
+from portable_softmax.targets import dense_form, plan_loss, select_config, split_config, target_for, ticketed_forms
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 from portable_softmax.crosscompile.targets import Target
@@ -40,9 +40,11 @@ DEFAULT_FUSED_SHAPES = ((16384, 2048), (256, 151936))
 
 FUSED_FORM = {"scale": 2, "mask": 1, "causal": True}
 
-# The cross-entropy kernels (``kernels/loss.py``), as tokens x vocabulary: rows held in tiles, and a
-# vocabulary streamed (the loop regime). Each compiles in the forms ``LOSS_FORMS`` names, by role.
-DEFAULT_LOSS_SHAPES = ((16384, 4096), (8192, 128256))
+# The cross-entropy kernels (``kernels/loss.py``, ``kernels/loss_split.py``), as tokens x
+# vocabulary: rows held in tiles, and vocabularies split across programs forward (the loop regime
+# where the split path is closed, and backward), one of them off 16-byte boundaries (windows).
+# Each compiles in the forms ``LOSS_FORMS`` names, by role.
+DEFAULT_LOSS_SHAPES = ((16384, 4096), (8192, 128256), (4096, 50257))
 
 # The forms of the loss kernels compiled for each problem, by role: the forward that writes the
 # gradient (plain, and with every option: class weights, smoothing, z-loss, softcap), the forward
@@ -52,6 +54,11 @@ LOSS_FORMS = {
     "forward": {"grad": {"write_grad": True}, "grad, all": {**ALL_OPTIONS, "write_grad": True}, "no grad": {}},
     "backward": {"all": ALL_OPTIONS},
 }
+
+# A loss role names its form (``LOSS_FORMS``), then after this separator, for a configuration
+# the plan may take instead of the one it takes from estimated resources, which: the split
+# forms the planner picks between from compiled occupancy and the loop it falls back to.
+LOSS_ALTERNATIVE = " | "
 
 # The ranks whose partials the sharded kernels combine, as compiled here.
 SHARDED_RANKS = 2
@@ -184,12 +191,7 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     as for a sliced configuration. For the loss, the plan's configuration in each of its forms
     (``LOSS_FORMS``: the role names it)."""
     if case.loss:
-        forms = LOSS_FORMS[case.direction]
-        configs = {role: plan_loss(record, case.rows, case.cols, case.plan_dtype,
-                                   writes_gradient=form.get("write_grad", False) or case.backward,
-                                   rows_per_group=case.rows, input_bytes=case.input_bytes).config
-                   for role, form in forms.items()}
-        return list(configs.items())
+        return loss_configs(record, case)
     if case.sharded:
         plan = plan_sharded(target_for(record), case.rows, case.cols, case.plan_dtype, backward=case.backward,
                             rows_per_group=case.rows, input_bytes=case.input_bytes)
@@ -207,6 +209,56 @@ def case_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         elif not any(c == config for _, c in phased):
             phased += [(phase, config) for phase in variants.phases(case.direction)]
     return phased
+
+
+def loss_form(role: str) -> str:
+    """The form (``LOSS_FORMS``) a loss role compiles."""
+    return role.split(LOSS_ALTERNATIVE)[0]
+
+
+def loss_plan_options(case: Case, form: str) -> dict[str, Any]:
+    """``plan_loss``'s options for a loss case in ``form``, as ``loss_launch`` passes them."""
+    flags = LOSS_FORMS[case.direction][form]
+    writes = flags.get("write_grad", False)
+    return dict(writes_gradient=writes or case.backward, rows_per_group=case.rows, input_bytes=case.input_bytes,
+                rereads=writes and not case.backward, splittable=not case.backward, align=case.align)
+
+
+def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
+    """The configurations of a loss case, by role: the plan's in each form, and where its forward
+    may split, every split form the plan picks between from compiled occupancy (persistent or
+    ticketed, pipelined or not: ``ticketed_forms``) and the loop it streams through where the
+    split grid does not fit. Where the record rules the split path out (HIP until its wait loops
+    are shown to read memory), the split forms a record with residency would plan ("unplanned"):
+    every split kernel is compiled and checked on every target."""
+    found: list[tuple[str, KernelConfig]] = []
+    resident = record if record.residency_guaranteed else dataclasses.replace(record, residency_guaranteed=True)
+    suffix = "" if record.residency_guaranteed else ", unplanned"
+    for form in LOSS_FORMS[case.direction]:
+        options = loss_plan_options(case, form)
+        planned = plan_loss(record, case.rows, case.cols, case.plan_dtype, **options).config
+        found.append((form, planned))
+        split = plan_loss(resident, case.rows, case.cols, case.plan_dtype, **options).config
+        if split.regime != "split":
+            continue
+        per_thread = tuning_for(resident).loss_split_elements_per_thread or None
+        primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
+        if options["writes_gradient"]:
+            primary = dataclasses.replace(primary, num_stages=1)
+        others = [("split", primary)]
+        if "forward" in tuning_for(resident).split_tickets:
+            others += [("ticketed", ticketed) for ticketed in ticketed_forms(resident, primary, case.cols, False,
+                                                                             case.input_bytes, per_thread)]
+        if primary.num_stages > 1:
+            others.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
+        others.append(("loop", plan_loss(record, case.rows, case.cols, case.plan_dtype,
+                                         **{**options, "splittable": False}).config))
+        seen = {planned}
+        for kind, config in others:
+            if config not in seen:
+                seen.add(config)
+                found.append((f"{form}{LOSS_ALTERNATIVE}{kind}{suffix if kind != 'loop' else ''}", config))
+    return found
 
 
 def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
@@ -245,7 +297,7 @@ def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, cas
     """Everything a worker needs to compile one variant (plain data: it crosses a process); for
     sharded rows and sliced configs ``role`` is the phase (``case_configs``)."""
     if case.loss:
-        kernel, args, constexprs = loss_arguments(config, case, role)
+        kernel, args, constexprs = loss_arguments(config, case, role, tuning_for(record).split_wait_atomic)
     elif case.sharded or config.regime == variants.SLICED:
         kernel, args, constexprs = sharded_arguments(config, case, role)
     else:
@@ -307,16 +359,19 @@ def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str
     return variants.sharded_kernel_name(phase), tuple(args), constexprs
 
 
-def loss_arguments(config: KernelConfig, case: Case, role: str) -> tuple[str, tuple, dict]:
-    """``launch_arguments`` for a cross-entropy kernel in the form ``role`` names (``LOSS_FORMS``),
+def loss_arguments(config: KernelConfig, case: Case, role: str, wait_atomic: bool = True) -> tuple[str, tuple, dict]:
+    """``launch_arguments`` for a cross-entropy kernel in the form ``role`` names (``loss_form``),
     as ``loss_launch`` passes them: the logits and their gradient [rows, cols] contiguous, class
     targets int64 and the per-position tensors (loss rows, lse, the incoming gradient of 'none')
-    one value a row (column stride 0), the weights and stats in the accumulation's dtype."""
+    one value a row (column stride 0), the weights and stats in the accumulation's dtype; a split
+    kernel's scratch, and its wait's read (``wait_atomic``)."""
     pointer = POINTER_TYPES[case.dtype]
     accumulation = POINTER_TYPES[case.plan_dtype]
     types = {"target": "*i64", "weight": accumulation, "stats": accumulation, "loss": accumulation,
              "lse": accumulation}
     args: list[tuple[str, Any]] = [(types.get(name, pointer), True) for name in variants.LOSS_TENSORS[case.direction]]
+    if config.regime == "split":
+        args += [(f"*{kind}", True) for _, kind in variants.SCRATCH]
     row = case.cols if case.rows > 1 else 0
     per_position = (0, 1 if case.rows > 1 else 0, 0)
     strides = [(0, row, 1) if name in ("x", "grad") else per_position
@@ -324,7 +379,8 @@ def loss_arguments(config: KernelConfig, case: Case, role: str) -> tuple[str, tu
     for value in variants.loss_scalar_arguments(config, 1, case.rows, case.cols, strides, (-100,)):
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
-    facts = variants.LossFacts(acc_fp64=case.dtype == "float64", **LOSS_FORMS[case.direction][role])
+    facts = variants.LossFacts(acc_fp64=case.dtype == "float64", wait_atomic=wait_atomic,
+                               **LOSS_FORMS[case.direction][loss_form(role)])
     return (variants.loss_kernel_name(case.direction, config.regime), tuple(args),
             variants.loss_constexprs(case.direction, config, facts))
 

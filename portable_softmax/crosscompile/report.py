@@ -20,7 +20,7 @@ from portable_softmax.crosscompile.targets import (_TARGET_FORMS, DEFAULT_TARGET
                                                    target_record, toolchain_missing)
 from portable_softmax.crosscompile.cases import (_cost, _spec_key, Case, case_configs, cases_for, DEFAULT_DTYPES,
                                                  DEFAULT_FUSED_SHAPES, DEFAULT_LOSS_SHAPES, DEFAULT_SHAPES,
-                                                 DEFAULT_SHARDED_SHAPES, LOSS_FORMS,
+                                                 DEFAULT_SHARDED_SHAPES, loss_form, loss_plan_options,
                                                  DEFAULT_SLICED_SHAPES, DEFAULT_STRIDED_SHAPES, SLICED_PADDING,
                                                  variant_spec)
 from portable_softmax.crosscompile.compiling import compile_all, DEFAULT_TIMEOUT_S
@@ -153,11 +153,12 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             entry["problems"].append(f"{result['status']}: {entry['error'].splitlines()[0] if entry['error'] else ''}")
         variants[index] = entry
 
-    # The compiled resources of each configuration a case may use, as launch.py's resources() gives them.
-    by_case: dict[Case, dict[KernelConfig, KernelResources]] = {}
+    # The compiled resources of each configuration a case may use, as launch.py's resources() gives them
+    # (a loss case's per form: each form is its own binary).
+    by_case: dict[tuple[Case, str], dict[KernelConfig, KernelResources]] = {}
     for case, role, config, index in uses:
         if "resources" in variants[index]:
-            by_case.setdefault(case, {})[config] = variants[index]["resources"]
+            by_case.setdefault((case, loss_form(role) if case.loss else ""), {})[config] = variants[index]["resources"]
 
     plans = []
     for case, role, config, index in uses:
@@ -165,59 +166,60 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         row = {"case": case.label(), "rows": case.rows, "cols": case.cols, "dtype": case.dtype,
                "direction": case.direction, "log": case.log, "role": role, "variant": variant["id"],
                "regime": config.regime, "block_m": config.block_m, "problems": []}
-        compiled_for_case = by_case.get(case, {})
-        if case.loss and "resources" in variant:
-            # Each form is its own binary: the plan from that form's resources.
-            form = LOSS_FORMS[case.direction][role]
-            plan = plan_loss(record, case.rows, case.cols, case.plan_dtype,
-                             writes_gradient=form.get("write_grad", False) or case.backward, rows_per_group=case.rows,
-                             resources=lambda c, found=variant["resources"]: found, input_bytes=case.input_bytes,
-                             rereads=form.get("write_grad", False) and not case.backward)
-            resident = record.compute_units * plan.occupancy
-            row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
-                       compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),
-                       allowed_waves=tuning.tile_waves, reason=plan.reason)
-            if plan.config != config:
-                row["problems"].append(f"the plan from compiled resources differs: {plan.reason}")
-        elif case.loss:
-            row["problems"].append(f"variant {variant['id']} did not compile")
-        elif case.sharded:
+        plans.append(row)
+        compiled_for_case = by_case.get((case, loss_form(role) if case.loss else ""), {})
+        if case.sharded and "resources" in variant:
             # Streamed like the loop regime: no program waits on another, so any grid is safe.
             row["note"] = "sharded rows: streamed, no program waits on another"
-        elif config in compiled_for_case:
-            plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
-                               rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
-                               resources=lambda c, found=compiled_for_case: found[c],
-                               input_bytes=case.input_bytes, narrow=case.narrow, strided=case.strided,
-                               causal=case.causal)
-            if plan.config != config:
-                # Another configuration serves the case: the ticketed, persistent or unpipelined
-                # form, or the fallback where the split grid does not fit resident (each has its
-                # own row).
-                row["note"] = f"not used: {plan.reason}"
-            else:
-                resident = record.compute_units * plan.occupancy
-                # Persistent split programs wait on each other: the whole grid must be resident at
-                # once. Ticketed split, tile and loop programs never wait on one that has not
-                # started, so the planner may queue up to tile_waves waves, or give each tile or
-                # item a program (None: no bound).
-                waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
-                if config.per_tile or config.ticketed:
-                    waves = None
-                row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
-                           compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),
-                           allowed_waves=waves, reason=plan.reason)
-                if waves is not None and plan.programs > resident * waves:
-                    row["problems"].append(f"{plan.programs} programs exceed {waves} wave(s) of "
-                                           f"{record.compute_units} units x occupancy {plan.occupancy}")
-                # A ticketed row's chunks wait on each other: they must fit one residency domain.
-                domain_units = record.compute_units // record.residency_domains
-                if config.ticketed and config.chunks > domain_units * plan.occupancy:
-                    row["problems"].append(f"rows of {config.chunks} chunks exceed one of {record.residency_domains} "
-                                           f"residency domains: {domain_units} units x occupancy {plan.occupancy}")
-        else:
+            continue
+        if config not in compiled_for_case:
             row["problems"].append(f"variant {variant['id']} did not compile")
-        plans.append(row)
+            continue
+        try:
+            if case.loss:
+                plan = plan_loss(record, case.rows, case.cols, case.plan_dtype,
+                                 resources=lambda c, found=compiled_for_case: found[c],
+                                 **loss_plan_options(case, loss_form(role)))
+            else:
+                plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
+                                   rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
+                                   resources=lambda c, found=compiled_for_case: found[c],
+                                   input_bytes=case.input_bytes, narrow=case.narrow, strided=case.strided,
+                                   causal=case.causal)
+        except KeyError as missing:
+            row["problems"].append(f"the plan from compiled resources asks for a configuration not compiled: "
+                                   f"{missing}")
+            continue
+        if plan.config != config:
+            # Another configuration serves the case: the ticketed, persistent or unpipelined
+            # form, or the fallback where the split grid does not fit resident (each has its
+            # own row).
+            row["note"] = f"not used: {plan.reason}"
+            continue
+        resident = record.compute_units * plan.occupancy
+        # Persistent split programs wait on each other: the whole grid must be resident at
+        # once. Ticketed split, tile and loop programs never wait on one that has not
+        # started, so the planner may queue up to tile_waves waves, or give each tile or
+        # item a program (None: no bound).
+        waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
+        if config.per_tile or config.ticketed or config.phased:
+            waves = None
+        row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
+                   compute_units=record.compute_units, waves=round(plan.programs / max(resident, 1), 2),
+                   allowed_waves=waves, reason=plan.reason)
+        if waves is not None and plan.programs > resident * waves:
+            row["problems"].append(f"{plan.programs} programs exceed {waves} wave(s) of "
+                                   f"{record.compute_units} units x occupancy {plan.occupancy}")
+        # A ticketed row's chunks wait on each other: they must fit one residency domain.
+        domain_units = record.compute_units // record.residency_domains
+        if config.ticketed and config.chunks > domain_units * plan.occupancy:
+            row["problems"].append(f"rows of {config.chunks} chunks exceed one of {record.residency_domains} "
+                                   f"residency domains: {domain_units} units x occupancy {plan.occupancy}")
+    # Each loss form is served by one of its compiled configurations.
+    for case, form in {(case, loss_form(role)) for case, role, _, _ in uses if case.loss}:
+        rows = [row for row in plans if row["case"] == case.label() and loss_form(row["role"]) == form]
+        if rows and not any(row["problems"] for row in rows) and all("note" in row for row in rows):
+            rows[0]["problems"].append(f"no compiled configuration of the {form!r} form serves it")
 
     variant_list = sorted(variants.values(), key=lambda v: v["id"])
     for v in variant_list:

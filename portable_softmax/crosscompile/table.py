@@ -29,14 +29,17 @@ from portable_softmax.crosscompile.compiling import compile_all
 def capped_options(record: DeviceRecord, case: Case, config: KernelConfig, held: int) -> list[dict[str, Any]]:
     """The register caps a launch of ``case`` may weigh for ``config``, whose binary holds ``held``
     programs per unit uncapped (``launch_plan._fitted`` asks for caps that would hold more), as
-    compile options to add to the variant's own; none for the loss, sharded and sliced kernels,
-    which launch as planned."""
-    if case.loss or case.sharded or config.regime == variants.SLICED:
+    compile options to add to the variant's own (a loss kernel's: its split forward's); none for
+    the sharded and sliced kernels, which launch as planned."""
+    if case.sharded or config.regime == variants.SLICED:
         return []
-    caps = split_fit(record, config, case.input_bytes) or tile_fill(record, config, case.input_bytes)
-    tiles = variants.scalar_arguments(config, 1, case.rows, case.cols, case.tensor_strides, _fused_scalars(case))[0]
+    caps = split_fit(record, config, case.input_bytes)
+    if not case.loss:
+        tiles = variants.scalar_arguments(config, 1, case.rows, case.cols, case.tensor_strides,
+                                          _fused_scalars(case))[0]
+        caps = [*(caps or tile_fill(record, config, case.input_bytes)), *tile_fit(record, config, tiles)]
     found: list[dict[str, Any]] = []
-    for programs, fit in [*caps, *tile_fit(record, config, tiles)]:
+    for programs, fit in caps:
         if programs > held and fit not in found:
             found.append(fit)
     return found

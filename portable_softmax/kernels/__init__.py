@@ -22,20 +22,24 @@ kernel's arguments and constexprs. One module per family:
 * ``partials``: ``*_partials`` and ``*_normalize``, rows cut into parts in two launches (rows
   sharded across ranks, and the ``sliced`` regime).
 * ``loss``: ``cross_entropy_*``, the cross-entropy loss and its gradient over the same row view
-  (tiles of whole rows, or rows streamed), for ``portable_softmax.cross_entropy``.
+  (tiles of whole rows, or rows streamed), for ``portable_softmax.cross_entropy``; and
+  ``loss_split``, its forward over rows cut into chunks held by co-resident programs (the split
+  regime's items, windows and exchange).
 
 Shared pieces: ``common`` (rows of a tile, loads and stores, the forward and backward formulas),
 ``fused`` (the fused scale, masks and causal terms), ``jit`` (which decorator this copy uses).
 """
 from .loss import (cross_entropy_backward, cross_entropy_forward_loop, cross_entropy_forward_tile,
                    cross_entropy_grad_scale)
+from .loss_split import cross_entropy_forward_split
 from .partials import (softmax_backward_normalize, softmax_backward_partials, softmax_forward_normalize,
                        softmax_forward_partials)
 from .rows import softmax_backward_loop, softmax_backward_tile, softmax_forward_loop, softmax_forward_tile
 from .split import softmax_backward_split, softmax_forward_split
 
 __all__ = [
-    "cross_entropy_backward", "cross_entropy_forward_loop", "cross_entropy_forward_tile", "cross_entropy_grad_scale",
+    "cross_entropy_backward", "cross_entropy_forward_loop", "cross_entropy_forward_split", "cross_entropy_forward_tile",
+    "cross_entropy_grad_scale",
     "softmax_backward_loop", "softmax_backward_normalize", "softmax_backward_partials", "softmax_backward_split",
     "softmax_backward_tile", "softmax_forward_loop", "softmax_forward_normalize", "softmax_forward_partials",
     "softmax_forward_split", "softmax_forward_tile",

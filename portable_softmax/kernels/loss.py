@@ -32,8 +32,11 @@ Kernels (``variants.LOSS_KERNELS``):
   rescales it, ``cross_entropy_grad_scale``).
 * ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum kept per
   lane, reduced across threads once a row; the target's logit one load a row): loss
-  rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that finds
-  the row in L2 (asked to keep it): memory still sees one read and one write.
+  rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that the
+  first pass asks L2 to serve, which it does only while the rows in flight fit there.
+* ``cross_entropy_forward_split`` (``loss_split.py``): a row's chunks held by co-resident
+  programs that exchange their (maximum, sum), then write the gradient from their registers
+  and their shares of the loss: one read, one write, for class targets.
 * ``cross_entropy_backward``: the gradient streamed from the saved lse and the incoming gradient
   (one value, or one per position for ``reduction='none'``): one read, one write.
 * ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
@@ -132,18 +135,43 @@ def _smoothed(q, mask, smoothing, n_cols, SMOOTHING: tl.constexpr):
 def _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
               weight_sum, smoothing, z_loss, n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr,
               Z_LOSS: tl.constexpr):
-    """A row's loss from its sums (module docstring): scaled, 0 (times the scale) where ignored,
-    NaN for a target outside the classes or a +inf logit (torch's log_softmax gives NaN there)."""
+    """A row's loss from its sums (module docstring)."""
+    ce = _cross_entropy(lse, z_t, w_t, smooth_sum, prob_sum, prob_dot, weight_sum, smoothing, n_cols, PROB_TARGET,
+                        SMOOTHING)
+    return _scaled_loss(ce, lse, row_max, ignored, valid, ce_scale, z_scale, z_loss, Z_LOSS)
+
+
+@_jit
+def _cross_entropy(lse, z_t, w_t, smooth_sum, prob_sum, prob_dot, weight_sum, smoothing, n_cols,
+                   PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr):
+    """A row's cross-entropy term ce (module docstring), unscaled."""
     if PROB_TARGET:
         ce = prob_sum * lse - prob_dot
     else:
         ce = w_t * (lse - z_t)
         if SMOOTHING:
             ce = (1.0 - smoothing) * ce + smoothing / n_cols * (weight_sum * lse - smooth_sum)
+    return ce
+
+
+@_jit
+def _scaled_loss(ce, z_lse, row_max, ignored, valid, ce_scale, z_scale, z_loss, Z_LOSS: tl.constexpr):
+    """ce times the reduction's scale, plus the z-loss of ``z_lse`` (the row's lse): 0 (times the
+    scales) where ignored, NaN for a target outside the classes or a +inf logit (torch's
+    log_softmax gives NaN there)."""
     loss = tl.where(ignored, 0.0, ce) * ce_scale
     if Z_LOSS:
-        loss += tl.where(ignored, 0.0, z_loss * lse * lse) * z_scale
+        loss += tl.where(ignored, 0.0, z_loss * z_lse * z_lse) * z_scale
     return tl.where((valid | ignored) & (row_max != float("inf")), loss, float("nan"))
+
+
+@_jit
+def _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
+                lse_row_stride, loss, lse, lse_mask):
+    """Store each row's loss (its rows' value, or a split chunk's share of it: the caller's
+    ``loss_ptr`` points at its slab) and, where ``lse_mask``, its lse."""
+    tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
+    tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=lse_mask)
 
 
 @_jit
@@ -155,11 +183,20 @@ def _row_lse(row_max, total):
 
 
 @_jit
-def _grad(z, t, mask, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing,
-          z_loss, n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr,
-          SOFTCAP: tl.constexpr):
-    """d loss row / d x of a block ([rows, cols]; module docstring), in the accumulation type."""
-    p = tl.exp2((z - lse[:, None]) * LOG2E)
+def _grad(z, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
+          n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr):
+    """d loss row / d x of a block ([rows, cols]; module docstring) from its logits z (padding
+    -inf), in the accumulation type."""
+    return _grad_of(tl.exp2((z - lse[:, None]) * LOG2E), t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale,
+                    z_scale, weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+
+
+@_jit
+def _grad_of(p, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
+             n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr,
+             SOFTCAP: tl.constexpr):
+    """``_grad`` from the block's probabilities p = exp(z - lse) (0 past the row), which a split
+    chunk forms from the exponentials it summed (``loss_split``)."""
     if PROB_TARGET:
         g = (p * prob_sum[:, None] - w * q) * ce_scale
     else:
@@ -230,11 +267,11 @@ def cross_entropy_forward_tile(
             prob_dot = z_t
         loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
                          weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
-        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
-        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=row_mask)
+        _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
+                    lse_row_stride, loss, lse, row_mask)
         if WRITE_GRAD:
-            g = _grad(z, t, mask, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum,
-                      smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+            g = _grad(z, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing,
+                      z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g)
 
@@ -259,7 +296,7 @@ def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, targe
                                 target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
         else:
             q = w
-        g = _grad(z, t, mask, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
+        g = _grad(z, t, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
                   weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
         _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g * factor[:, None])
 
@@ -374,8 +411,8 @@ def cross_entropy_forward_loop(
         lse = _row_lse(row_max, total)
         loss = _row_loss(lse, row_max, z_t, w_t, smooth_sum, prob_sum, prob_dot, ignored, valid, ce_scale, z_scale,
                          weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS)
-        tl.store(loss_ptr + _row_starts(outer, rows, loss_outer_stride, loss_row_stride, False), loss, mask=row_mask)
-        tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse, mask=row_mask)
+        _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
+                    lse_row_stride, loss, lse, row_mask)
         if WRITE_GRAD:
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,

@@ -1,0 +1,431 @@
+"""Cross-entropy over a vocabulary sharded across ranks (tensor parallelism): ``cross_entropy``
+(``portable_softmax.distributed.cross_entropy``) and the DTensor inputs of
+``portable_softmax.cross_entropy`` sharded on the class dimension (torch's ``loss_parallel``).
+
+Each rank of the group holds a contiguous slice of the classes, in rank order (slices may differ in
+length; one may be empty). The targets (global class indices), the class weights (all C of them,
+as torch's ``loss_parallel`` takes them: replicated) and the options are the same on every rank.
+Every rank returns the loss of the whole; the backward writes the local slice's gradient. Only
+per-row statistics cross ranks, float32 (float64 for float64 logits): two all-reduces in the
+forward, none in the backward.
+
+1. The cross-entropy forward kernel over the local slice (every position ignored: lse alone,
+   ``loss_rows.lse_rows``'s use) gives each row's lse_r of the slice, after the softcap. With label
+   smoothing, the same kernel with probability targets of 1 everywhere (one value, strides 0) gives
+   lse_r and A lse_r - S_r, A = sum_c w_c, S_r = sum_c w_c z_c: the slice's smoothing sum (with
+   class weights after step 2, which gives the slice's offset into them: one more read).
+2. ``all_reduce(MAX)`` of [lse_r, the slices' sizes]: each rank writes its own size in its own
+   place among zeros, so every rank receives every size, on the device: the slice's offset and C
+   with no collective of their own, no host synchronisation and no cache (a cache that one rank
+   misses alone would leave it waiting in a collective the others never enter).
+3. ``all_reduce(SUM)`` of [exp(lse_r - M), z_t where the target falls in this slice (one gathered
+   logit a row), S_r]: M + log of the first is the whole row's LSE.
+4. Each row's loss from ``kernels/loss.py``'s formulas with the whole row's LSE, z_t, S, W and C
+   (torch operations on one value a row).
+
+The backward: with P_j = exp(z_j - LSE), s'_j the softcap's 1 - tanh^2 (1 without it), dl the
+incoming gradient of the row and ce, zs the reduction's factors,
+
+    d loss / d z_j = dl (a P_j - b w_j - c [j == t]) s'_j
+    a = ((1 - eps) w_t + eps W / C) ce + 2 z_loss LSE zs,  b = eps ce / C,  c = (1 - eps) w_t ce
+
+is the loss backward kernel's with eps' = 1 (which drops its target term: the target may lie on
+another rank) and the whole row's LSE for its lse: per row it writes f (k P_j - u_j / C_l) s'_j,
+f and k ours to choose through its incoming gradient and its stats. Without smoothing, zero
+weights u (its uniform term silenced) and f = dl a; with unweighted smoothing, u = 1 and f, k
+from b and a (``_kernel_call``); with weighted smoothing, the former and the term b w_j added by
+torch operations. The target's own column, where this slice holds it, is then written from its
+logit (one value a row, gathered and scattered), rounded once as the kernel rounds. One read and
+one write of the slice; with the forward's read, the floor of three passes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple, Optional, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from portable_softmax import loss, loss_rows
+from portable_softmax.loss_rows import Options
+
+_NAME = "portable_softmax.distributed.cross_entropy"
+# Slice sizes cross the MAX all-reduce in the partials' dtype as two parts, each exact in float32.
+_SIZE_SPLIT = 1 << 12
+
+
+class Exchanged(NamedTuple):
+    """What the forward keeps for the gradient: per row (the positions' shape) and the call's
+    values on the device."""
+
+    kernel_target: torch.Tensor  # -1 ignored, 0 counted, n_local where the target names no class
+    counted: torch.Tensor  # the target is not ignore_index
+    held: torch.Tensor  # counted, and this slice holds the target
+    index: torch.Tensor  # the target's column in this slice (0 where it holds none)
+    target_logit: torch.Tensor  # x_t as read (before the softcap), where held
+    lse: torch.Tensor  # the whole row's
+    target_weight: torch.Tensor  # w_t (1 unweighted)
+    scales: torch.Tensor  # [ce, zs, C, W]: the reduction's factors, the classes, their summed weights
+    local_weight: Optional[torch.Tensor]  # this slice's class weights (weighted calls)
+
+    def rows(self, start: int, stop: int) -> Exchanged:
+        """The values of rows [start, stop) (of a 2-D call's)."""
+        return Exchanged(*(t[start:stop] for t in self[:_PER_ROW]), *self[_PER_ROW:])
+
+    @staticmethod
+    def joined(parts: list[Exchanged]) -> Exchanged:
+        """The values of consecutive blocks of rows (one call's, in chunks) as one."""
+        return Exchanged(*(torch.cat(ts) for ts in zip(*(p[:_PER_ROW] for p in parts))), *parts[0][_PER_ROW:])
+
+
+# Exchanged's fields of one value per row come first.
+_PER_ROW = 7
+
+
+def _group_ranks(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{_NAME}: torch.distributed is not initialized (call init_process_group first)")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _capped(x: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
+    return x if softcap is None else softcap * torch.tanh(x / softcap)
+
+
+def _local_statistics(x: torch.Tensor, local_weight: Optional[torch.Tensor], options: Options,
+                      smoothing: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The slice's lse per row and, with ``smoothing``, its S_r = sum_c w_c z_c (module
+    docstring, step 1); -inf and 0 for an empty slice."""
+    acc = loss_rows._acc(x.dtype)
+    positions = loss_rows._positions(x.shape)
+    lse = torch.empty(positions, dtype=acc, device=x.device)
+    if x.shape[1] == 0 or lse.numel() == 0:
+        return lse.fill_(-math.inf), (torch.zeros_like(lse) if smoothing else None)
+    if smoothing:
+        # Probability targets of 1: the row is A lse - sum_c w_c z_c (kernels/loss.py).
+        target = torch.ones((), dtype=acc, device=x.device).expand(x.shape)
+        kernel_options = Options(x.shape[1], True, "none", -100, 0.0, 0.0, options.softcap, local_weight is not None)
+    else:
+        target = torch.full((), -1, dtype=torch.int32, device=x.device).expand(positions)
+        kernel_options = Options(x.shape[1], False, "none", -1, 0.0, 0.0, options.softcap, False)
+        local_weight = None
+    rows = torch.empty_like(lse)
+    stats = loss_rows._stats(x, target, local_weight, kernel_options)
+    if not loss_rows.launch_forward(x, target, local_weight, stats, rows, lse, None, kernel_options):
+        loss_rows.launch_forward(x.contiguous(), target, local_weight, stats, rows, lse, None, kernel_options)
+    if not smoothing:
+        return lse, None
+    summed = local_weight.sum(dtype=acc) if local_weight is not None else float(x.shape[1])
+    return lse, summed * lse - rows
+
+
+def _sizes_code(n_local: int, rank: int, ranks: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """This rank's slice size in its place among zeros (two parts), for the MAX all-reduce: a
+    device constant, made once."""
+    code = [0.0] * (2 * ranks)
+    code[2 * rank], code[2 * rank + 1] = float(n_local // _SIZE_SPLIT), float(n_local % _SIZE_SPLIT)
+    return loss_rows._constant(device, dtype, tuple(code))
+
+
+def _target_weights(target: torch.Tensor, counted: torch.Tensor, weight: Optional[torch.Tensor],
+                    acc: torch.dtype) -> torch.Tensor:
+    """w_t of each counted position (1 unweighted, 0 ignored). A target outside the classes reads
+    class 0's weight here: its loss is NaN anyway."""
+    if weight is None:
+        return counted.to(acc)
+    return weight.to(acc)[target.clamp(0, weight.shape[0] - 1)].masked_fill(~counted, 0)
+
+
+def factors(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options, acc: torch.dtype) -> torch.Tensor:
+    """The reduction's factors [ce, zs] of a batch of targets, on the device: 1 / the denominators
+    of 'mean' (the summed weights of the counted targets, their count: ``loss_rows._stats``'s),
+    1 otherwise."""
+    if options.reduction != "mean":
+        return loss_rows._constant(target.device, acc, (1.0, 1.0))
+    counted = target != options.ignore_index
+    return 1.0 / torch.stack([_target_weights(target, counted, weight, acc).sum(), counted.sum(dtype=acc)])
+
+
+def _check(target: torch.Tensor, valid: torch.Tensor, counted: torch.Tensor, n_classes: int,
+           weight: Optional[torch.Tensor]) -> None:
+    """On CPU, where it costs no synchronisation (every rank raises alike: they hold the same
+    targets): the slices add up to the class weights, every counted target names a class."""
+    if weight is not None and weight.shape[0] != n_classes:
+        raise ValueError(f"{_NAME}: weight has {weight.shape[0]} values but the slices hold {n_classes} classes; "
+                         f"pass the whole class weight (C,) on every rank")
+    bad = counted & ~valid
+    if bad.any():
+        raise IndexError(f"{_NAME}: target {int(target[bad].flatten()[0])} is out of bounds for {n_classes} classes "
+                         f"(expected 0 to {n_classes - 1}, or ignore_index)")
+
+
+def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
+            group: Optional[dist.ProcessGroup], scales: Optional[torch.Tensor] = None
+            ) -> tuple[torch.Tensor, Exchanged]:
+    """The loss rows (scaled by the reduction's factors, in the accumulation dtype) of an (N, C_l,
+    ...) slice and what the gradient needs (module docstring, steps 1 to 4). ``scales``: the
+    reduction's factors [ce, zs] of a larger batch this is part of (formed here otherwise)."""
+    rank, ranks = _group_ranks(group)
+    acc = loss_rows._acc(x.dtype)
+    n_local = x.shape[1]
+    eps, weighted = options.smoothing, weight is not None
+    counted = target != options.ignore_index
+    w_t = _target_weights(target, counted, weight, acc)
+    scales = factors(target, weight, options, acc) if scales is None else scales
+    # Weighted smoothing needs the slice's weights, which need its offset: S_r after the exchange.
+    lse, smooth_sum = _local_statistics(x, None, options, eps > 0 and not weighted)
+    peak = torch.cat([lse.flatten(), _sizes_code(n_local, rank, ranks, acc, x.device)])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    sizes = peak[lse.numel():].view(ranks, 2).to(torch.int64)
+    sizes = sizes[:, 0] * _SIZE_SPLIT + sizes[:, 1]
+    offset, n_classes = sizes[:rank].sum(), sizes.sum()
+    row_max = peak[:lse.numel()].view(lse.shape)
+    valid = (target >= 0) & (target < n_classes)
+    if x.device.type == "cpu":
+        _check(target, valid, counted, int(n_classes), weight)
+    local_weight = None
+    if weighted and eps > 0:
+        local_weight = weight.index_select(0, offset + torch.arange(n_local, device=x.device))
+        _, smooth_sum = _local_statistics(x, local_weight, options, True)
+    column = target - offset
+    held = counted & (column >= 0) & (column < n_local)
+    index = torch.where(held, column, 0).unsqueeze(1)
+    if n_local:
+        x_t = torch.where(held, x.gather(1, index).squeeze(1).to(acc), 0.0)
+    else:
+        x_t = torch.zeros_like(lse)
+    reference = torch.where(row_max == -math.inf, 0.0, row_max)
+    parts = [torch.exp(lse - reference), torch.where(held, _capped(x_t, options.softcap), 0.0)]
+    if smooth_sum is not None:
+        parts.append(smooth_sum)
+    summed = torch.stack(parts)
+    if summed.numel():
+        dist.all_reduce(summed, group=group)
+    lse = reference + torch.log(summed[0])
+    z_t = summed[1]
+    classes = n_classes.to(acc)
+    weight_sum = weight.sum(dtype=acc) if weighted else classes
+    if weighted:
+        # A weight of another length than the slices' sum (raised on CPU) poisons the result.
+        lse = torch.where(classes == weight.shape[0], lse, math.nan)
+    rows = (1.0 - eps) * w_t * (lse - z_t)
+    if eps > 0:
+        rows = rows + eps / classes * (weight_sum * lse - summed[2])
+    rows = torch.where(counted, rows, 0.0) * scales[0]
+    if options.z_loss:
+        rows = rows + torch.where(counted, options.z_loss * lse * lse, 0.0) * scales[1]
+    rows = torch.where(counted & ~valid, math.nan, rows)
+    kernel_target = torch.where(counted, torch.where(valid, 0, n_local), -1)
+    values = torch.cat([scales, torch.stack([classes, weight_sum])])
+    return rows, Exchanged(kernel_target, counted, held, index, x_t, lse, w_t, values, local_weight)
+
+
+def _coefficients(saved: Exchanged, options: Options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """a and c per row, and b, of the module docstring's gradient."""
+    ce, zs, classes, weight_sum = saved.scales
+    eps, w_t = options.smoothing, saved.target_weight
+    a = ((1.0 - eps) * w_t + eps * weight_sum / classes) * ce + 2.0 * options.z_loss * zs * saved.lse
+    return a, eps * ce / classes, (1.0 - eps) * w_t * ce
+
+
+def _kernel_call(saved: Exchanged, incoming: torch.Tensor, a: torch.Tensor, b: torch.Tensor, options: Options,
+                 n_local: int) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Options]:
+    """The loss backward kernel's per-row incoming gradient, weights, stats and options that make
+    it write f (k P_j - u_j / C_l) s'_j as the module docstring's gradient needs."""
+    ce, zs, classes, _ = saved.scales
+    eps, zl = options.smoothing, options.z_loss
+    one = torch.ones((), dtype=a.dtype, device=a.device)
+    softcap = one * (options.softcap or 1.0)
+    if eps > 0 and not options.weighted:
+        # u = 1 (unweighted): f = dl b C_l, and k = a / (b C_l) = W' / C_l + 2 zl' LSE.
+        factor = torch.where(saved.counted, incoming * b * n_local, 0.0)
+        stats = torch.stack([one, one, classes / eps, one, zl * zs / (b * n_local), softcap])
+        return factor, None, stats, Options(n_local, False, "none", -1, 1.0, zl, options.softcap, False)
+    # u = 0 (the uniform term silenced), k = 1: f = dl a.
+    factor = torch.where(saved.counted, incoming * a, 0.0)
+    stats = torch.stack([one, one, one * n_local, one, one * 0.0, softcap])
+    zeros = torch.zeros(n_local, dtype=a.dtype, device=a.device)
+    return factor, zeros, stats, Options(n_local, False, "none", -1, 1.0, 0.0, options.softcap, True)
+
+
+def _uniform_term(x: torch.Tensor, saved: Exchanged, incoming: torch.Tensor, b: torch.Tensor,
+                  options: Options) -> torch.Tensor:
+    """dl b w_j s'_j over the slice (weighted smoothing: the zero weights left it out of the
+    kernel's gradient), in the accumulation dtype."""
+    acc = saved.lse.dtype
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    term = (incoming * b * saved.counted).unsqueeze(1) * saved.local_weight.to(acc).view(shape)
+    if options.softcap is not None:
+        term = term * (1.0 - torch.tanh(x.to(acc) / options.softcap) ** 2)
+    return term
+
+
+def gradient(x: torch.Tensor, saved: Exchanged, dloss: torch.Tensor, options: Options,
+             inplace: bool = False) -> torch.Tensor:
+    """d loss / d x of the local slice from the forward's ``saved`` values and the incoming
+    gradient (one value, or one per position for 'none'); into x's storage with ``inplace``."""
+    n_local = x.shape[1]
+    if n_local == 0 or x.numel() == 0:
+        return torch.zeros_like(x)
+    acc = saved.lse.dtype
+    incoming = dloss.to(acc) if options.reduction == "none" else dloss.to(acc).reshape(()).expand(saved.lse.shape)
+    a, b, c = _coefficients(saved, options)
+    # Formed before the kernel, which may write over x.
+    uniform = _uniform_term(x, saved, incoming, b, options) if options.smoothing > 0 and options.weighted else None
+    factor, kernel_weight, stats, kernel_options = _kernel_call(saved, incoming, a, b, options, n_local)
+    grad = loss_rows.backward(x, saved.kernel_target, kernel_weight, stats, saved.lse, factor, kernel_options, inplace)
+    if uniform is not None:
+        grad.copy_(grad.to(acc) - uniform)
+    # The target's column, where this slice holds it, from its logit: rounded once.
+    value = incoming * (a * torch.exp(_capped(saved.target_logit, options.softcap) - saved.lse)
+                        - b * saved.target_weight - c)
+    if options.softcap is not None:
+        value = value * (1.0 - torch.tanh(saved.target_logit / options.softcap) ** 2)
+    current = grad.gather(1, saved.index)
+    grad.scatter_(1, saved.index, torch.where(saved.held.unsqueeze(1), value.unsqueeze(1).to(grad.dtype), current))
+    return grad
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
+                group: Optional[dist.ProcessGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, saved = forward(x, target, weight, options, group)
+        ctx.options = options
+        ctx.save_for_backward(x, *saved)
+        lse = saved.lse
+        ctx.mark_non_differentiable(lse)
+        return loss_rows._reduced(rows, x.dtype, options), lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dloss: torch.Tensor, _: Optional[torch.Tensor]):
+        x, *saved = ctx.saved_tensors
+        return gradient(x, Exchanged(*saved), dloss, ctx.options), None, None, None, None
+
+
+def validate(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+             reduction: str, label_smoothing: float, z_loss: float, softcap: Optional[float]) -> Options:
+    """The options of a call (``n_classes``: the local slice's), or one error naming the argument."""
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        raise NotImplementedError(f"{_NAME}: class probabilities over a sharded vocabulary are not supported "
+                                  f"(neither are they by torch's loss_parallel); pass class indices")
+    options = loss_rows.validate(logits, target, None, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 1:
+            raise TypeError(f"{_NAME}: weight must be a 1-D floating tensor of one value per class (all C classes, "
+                            f"as every rank holds it), got {getattr(weight, 'shape', type(weight).__name__)}")
+        if weight.device != logits.device:
+            raise ValueError(f"{_NAME}: weight is on {weight.device}, logits on {logits.device}; move it there")
+    return dataclasses.replace(options, weighted=weight is not None)
+
+
+def cross_entropy(logits_local: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, *,
+                  group: Optional[dist.ProcessGroup] = None, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None,
+                  return_lse: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The cross-entropy of logits whose classes the ranks of ``group`` hold in slices, as
+    ``portable_softmax.cross_entropy`` of the whole logits (its options, torch's semantics).
+
+    Args:
+        logits_local: this rank's slice of the classes, (C_l,), (N, C_l) or (N, C_l, d1, ...);
+            the slices are contiguous and in rank order, of any lengths (0 too).
+        target: class indices into all C classes, the same on every rank, shape (), (N) or
+            (N, d1, ...).
+        weight: a weight per class, all C of them (as torch's ``loss_parallel`` takes a
+            replicated weight), the same on every rank.
+        group: the process group holding the slices (default: the world).
+        ignore_index, reduction, label_smoothing, z_loss, softcap, return_lse: as
+            ``portable_softmax.cross_entropy``'s.
+
+    Returns:
+        The loss of the whole on every rank (with ``return_lse``, also the whole row's lse per
+        position, float32), differentiable once with respect to ``logits_local``: the backward
+        writes this slice's gradient and takes no collective.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        TypeError, ValueError: an argument of the wrong type, shape, device or range (named).
+        NotImplementedError: class probabilities as the target.
+        IndexError: on CPU, a counted target outside [0, C) (on an accelerator its loss is NaN), or
+            (ValueError) a weight whose length is not the slices' sum.
+    """
+    options = validate(logits_local, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    x = loss._after_autocast(logits_local)
+    one_dim = x.dim() == 1
+    if one_dim:
+        x, target = x.unsqueeze(0), target.reshape(1)
+    if torch.is_grad_enabled() and x.requires_grad:
+        result, lse = _VocabParallelCrossEntropy.apply(x, target, weight, options, group)
+    else:
+        rows, saved = forward(x, target, weight, options, group)
+        result, lse = loss_rows._reduced(rows, x.dtype, options), saved.lse
+    if one_dim:
+        lse = lse.reshape(())
+        result = result.reshape(()) if options.reduction == "none" else result
+    return (result, lse) if return_lse else result
+
+
+def _dtensor_cross_entropy(input: Any, target: Any, weight: Any, *, ignore_index: int, reduction: str,
+                           label_smoothing: float, z_loss: float, softcap: Optional[float], return_lse: bool,
+                           inplace_backward: bool) -> Any:
+    """``portable_softmax.cross_entropy`` of DTensor logits. Sharded on the class dimension (over
+    one mesh dimension): ``cross_entropy`` over that mesh dimension's group, with torch's
+    ``loss_parallel`` placements (target: the input's, the class dimension's shard replicated
+    and later dimensions' shards shifted down; 'none' and lse placed as it, 'sum' replicated over
+    the class shards and partial over the others, 'mean' on a one-dimensional mesh only). Not
+    sharded on it: torch's own cross-entropy of the DTensor (which propagates its placements)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    class_dim = 0 if input.dim() == 1 else 1
+    placements = tuple(input.placements)
+    sharded = [i for i, p in enumerate(placements) if p.is_shard(class_dim)]
+    if not sharded:
+        if z_loss or softcap is not None or return_lse or inplace_backward:
+            raise NotImplementedError("portable_softmax.cross_entropy: z_loss, softcap, return_lse and "
+                                      "inplace_backward of a DTensor need it sharded on the class dimension")
+        return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
+                               label_smoothing=label_smoothing)
+    if len(sharded) > 1 or any(not (p.is_shard() or p.is_replicate()) for p in placements):
+        raise NotImplementedError(f"portable_softmax.cross_entropy: a DTensor sharded on the class dimension over one "
+                                  f"mesh dimension, the others sharded or replicated, got {placements}")
+    if inplace_backward:
+        raise NotImplementedError("portable_softmax.cross_entropy: inplace_backward of a DTensor is not supported")
+    mesh, tp = input.device_mesh, sharded[0]
+    if reduction == "mean" and mesh.ndim > 1:
+        raise NotImplementedError("portable_softmax.cross_entropy: reduction='mean' of a DTensor on a mesh of "
+                                  f"{mesh.ndim} dimensions (as torch's loss_parallel); use 'sum' or 'none'")
+    positions = tuple(Replicate() if i == tp or not p.is_shard() else Shard(p.dim - (p.dim > class_dim))
+                      for i, p in enumerate(placements))
+    if isinstance(target, DTensor):
+        if tuple(target.placements) != positions:
+            raise ValueError(f"portable_softmax.cross_entropy: target placements {tuple(target.placements)}, "
+                             f"expected {positions} for input placements {placements}")
+        target = target.to_local()
+    elif any(p.is_shard() for p in positions):
+        raise ValueError(f"portable_softmax.cross_entropy: target must be a DTensor placed {positions} (a plain "
+                         f"tensor would be ambiguous: the whole or this rank's shard)")
+    if isinstance(weight, DTensor):
+        weight = weight.full_tensor()
+    result, lse = cross_entropy(input.to_local(), target, weight, group=mesh.get_group(tp), ignore_index=ignore_index,
+                                reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                                return_lse=True)
+    shape = input.shape[:class_dim] + input.shape[class_dim + 1:]
+
+    def placed(t: torch.Tensor, where: tuple, size: tuple) -> Any:
+        stride = torch.empty(size, device="meta").stride()
+        return DTensor.from_local(t, mesh, where, run_check=False, shape=torch.Size(size), stride=stride)
+
+    if reduction == "none":
+        result = placed(result, positions, shape)
+    else:
+        result = placed(result, tuple(Partial() if p.is_shard() else Replicate() for p in positions), ())
+    return (result, placed(lse, positions, shape)) if return_lse else result
+
+
+# DTensor logits reach ``_dtensor_cross_entropy`` through ``loss.cross_entropy``.
+loss.use_dtensor(_dtensor_cross_entropy)
+
+__all__ = ["cross_entropy", "factors", "forward", "gradient"]

@@ -1,0 +1,183 @@
+"""The cross-entropy's split regime: ``cross_entropy_forward_split``, a row cut into ``CHUNKS``
+chunks held by as many programs at once, with the softmax split regime's items, aligned windows
+and exchange (``split.py``, ``windows.py``, ``exchange.py``). The forward then reads the logits
+once and, with ``WRITE_GRAD``, writes the gradient from the registers that hold them: memory
+sees one read and one write, where the loop regime streams each row twice.
+
+Each chunk publishes its (maximum, sum of exponentials) and reads its row's from every chunk
+(``exchange._exchange``, with its ``PHASE``: one launch whose programs wait on their peers, or
+two where they cannot). It then knows the row's lse and writes:
+
+* its columns of the gradient (``loss._grad_of``: float32, rounded once, the tile kernel's
+  formula), p taken from the exponentials it summed;
+* its share of the row's loss, into its slab of ``loss``: a (CHUNKS, positions) float32 buffer
+  that the caller sums over the chunks, so that no second exchange and no float atomic is needed
+  and the sum is the same in every run. The share of the chunk whose columns hold the target
+  (chunk 0 where the target names no class) holds the terms of the whole row (lse's, the target
+  logit's, which it loads alone, and the z-loss); every chunk's holds the smoothing's sum over its
+  own columns, -eps / C sum_c w_c z_c. Each share is scaled and masked as the row's loss
+  (``loss._scaled_loss``): ignored rows give 0 times the scale in every chunk, a target outside
+  the classes NaN;
+* that chunk the row's lse.
+
+Class targets only: a probability target's loss needs its own sums over the row, which this
+kernel does not exchange (the planner keeps them on tiles and loops). float32 accumulation only:
+the exchange packs float32 partials (the planner keeps float64 rows off the split path).
+"""
+from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
+from .common import LOG2E, _cast, _load, _row_starts
+from .exchange import EXCHANGE_PUBLISH, _empty_last, _empty_previous, _exchange, _float_bits
+from .loss import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
+                   _target_logit, _weights)
+from .split import _split_item, _split_items, _staged_columns
+from .windows import _edge_columns, _edge_load, _edge_store, _output_window, _split_window, _window_store
+
+
+@_jit
+def cross_entropy_forward_split(
+    x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr,
+    n_items, tiles_per_outer, rows_per_outer, n_cols,
+    x_outer_stride, x_row_stride, x_col_stride, target_outer_stride, target_row_stride, target_col_stride,
+    loss_outer_stride, loss_row_stride, loss_col_stride, lse_outer_stride, lse_row_stride, lse_col_stride,
+    grad_outer_stride, grad_row_stride, grad_col_stride,
+    ignore_index,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
+    PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
+    WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
+    TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    # Rows of classes are taken one at a time (a tile of several would need them adjacent in
+    # memory); class targets, float32 (module docstring).
+    tl.static_assert(BLOCK_M == 1, "split cross-entropy rows are taken one at a time")
+    tl.static_assert(not PROB_TARGET, "probability targets have no split kernel")
+    tl.static_assert(not ACC_FP64, "the exchange packs float32 partials")
+    chunk_cols = tl.arange(0, BLOCK_N)
+    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)
+    # A row's shares of its loss lie a slab of one value per row apart (a tile is one row).
+    n_rows = n_items // CHUNKS
+    first, stop, step = _split_items(n_items, done_ptr, TICKETED)
+    for item in tl.range(first, stop, step, num_stages=STAGES):
+        tile, chunk, outer, rows, row_mask, cols = _split_item(
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
+        x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
+        if STAGES > 1:
+            # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
+            # the load's would be carried from stage to stage (``split._staged_columns``).
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, x_ptr.dtype.element_ty, False, "")
+            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
+                                         ALIGN, STAGES)
+            x = tl.where(mask, x, -float("inf"))
+        else:
+            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, False, "")
+        # The row's own columns (a window's less its lead: 0 without windows).
+        row_cols = cols - lead[:, None]
+        z, t = _capped(x, mask, softcap, SOFTCAP)
+        chunk_max = tl.max(z, 1)
+        if ALIGN > 1:
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+            edge_cols = edge - tl.sum(lead, 0)
+            z_edge, t_edge = _capped(_edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), x_ptr.dtype.element_ty),
+                                     edge_mask, softcap, SOFTCAP)
+            chunk_max = tl.maximum(chunk_max, tl.max(z_edge, 0))
+        else:
+            # No edges: their names stand for nothing (every use is under ALIGN > 1).
+            edge, edge_mask, edge_cols, z_edge, t_edge = lead, row_mask, lead, chunk_max, chunk_max
+        # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
+        ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+        # One exponential per element: summed now, and once lse is known, the probabilities.
+        e = tl.exp2((z - ref[:, None]) * LOG2E)
+        total = tl.sum(e, 1)
+        e_edge = z_edge
+        if ALIGN > 1:
+            e_edge = tl.exp2((z_edge - tl.sum(ref, 0)) * LOG2E)
+            total += tl.sum(e_edge, 0)
+        if SMOOTHING:
+            # This chunk's sum_c w_c z_c (padding is -inf: kept out of the product).
+            w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
+            smooth_sum = tl.sum(w * tl.where(mask, z, 0.0), 1)
+            if ALIGN > 1:
+                w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)
+                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
+        else:
+            smooth_sum = tl.full([BLOCK_M], 0.0, tl.float32)
+        # The row's target and its weight, loads issued before the exchange, whose round trips
+        # they overlap. The row's own terms go to the chunk whose columns hold the target (chunk 0
+        # where it names no class), which loads its logit there: a logit of its own columns,
+        # read before it writes them (``inplace_backward``: no other program writes them).
+        target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        target, ignored, valid, _, w_t = _class_terms(target_ptr, target_base, row_mask, row_cols, weight_ptr,
+                                                      ignore_index, n_cols, WEIGHT, False)
+        owns = tl.where(valid, (target + lead) // BLOCK_N, 0) == chunk
+        holds = row_mask & valid & owns
+        z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
+        packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
+        row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
+                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
+        # A row's are scalars: as blocks of its one row, as the loss's helpers take rows.
+        row_max = tl.full([BLOCK_M], 0.0, tl.float32) + row_max
+        row_total = tl.full([BLOCK_M], 0.0, tl.float32) + row_total
+        # A publishing launch writes nothing: the next one writes every chunk.
+        if PHASE != EXCHANGE_PUBLISH:
+            # A row of -inf only has lse -inf, as torch's logsumexp (its peers' sums are 0 * NaN).
+            lse = tl.where(row_max == -float("inf"), -float("inf"), row_max + tl.log(row_total))
+            # The row's terms (lse - z_t formed at once, as the tile kernel does) and its z-loss in
+            # the owner's share; every share the smoothing's sum over its own columns.
+            ce = _cross_entropy(lse, z_t, w_t, smooth_sum, w_t, w_t, weight_sum, smoothing, n_cols, False, SMOOTHING)
+            ce = tl.where(owns, ce, -smoothing / n_cols * smooth_sum)
+            share = _scaled_loss(ce, tl.where(owns, lse, 0.0), row_max, ignored, valid, ce_scale, z_scale, z_loss,
+                                 Z_LOSS)
+            _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride,
+                        lse_outer_stride, lse_row_stride, share, lse, row_mask & owns)
+            if WRITE_GRAD:
+                _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
+                                row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
+                                rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
+                                ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
+                                Z_LOSS, SOFTCAP, ALIGN, SHIFTED)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                PHASE)
+
+
+@_jit
+def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max, row_max,
+                    lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer, rows, row_mask,
+                    grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk, ce_scale, z_scale, weight_sum,
+                    smoothing, z_loss, softcap, BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr,
+                    Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
+    """Write a chunk's columns of the gradient (``loss._grad_of``) from its exponentials ``e``
+    (and its window's edges'), p = e exp(its maximum - lse); then, where the chunk ``holds`` the
+    target, the target's column again, with its one-hot term.
+
+    Every column is first written without the one-hot term: telling the target's column apart at
+    every column would hold a compare (a register an element) across the exchange: on sm_90 the
+    bf16 forward by ticket in chunks of 8192 took 138 registers at 4 warps against 107 (107
+    against 52 at 8), and occupancy with them. The target's value, from its logit (one load) in float32 as the rest, is
+    stored after a barrier, which orders it behind the program's other stores of that column
+    (PTX: the barrier performs the threads' prior accesses relative to every thread of the
+    program). Triton does not software-pipeline a loop that holds a barrier: the planner gives
+    this form one stage (``loss_planner.plan_loss``)."""
+    # A chunk of -inf only scales its zeros by exp(row maximum - lse): 0, or NaN for a row of
+    # -inf only, as the tile kernel's p.
+    scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
+    w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
+    g = _grad_of(e * scale[:, None], t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
+                 weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+    grad_row = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
+    grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
+    _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
+                  BLOCK_N, ALIGN, SHIFTED)
+    if ALIGN > 1:
+        w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
+        g_edge = _grad_of((e_edge * tl.sum(scale, 0))[None, :], t_edge[None, :], lse, edge_mask[None, :] & False, w_t,
+                          w_edge, w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
+                          n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+        _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
+    tl.debug_barrier()
+    # The target's tanh from its capped logit (z = softcap tanh): the derivative's 1 - tanh^2.
+    p_t = tl.exp2((z_t - lse) * LOG2E)[:, None]
+    g_t = _grad_of(p_t, (z_t / softcap)[:, None], lse, holds[:, None], w_t, w_t[:, None], w_t[:, None], w_t, ignored,
+                   valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+    tl.store(grad_ptr + grad_row + tl.where(holds, target, 0) * grad_col_stride,
+             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds)
