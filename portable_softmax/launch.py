@@ -2,9 +2,10 @@
 
 A *launch record* is built once per call signature (device, dtypes, shape, strides, the 16-byte
 alignment Triton specialises pointers on, direction, variant): the plan, the compiled binary,
-the grid, the scalar arguments and the scratch. Building one plans the launch from the compiled
-kernel's resources (``planner.plan_launch``), compiles, and makes the first launch through
-Triton's ``kernel[grid](...)``, whose cooperative refusals are answered with a smaller grid. Later
+the grid, the scalar arguments and the scratch. Building one plans the launch from the known
+resources of the kernel's variants and compiles only the one it launches, checked against the plan
+(``launch_plan``), and makes the first launch through Triton's ``kernel[grid](...)``, whose
+cooperative refusals are answered with a smaller grid. Later
 calls with the same signature find the record in a dictionary and launch through the compiled
 kernel's own launcher (``compat.direct_launcher``): no planning, compiling, argument binding or
 device query.
