@@ -7,7 +7,9 @@ launch layer told that the device is an H100 (its recorded profile) and its comp
 ``compile_variant``, Triton's own compiler, in this process, with an empty Triton cache). Nothing
 launches: the launch records are stubs that note the variants they would launch, which the real
 first launch compiles if planning did not (a two-launch split's second phase, a sliced plan's
-phases). The time is what these compiles take on this machine's CPU, not an H100 host's.
+phases). The time is what these compiles take on this machine's CPU, not an H100 host's. With
+``--detail``, each compile and what each record launches (its plan and options): run it with
+``PYTHONPATH`` at another copy of the package to compare the plans two versions make.
 
     PYTHONPATH=. python benchmarks/probes/first_call_compiles.py [--case NAME ...] [--detail]
 """
@@ -45,6 +47,7 @@ class Counter:
 
     def __init__(self) -> None:
         self.compiles: list[tuple[str, float, str]] = []
+        self.plans: list[str] = []
         self.seen: set[tuple] = set()
 
     def compile(self, kernel: Any, args: tuple, constexprs: dict, options: dict, why: str) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def _arg(value: Any) -> tuple[str, Any]:
 
 
 def _short(values: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in values.items() if k in ("BLOCK_M", "BLOCK_N", "CHUNKS", "TICKETED",
+    return ",".join(f"{k}={v}" for k, v in sorted(values.items()) if k in ("BLOCK_M", "BLOCK_N", "CHUNKS", "TICKETED",
                                                                    "STAGES", "PHASE", "num_warps", "maxnreg",
                                                                    "PER_TILE", "DENSE"))
 
@@ -92,6 +95,8 @@ def install(counter: Counter) -> None:
     class StubRecord:
         def __init__(self, kernel, backend_, device, plan, scalars, launches, options, fallback):
             self.plan = plan
+            counter.plans.append(f"{kernel.fn.__name__} {plan.regime} {plan.programs} programs, occupancy "
+                                 f"{plan.occupancy}, {_short(options)}, {_short(launches[0])}")
             self._launched = [(kernel, scalars, c, options) for c in launches]
             self._done = False
 
@@ -158,6 +163,8 @@ def _one(name: str, detail: bool) -> None:
     if detail:
         for what, seconds, why in counter.compiles:
             print(f"    {seconds:5.2f} s  {why:<12} {what}", flush=True)
+        for plan in counter.plans:
+            print(f"    launches: {plan}", flush=True)
 
 
 def main() -> int:
