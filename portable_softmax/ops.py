@@ -301,13 +301,23 @@ def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torc
     return _Call(template, record).backward
 
 
-def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool) -> torch.Tensor:
+def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool,
+              check: Optional[Callable[[torch.Tensor, torch.Tensor, int, torch.dtype], int]] = None) -> torch.Tensor:
     """The gradient with respect to the input from the output ``y`` and its gradient ``dy``;
-    ``dim`` normalized (0 <= dim < rank)."""
-    key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, dim, grad_dtype, log,
-           y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, _overrides())
-    call = _backward_calls.get(key) or _remember(_backward_calls, key,
-                                                 lambda: _backward_call(y, dy, dim, grad_dtype, log))
+    ``dim`` normalized (0 <= dim < rank), or with ``check`` (the custom operator's validation,
+    which returns the normalized dim) checked and normalized where the call is new: a repeated
+    call is one lookup and one launch. ``dy`` must have ``y``'s shape (the key holds ``y``'s)."""
+    try:
+        key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, dim, grad_dtype, log,
+               y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, _overrides())
+    except RuntimeError:
+        # Sparse, nested and MKL-DNN tensors have no strides or data pointer: the check's line.
+        if check is not None:
+            check(y, dy, dim, grad_dtype)
+        raise
+    call = _backward_calls.get(key) or _remember(
+        _backward_calls, key, lambda: _backward_call(y, dy, check(y, dy, dim, grad_dtype) if check else dim,
+                                                     grad_dtype, log))
     return call(y, dy)
 
 
