@@ -144,7 +144,6 @@ def poisoned(fn: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor
 
 def _flaggems() -> Optional[Any]:
     try:
-        import flag_gems  # noqa: F401
         from flag_gems.ops import softmax as gems
 
         return gems
@@ -421,11 +420,9 @@ def main() -> None:
     dtypes = [getattr(torch, name) for name in _env_list("SHORTBWD_DTYPES", "")] or DTYPES
     gems = _flaggems()
     # An idle GPU starts at a low clock: copy for a while first; the 1 GiB clone is the floor's copy.
-    big = torch.empty(1 << (30 if GPU else 20), dtype=torch.uint8, device=DEVICE)
-    copy_gbs = 2 * big.numel() / (min(dev_us(lambda: big.clone()) for _ in range(2)) * 1e-6) / 1e9
-    del big
-    results: dict[str, Any] = {"host": {}, "sweep": [], "device": device_record(torch.device(DEVICE)).name, "torch": torch.__version__,
-                               "triton": triton.__version__, "copy_GBs": copy_gbs, "cases": [],
+    copy_gbs = _copy_bandwidth(1 << (30 if GPU else 20))
+    results: dict[str, Any] = {"device": device_record(torch.device(DEVICE)).name, "torch": torch.__version__,
+                               "triton": triton.__version__, "copy_GBs": copy_gbs, "cases": [], "host": {}, "sweep": [],
                                "clocks_before": clocks() if GPU else ""}
     cases = []
     for dtype in dtypes:
@@ -452,6 +449,12 @@ def main() -> None:
         row["dev_frac"] = by_label[row["case"]].fraction(row.get("dev_us"))
     _dump(results, out)
     print(tables(results))
+
+
+def _copy_bandwidth(size: int) -> float:
+    """GB/s of a clone of ``size`` bytes (read and written), the faster of two timings."""
+    big = torch.empty(size, dtype=torch.uint8, device=DEVICE)
+    return 2 * size / (min(dev_us(big.clone), dev_us(big.clone)) * 1e-6) / 1e9
 
 
 def _dump(results: dict[str, Any], out: Optional[str]) -> None:
