@@ -232,7 +232,14 @@ class _Gems:
         self._context = flag_gems.use_gems(include=["softmax", "softmax_backward"])
 
     def __enter__(self) -> None:
+        import flag_gems
+
         self._context.__enter__()
+        registered = set(flag_gems.all_registered_ops())
+        if not {"softmax", "softmax_backward"} <= registered:
+            # use_gems only warns where it registers nothing: torch's kernels would be timed.
+            self._context.__exit__(None, None, None)
+            raise RuntimeError(f"flag_gems.use_gems registered {sorted(registered)}, not softmax and its backward")
 
     def __exit__(self, *exc: Any) -> None:
         self._context.__exit__(*exc)
