@@ -400,35 +400,47 @@ def _frac(value: Optional[float]) -> str:
 
 
 def tables(results: dict[str, Any]) -> str:
-    lines = [f"{results['device']} | torch {results['torch']} | triton {results['triton']} | copy "
-             f"{results['copy_GBs']:.0f} GB/s (1 GiB clone)",
-             "backward of short rows, us per call. dev: do_bench, cache flushed (frac: of a clone of the same tensor, 3 "
-             "passes over 2, as bench); kernel: the kernels alone (profiler, back to back, L2 warm); wall: back to "
-             "back; bwd(train): fwd+bwd - fwd",
-             f"{'case':>17} {'floor':>6} {'copy':>6} | {'path':>8} {'impl':>15} | {'dev':>7} {'frac':>5} {'dev2':>7} | "
-             f"{'kernel':>7} | {'wall':>7} {'bwd(train)':>10} | plan / kernels"]
-    for case in results["cases"]:
-        head = f"{case['case']:>17} {case['floor_us']:6.1f} {min(case['copy_us']):6.1f}"
-        for row in case["rows"]:
-            if "wrong" in row or "error" in row:
-                lines.append(f"{head} | {row['path']:>8} {row['impl']:>15} | {row.get('wrong') or row['error']}")
-            else:
-                lines.append(
-                    f"{head} | {row['path']:>8} {row['impl']:>15} | {_us(row.get('dev_us'))} {_frac(row.get('dev_frac'))}"
-                    f" {_us(row.get('dev2_us'))}"
-                    f" | {_us(row.get('kernel_us'))} | {_us(row.get('wall_us'))} "
-                    f"{_us(row.get('bwd_of_train_us')):>10} | {row.get('plan') or row.get('kernels', '')}")
-            head = " " * len(head)
-    lines.append(f"clocks (sm, mem, temperature, power) before: {results['clocks_before']}; after the cases: "
-                 f"{results['clocks_after_cases']}")
-    lines += ["", "host per call, (8, 781) bf16, back to back (us):"]
-    lines += [f"  {us:7.1f}  {name}" for name, us in results["host"].items()]
+    """The sweep's plans and the host table first (the log keeps them), then what the end of a
+    device call's output shows: the sweep as one line a case, and the table of every path."""
+    lines = []
     if results["sweep"]:
-        lines += ["", "our backward op under tuning rows: dev us (frac) / kernel us | plan"]
+        lines += ["our backward op under tuning rows: dev us (frac) / kernel us | plan"]
         for row in results["sweep"]:
             cell = row.get("wrong") or row.get("error") or (
                 f"{_us(row.get('dev_us'))} ({_frac(row.get('dev_frac'))}) / {_us(row.get('kernel_us'))} | {row['plan']}")
             lines.append(f"  {row['variant']:>12} {row['case']:>17}: {cell}")
+    lines += ["", "host per call, (8, 781) bf16, back to back (us):"]
+    lines += [f"  {us:7.1f}  {name}" for name, us in results["host"].items()]
+    variants = list(dict.fromkeys(row["variant"] for row in results["sweep"]))
+    if variants:
+        lines += ["", "sweep, dev frac of our backward op: " + " ".join(f"{v:>8}" for v in variants)]
+        for label in dict.fromkeys(row["case"] for row in results["sweep"]):
+            cells = []
+            for variant in variants:
+                row = next(r for r in results["sweep"] if (r["variant"], r["case"]) == (variant, label))
+                cells.append(f"{_frac(row.get('dev_frac')):>8}" if "dev_frac" in row and row["dev_frac"] else
+                             f"{'x':>8}")
+            lines.append(f"{label:>36} " + " ".join(cells))
+    lines += ["", f"{results['device']} | torch {results['torch']} | triton {results['triton']} | copy "
+              f"{results['copy_GBs']:.0f} GB/s (1 GiB clone)",
+              "us per call. dev: do_bench, cache flushed (frac: of a same-size clone, 3 passes over 2, as bench), "
+              "dev2: again, reversed order; kernel: the kernels alone (profiler, back to back, L2 warm); wall: back "
+              "to back; bwd(train): fwd+bwd - fwd",
+              f"{'case':>17} {'floor':>5} {'copy':>5} | {'path':>8} {'impl':>14} | {'dev':>7} {'frac':>5} {'dev2':>7} | "
+              f"{'kernel':>7} | {'wall':>7} {'train':>7} | plan / kernels"]
+    for case in results["cases"]:
+        head = f"{case['case']:>17} {case['floor_us']:5.1f} {min(case['copy_us']):5.1f}"
+        for row in case["rows"]:
+            if "wrong" in row or "error" in row:
+                lines.append(f"{head} | {row['path']:>8} {row['impl']:>14} | {row.get('wrong') or row['error']}")
+            else:
+                lines.append(
+                    f"{head} | {row['path']:>8} {row['impl']:>14} | {_us(row.get('dev_us'))} {_frac(row.get('dev_frac'))}"
+                    f" {_us(row.get('dev2_us'))} | {_us(row.get('kernel_us'))} | {_us(row.get('wall_us'))} "
+                    f"{_us(row.get('bwd_of_train_us'))} | {(row.get('plan') or row.get('kernels', ''))[:44]}")
+            head = " " * len(head)
+    lines.append(f"clocks (sm, mem, temperature, power) before: {results['clocks_before']}; after the cases: "
+                 f"{results['clocks_after_cases']}")
     return "\n".join(lines)
 
 
