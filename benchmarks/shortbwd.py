@@ -63,7 +63,7 @@ VARIANTS = {
     "nofill": dict(tile_wave_fill=0.0),
     "nodense": dict(dense_tiles=frozenset({"forward"})),
 }
-DEFAULT_VARIANTS = "base,ept8,ept4,tile2k,rr1024,nofill"
+DEFAULT_VARIANTS = "base,ept8,ept4,rr1024"
 
 
 DEVICE = os.environ.get("SHORTBWD_DEVICE", "cuda")
