@@ -35,6 +35,9 @@
 #                  shapes, each checked against torch in float64 first (about 6 minutes: run it
 #                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
+#   shortbwd       shortbwd.py (issue 34 item 9): the backward of short rows, op and through autograd,
+#                  ours against torch eager and FlagGems from .whl/ (do_bench, the kernels alone, wall
+#                  per call), the host's share per layer, and our backward under SHORTBWD_VARIANTS
 # Sweeps
 #   sweep          sweep.py over SWEEP_SHAPES (default: the split shapes) for the variants of
 #                  SWEEP_VARIANTS (default base) and SWEEP_DTYPES
@@ -146,6 +149,10 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
         | tee "$OUT/loss-sweep.log" ;;
     enable)
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
+    shortbwd)
+      peer_wheels
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 benchmarks/shortbwd.py "$OUT/shortbwd" 2>&1 | quiet \
+        | tee "$OUT/shortbwd.log" ;;
     real)
       peer_wheels
       peers="torch compile liger flaggems"
