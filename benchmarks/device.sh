@@ -34,10 +34,16 @@
 #                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
 #                  shapes, each checked against torch in float64 first (about 6 minutes: run it
 #                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`)
+#   losshost       loss_host.py (v29): the loss's host time per call window by window, wall per call
+#                  back to back and do_bench three times in a row, fwd+bwd and fwd, ours against torch
+#                  eager and Liger from .whl/, 8192x32000 and 4096x50257 bf16 (LOSS_HOST_CASES)
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 #   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
 #                  call after `portable-softmax warmup` (issue 34)
+#   shortbwd       shortbwd.py (issue 34 item 9): the backward of short rows, op and through autograd,
+#                  ours against torch eager and FlagGems from .whl/ (do_bench, the kernels alone, wall
+#                  per call), the host's share per layer, and our backward under SHORTBWD_VARIANTS
 # Sweeps
 #   sweep          sweep.py over SWEEP_SHAPES (default: the split shapes) for the variants of
 #                  SWEEP_VARIANTS (default base) and SWEEP_DTYPES
@@ -147,12 +153,20 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
     loss-sweep)
       timeout 570 python3 benchmarks/loss_sweep.py --json "$OUT/loss-sweep.json" ${LOSS_SWEEP_ARGS:-} 2>&1 | quiet \
         | tee "$OUT/loss-sweep.log" ;;
+    losshost)
+      peer_wheels
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 400 python3 benchmarks/loss_host.py "$OUT/losshost" 2>&1 | quiet \
+        | tee "$OUT/losshost.log" ;;
     enable)
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     firstcall)
       peer_wheels
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --out "$OUT/firstcall" 2>&1 \
         | quiet | tee "$OUT/firstcall.log" ;;
+    shortbwd)
+      peer_wheels
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 benchmarks/shortbwd.py "$OUT/shortbwd" 2>&1 | quiet \
+        | tee "$OUT/shortbwd.log" ;;
     real)
       peer_wheels
       peers="torch compile liger flaggems"

@@ -83,9 +83,22 @@ def implementations(peers: set[str]) -> dict[str, Head]:
             from quack.linear_cross_entropy import chunked_linear_cross_entropy
 
             found["quack"] = lambda h, w, t: chunked_linear_cross_entropy(h, w, t)
-        except (ImportError, OSError, RuntimeError) as error:  # CuTe DSL loads CUDA libraries on import
+        except ImportError as error:
             logger.info("quack unavailable: %s", error)
+        except Exception as error:  # noqa: BLE001 (CuTe DSL loads CUDA libraries and traces kernels on import)
+            # Installed but broken here (QuACK 0.6.5 on the H100 image, 2026-11-25: a CuTe DSL
+            # ContextVar with no semantic key): its row reports the error rather than vanishing.
+            found["quack"] = _failed(error)
     return found
+
+
+def _failed(error: Exception) -> Head:
+    """A peer that could not be set up: each call raises ``error``'s text, so its row says why."""
+    message = " ".join(repr(error).split())[:200]
+
+    def head(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"setup failed: {message}")
+    return head
 
 
 def _reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor

@@ -34,8 +34,19 @@ logger = logging.getLogger(__name__)
 # Records by call signature; bounded; emptied when what they were planned from changes.
 _records: dict[tuple, LaunchRecord] = {}
 _RECORDS_LIMIT = 4096
-TUNING.on_change(_records.clear)
-on_registry_change(_records.clear)
+# What ``loss_rows.launch_forward`` keeps per layout of its tensors (the record it launches, the
+# split plan's chunks): a repeated call is one lookup here, with no views made or records looked up.
+# Emptied with the records.
+calls: dict[tuple, Any] = {}
+
+
+def _forget() -> None:
+    _records.clear()
+    calls.clear()
+
+
+TUNING.on_change(_forget)
+on_registry_change(_forget)
 
 
 def _signature(tensors: Sequence[torch.Tensor]) -> tuple:
@@ -104,7 +115,7 @@ def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView,
     found = _records.get(key)
     if found is None:
         if len(_records) >= _RECORDS_LIMIT:
-            _records.clear()
+            _forget()
         found = _records[key] = _record(direction, tensors, view, facts, scalars)
     return found
 
@@ -131,7 +142,7 @@ def run_grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> None:
         plan = plan_elementwise(target_for(device_record(device)), grad.numel(), variants.GRAD_SCALE_BLOCK)
         kernel = getattr(_kernel_module(backend), variants.GRAD_SCALE_KERNEL)
         if len(_records) >= _RECORDS_LIMIT:
-            _records.clear()
+            _forget()
         found = _records[key] = LaunchRecord(kernel, backend, device, plan, (grad.numel(),),
                                              ({"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64},),
                                              {"num_warps": plan.num_warps, "num_stages": 1}, None)

@@ -128,26 +128,32 @@ def _constant(device: torch.device, dtype: torch.dtype, values: tuple[float, ...
 def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options) -> torch.Tensor:
     """``variants.LOSS_STATS`` on the device, in the accumulation dtype: the denominators of
     'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
-    for the z-loss; positions for probability targets), W, eps, the z-loss factor, the softcap."""
+    for the z-loss; positions for probability targets), W, eps, the z-loss factor, the softcap.
+
+    Few operations, each a launch and some microseconds of host time every call: a kept constant
+    where no value depends on the tensors; the unweighted 'mean' of class targets, the count and
+    one concatenation (three kernels)."""
     acc = _acc(x.dtype)
-    n_classes = options.n_classes
-    values: list[Union[float, torch.Tensor]] = [1.0, 1.0]
-    if options.reduction == "mean":
-        if options.prob_target:
-            positions = float(math.prod(_positions(x.shape)))
-            values = [positions, positions]
-        else:
-            counted = target != options.ignore_index
-            count = counted.sum(dtype=acc)
-            # A target outside the classes reads class 0's weight here: its loss is NaN anyway.
-            values = [weight.to(acc)[target.clamp(0, n_classes - 1)].masked_fill(~counted, 0).sum()
-                      if weight is not None else count, count]
-    values.append(weight.sum(dtype=acc) if weight is not None else float(n_classes))
-    values += [options.smoothing, options.z_loss, options.softcap or 1.0]
-    fixed = _constant(x.device, acc, tuple(0.0 if isinstance(v, torch.Tensor) else v for v in values))
-    if not any(isinstance(v, torch.Tensor) for v in values):
-        return fixed
-    return torch.stack([v.to(acc) if isinstance(v, torch.Tensor) else fixed[i] for i, v in enumerate(values)])
+    tail = (options.smoothing, options.z_loss, options.softcap or 1.0)
+    classes = float(options.n_classes)
+    counted_mean = options.reduction == "mean" and not options.prob_target
+    if weight is None:
+        if counted_mean:
+            count = torch.sum(target != options.ignore_index, dtype=acc).expand(2)
+            return torch.cat((count, _constant(x.device, acc, (classes, *tail))))
+        positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
+        return _constant(x.device, acc, (positions, positions, classes, *tail))
+    pieces = []
+    if counted_mean:
+        counted = target != options.ignore_index
+        # A target outside the classes reads class 0's weight here: its loss is NaN anyway.
+        summed = weight.to(acc)[target.clamp(0, options.n_classes - 1)].masked_fill(~counted, 0).sum()
+        pieces += [summed.reshape(1), counted.sum(dtype=acc).reshape(1)]
+    else:
+        positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
+        pieces.append(_constant(x.device, acc, (positions, positions)))
+    pieces += [weight.sum(dtype=acc).reshape(1), _constant(x.device, acc, tail)]
+    return torch.cat(pieces)
 
 
 def _check_targets(target: torch.Tensor, options: Options) -> None:
@@ -216,29 +222,75 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
 
     A split plan's chunks each write their share of a row's loss (``kernels/loss_split.py``), into
     slabs of one value a position laid out as a contiguous ``rows``, a slab apart: they are summed
-    into ``rows`` here (torch's sum: no float atomics, the same result every run)."""
-    tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
-    view = ops.row_view(tensors[0].shape, 1, *tensors)
-    if view is None:
+    into ``rows`` here (torch's sum: no float atomics, the same result every run).
+
+    What a call needs beyond its launch (the record, the split plan's chunks) is kept per layout of
+    its tensors (``_Launch``): a repeated call makes no view and looks up no record. The kernels
+    take the per-position tensors as they are: their strides are the record's, and a launch reads
+    only their pointers."""
+    key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, rows.stride(),
+           lse.stride(), rows.dtype, stats.dtype, _aligned(x, target, stats, rows, lse),
+           None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0),
+           None if grad is None else (grad.stride(), grad.dtype, grad.data_ptr() % 16 == 0))
+    found = loss_launch.calls.get(key)
+    if found is None:
+        if len(loss_launch.calls) >= _CALLS_LIMIT:
+            loss_launch.calls.clear()
+        found = loss_launch.calls[key] = _Launch.build(x, target, weight, stats, rows, lse, grad, options)
+    if found.record is None:
         return False
-    x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
-    launch = (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows, lse_rows, grad_rows)
-    facts, scalars = _facts(x, options, grad is not None), (options.ignore_index,)
-    record = loss_launch.record_for("forward", launch, view, facts, scalars)
-    if record.plan.regime != "split":
-        record(launch)
+    launch = (x, target, weight if weight is not None else x, stats, rows, lse, grad if grad is not None else x)
+    if not found.chunks:
+        found.record(launch)
         return True
-    shares = torch.empty((record.plan.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
-    tensors = _rows(x, target, shares[0], lse, grad if grad is not None else x)
-    launch = (*launch[:4], tensors[2], *launch[5:])
+    shares = torch.empty((found.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
     # The plan the launch ran: under a graph capture that cannot grow the split path's scratch, the
     # loop, which writes the rows' losses into the first slab alone.
-    plan = loss_launch.run("forward", launch, ops.row_view(tensors[0].shape, 1, *tensors), facts, scalars)
+    plan = found.record((*launch[:4], shares, *launch[5:]))
     if plan.regime == "split":
         torch.sum(shares, 0, out=rows)
     else:
         rows.copy_(shares[0])
     return True
+
+
+# Layouts kept by ``launch_forward``; bounded as the records are.
+_CALLS_LIMIT = 4096
+
+
+def _aligned(*tensors: torch.Tensor) -> tuple[bool, ...]:
+    # What Triton specialises a pointer on besides its dtype (``loss_launch._signature``).
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One layout's forward: its launch record (None where some tensor's rows cannot be walked in
+    place) and, for a split plan, the chunks its loss shares come in (0 otherwise)."""
+
+    record: Optional[loss_launch.LaunchRecord]
+    chunks: int
+
+    @staticmethod
+    def build(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
+              rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options) -> "_Launch":
+        tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
+        view = ops.row_view(tensors[0].shape, 1, *tensors)
+        if view is None:
+            return _Launch(None, 0)
+        x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
+        launch = (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows, lse_rows,
+                  grad_rows)
+        facts, scalars = _facts(x, options, grad is not None), (options.ignore_index,)
+        record = loss_launch.record_for("forward", launch, view, facts, scalars)
+        if record.plan.regime != "split":
+            return _Launch(record, 0)
+        # The shares are walked as a contiguous ``rows``: the record of that layout.
+        shares = torch.empty((record.plan.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
+        tensors = _rows(x, target, shares[0], lse, grad if grad is not None else x)
+        launch = (*launch[:4], tensors[2], *launch[5:])
+        return _Launch(loss_launch.record_for("forward", launch, ops.row_view(tensors[0].shape, 1, *tensors), facts,
+                                              scalars), record.plan.chunks)
 
 
 def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:

@@ -158,13 +158,33 @@ def _overrides() -> tuple:
 
 class _Call:
     """One call signature's work: allocate the output as torch lays it out (``_output``), and
-    launch through the record (``launch.LaunchRecord``)."""
+    launch through the record (``launch.LaunchRecord``). A forward call also holds the backward
+    call of its output's usual gradient (``gradient``)."""
 
-    __slots__ = ("size", "stride", "dtype", "device", "record", "tensors")
+    __slots__ = ("size", "stride", "dtype", "device", "record", "grad")
 
     def __init__(self, out: torch.Tensor, record: Callable) -> None:
         self.size, self.stride, self.dtype, self.device = out.shape, out.stride(), out.dtype, out.device
         self.record = record
+        # (generation, overrides, backward call) for a dy laid out as the output: ``gradient``.
+        self.grad: Optional[tuple] = None
+
+    def gradient(self, y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype,
+                 log: bool) -> torch.Tensor:
+        """``_backward`` of this forward call's output ``y`` (as autograd's backward of
+        ``_Softmax`` asks it). The backward call of a dy laid out as ``y`` (same strides and
+        dtype, aligned: the usual gradient) is kept here, found again by a few comparisons rather
+        than by building and hashing its key, about 40% of the host's backward work that is ours;
+        within the generation of the call tables it was found in and under the same overrides."""
+        held = self.grad
+        usual = dy.dtype == self.dtype and dy.stride() == self.stride and dy.data_ptr() % 16 == 0
+        if usual and held is not None and held[0] == _generation and held[1] == _overrides():
+            return held[2](y, dy)
+        generation, overrides = _generation, _overrides()
+        call = _backward_lookup(y, dy, dim, grad_dtype, log)
+        if usual:
+            self.grad = (generation, overrides, call)
+        return call(y, dy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A fresh allocation is 16-byte aligned (torch's allocators align to 64 bytes or more),
@@ -197,7 +217,14 @@ def _remember(calls: dict[tuple, Callable], key: tuple, build: Callable[[], Call
     return found
 
 
+# Counts the emptyings of the call tables: a backward call a forward call holds (``_Call.grad``)
+# is used only within the generation it was found in.
+_generation = 0
+
+
 def _forget_calls() -> None:
+    global _generation
+    _generation += 1
     _forward_calls.clear()
     _backward_calls.clear()
 
@@ -269,19 +296,24 @@ def _validate_meta(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], name
 
 def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
     """softmax (or log_softmax) of ``x`` over ``dim``; ``dtype`` as the public functions take it."""
+    return _forward_lookup(x, dim, dtype, log)(x)
+
+
+def _forward_lookup(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The call ``_forward`` makes for ``x``: found by its key, built where it is new."""
     device = x.device
     autocast = _autocast_available.get(device.type) and torch.is_autocast_enabled(device.type)
     if autocast is None:
         _autocast_available[device.type] = torch.amp.is_autocast_available(device.type)
-        return _forward(x, dim, dtype, log)
+        return _forward_lookup(x, dim, dtype, log)
     try:
         key = (x.shape, x.stride(), x.dtype, device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
     except RuntimeError:
         # Sparse, nested and MKL-DNN tensors have no strides or data pointer: one line for them.
         _check_served(x, "log_softmax" if log else "softmax")
         raise
-    call = _forward_calls.get(key) or _remember(_forward_calls, key, lambda: _forward_call(x, dim, dtype, log, autocast))
-    return call(x)
+    return _forward_calls.get(key) or _remember(_forward_calls, key, lambda: _forward_call(x, dim, dtype, log, autocast))
 
 
 def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype,
@@ -301,14 +333,30 @@ def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torc
     return _Call(template, record).backward
 
 
-def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool) -> torch.Tensor:
+def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool,
+              check: Optional[Callable[[torch.Tensor, torch.Tensor, int, torch.dtype], int]] = None) -> torch.Tensor:
     """The gradient with respect to the input from the output ``y`` and its gradient ``dy``;
-    ``dim`` normalized (0 <= dim < rank)."""
-    key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, dim, grad_dtype, log,
-           y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, _overrides())
-    call = _backward_calls.get(key) or _remember(_backward_calls, key,
-                                                 lambda: _backward_call(y, dy, dim, grad_dtype, log))
-    return call(y, dy)
+    ``dim`` normalized (0 <= dim < rank), or with ``check`` (the custom operator's validation,
+    which returns the normalized dim) checked and normalized where the call is new: a repeated
+    call is one lookup and one launch. ``dy`` must have ``y``'s shape (the key holds ``y``'s)."""
+    return _backward_lookup(y, dy, dim, grad_dtype, log, check)(y, dy)
+
+
+def _backward_lookup(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool,
+                     check: Optional[Callable[[torch.Tensor, torch.Tensor, int, torch.dtype], int]] = None
+                     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The call ``_backward`` makes for ``y`` and ``dy``: found by its key, built where it is new."""
+    try:
+        key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, dim, grad_dtype, log,
+               y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, _overrides())
+    except RuntimeError:
+        # Sparse, nested and MKL-DNN tensors have no strides or data pointer: the check's line.
+        if check is not None:
+            check(y, dy, dim, grad_dtype)
+        raise
+    return _backward_calls.get(key) or _remember(
+        _backward_calls, key, lambda: _backward_call(y, dy, check(y, dy, dim, grad_dtype) if check else dim,
+                                                     grad_dtype, log))
 
 
 def _reference_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool) -> torch.Tensor:
@@ -331,22 +379,29 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
-        y = _forward(x, dim, dtype, log)
-        _Softmax._save(ctx, x, dim, log, y, forward_ad._current_level >= 0)
+        call = _forward_lookup(x, dim, dtype, log)
+        y = call(x)
+        _Softmax._save(ctx, x, dim, log, y, forward_ad._current_level >= 0, getattr(call, "__self__", None))
         return y
 
     @staticmethod
-    def _save(ctx, x: torch.Tensor, dim: int, log: bool, y: torch.Tensor, tangents: bool) -> None:
+    def _save(ctx, x: torch.Tensor, dim: int, log: bool, y: torch.Tensor, tangents: bool,
+              call: Optional[_Call] = None) -> None:
+        """What the backward needs: y, the normalized dim, the function, the input's dtype, and
+        the forward call whose output y is (None where y came another way), which keeps the
+        backward call of y's usual gradient (``_Call.gradient``)."""
         ctx.save_for_backward(y)
         if tangents:
             ctx.save_for_forward(y)
-        ctx.dim, ctx.log, ctx.grad_dtype = dim % max(x.dim(), 1), log, x.dtype
+        ctx.dim, ctx.log, ctx.grad_dtype, ctx.call = dim % max(x.dim(), 1), log, x.dtype, call
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         (y,) = ctx.saved_tensors
         if torch.is_grad_enabled():
             dx = _reference_backward(y, dy, ctx.dim, ctx.grad_dtype, ctx.log)
+        elif ctx.call is not None:
+            dx = ctx.call.gradient(y, dy, ctx.dim, ctx.grad_dtype, ctx.log)
         else:
             dx = _backward(y, dy, ctx.dim, ctx.grad_dtype, ctx.log)
         return dx, None, None, None

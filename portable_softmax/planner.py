@@ -530,14 +530,18 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
                                causal=causal, sliceable=sliceable)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward, note=_no_split_note(record))
-    if (programs is None and plan.regime == "tile" and not plan.reread
-            and plan.tiles > record.compute_units * plan.occupancy
-            and wave_fill(target, plan) < target.tuning.tile_wave_fill):
-        plan = _fuller_waves(target, plan, resources, n_rows, backward, input_bytes, rows_per_group)
+    # The dense form before the waves are filled: its kernel holds fewer registers, so its grid
+    # fills its waves differently, and the fill to judge is that of the form that launches (with
+    # Triton 3.9 a bf16 backward of 32768 rows of 256 took 16-row tiles for the fill of their
+    # 114-register form, 8 a unit, then launched their 80-register dense form at 12: 1.29 waves).
     if dense_form(target, plan, n_rows, n_cols, rows_per_group, narrow, backward):
         config = dataclasses.replace(plan.config, dense=True)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
+    if (programs is None and plan.regime == "tile" and not plan.reread
+            and plan.tiles > record.compute_units * plan.occupancy
+            and wave_fill(target, plan) < target.tuning.tile_wave_fill):
+        plan = _fuller_waves(target, plan, resources, n_rows, n_cols, backward, input_bytes, rows_per_group, narrow)
     if plan.regime == "tile" and plan.programs == plan.tiles:
         # The same grid, compiled without the loop over tiles that a program of it never repeats.
         config = dataclasses.replace(plan.config, per_tile=True)
@@ -606,18 +610,21 @@ def dense_form(target: Target, plan: Union[LaunchPlan, KernelConfig], n_rows: in
     return plan.regime == "tile" and eligible and fits
 
 
-def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n_rows: int, backward: bool,
-                  input_bytes: int, rows_per_group: int) -> LaunchPlan:
+def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n_rows: int, n_cols: int,
+                  backward: bool, input_bytes: int, rows_per_group: int, narrow: bool) -> LaunchPlan:
     """``plan``'s tile grid or one of tiles 2 or 4 times taller, whichever fills its waves of
     resident programs best (``Tuning.tile_wave_fill``); taller tiles that spill more than a
     register cap may are passed over. The launcher's resources function compiles each with the
     register cap of ``tile_fit`` where that makes room for every tile at once, as it did
-    ``plan``'s."""
+    ``plan``'s. A dense plan's taller tiles are dense where their rows still fill them
+    (``dense_form``)."""
     best = plan
     for factor in TALLER_TILES:
         config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
         if config.block_m > next_power_of_2(rows_per_group):
             break
+        if config.dense and not dense_form(target, config, n_rows, n_cols, rows_per_group, narrow, backward):
+            config = dataclasses.replace(config, dense=False)
         kernel = _resources(resources, target, config, backward, input_bytes)
         if kernel.spills > target.tuning.split_fit_max_spills:
             continue

@@ -57,7 +57,7 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
              # plan reads through windows, unpipelined) read element by element.
              "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1,
                            "split_pipeline_items": 0, "split_windows": frozenset()},
-             "loop": dict(row_elements=64, loop_chunk=128)}[regime]
+             "loop": dict(row_elements=64, loop_chunk=128, loss_split=frozenset())}[regime]
     if regime in SPLIT_REGIMES:
         small = open_split(device, **small)
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))

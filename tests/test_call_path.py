@@ -11,6 +11,7 @@ import portable_softmax as ps
 from portable_softmax import device as device_layer
 from portable_softmax import fused, launch, launch_plan, ops
 from portable_softmax.selfcheck import relative_error
+from portable_softmax.tuning import TUNING, replace, tuning_for
 
 
 def _count(monkeypatch, module, name: str, counts: dict) -> None:
@@ -46,6 +47,35 @@ def test_a_repeated_call_plans_compiles_and_queries_nothing(device, monkeypatch,
     assert counts == {}, f"repeated calls planned, compiled or queried: {counts}"
     expected = torch.autograd.grad(theirs(x.double(), -1), x, dy.double())[0]
     assert relative_error(dx, expected) < 1e-5
+
+
+def test_the_backward_call_a_forward_keeps_is_the_one_its_gradient_needs(device, monkeypatch):
+    """Autograd's backward takes the backward call its forward call keeps (``_Call.gradient``)
+    only for a gradient laid out as the output, within the generation it was found in and under
+    the same overrides: a gradient of other strides, a changed tuning table or an override
+    between the forward and the backward finds its own call, planned from what holds now."""
+    x = torch.randn(24, 40, device=device, requires_grad=True)
+    expected = lambda dy: torch.autograd.grad(torch.softmax(x.double(), -1), x, dy.double())[0]  # noqa: E731
+    y = ps.softmax(x, -1)
+    usual = torch.randn(24, 40, device=device)
+    transposed = torch.randn(40, 24, device=device).t()  # strides (1, 24)
+    assert relative_error(torch.autograd.grad(y, x, usual, retain_graph=True)[0], expected(usual)) < 1e-5
+    built = []
+    real = launch.build_record
+    monkeypatch.setattr(launch, "build_record", lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    for _ in range(2):
+        (dx,) = torch.autograd.grad(y, x, usual, retain_graph=True)
+    assert built == [] and relative_error(dx, expected(usual)) < 1e-5
+    (dx,) = torch.autograd.grad(y, x, transposed, retain_graph=True)
+    assert built == ["backward"] and relative_error(dx, expected(transposed)) < 1e-5
+    record = device_layer.device_record(x.device)
+    key = (record.backend, record.name)
+    monkeypatch.setitem(TUNING, key, replace(tuning_for(record), tile_elements=512))
+    (dx,) = torch.autograd.grad(y, x, usual, retain_graph=True)
+    assert built == ["backward"] * 2 and relative_error(dx, expected(usual)) < 1e-5
+    monkeypatch.setenv(launch.PROGRAMS_ENV, "1")
+    (dx,) = torch.autograd.grad(y, x, usual, retain_graph=True)
+    assert built == ["backward"] * 3 and relative_error(dx, expected(usual)) < 1e-5
 
 
 def test_a_repeated_fused_call_plans_and_compiles_nothing(device, monkeypatch):

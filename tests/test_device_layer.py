@@ -478,3 +478,27 @@ def test_tile_grids_fill_their_waves_where_the_tuning_table_asks():
     assert plan_launch(record, 32768, 128, "float32", backward=True, resources=spilling).block_m == 8
     assert plan_launch(profile_record("mi300x"), 32768, 128, "float32", backward=True).block_m == 8
 
+
+
+def test_tile_grids_fill_their_waves_in_the_form_they_launch():
+    """H100, bf16 backward of 32768 rows of 256 (registers as Triton 3.9 gave them): the dense form
+    holds fewer registers than the masked one, so its 4-row tiles fill their waves (24 a unit, 2.59
+    waves of 3168) where the masked ones did not (20 a unit, 3.1 of 2640). Judged in the masked form,
+    16-row tiles won (8 a unit, 1.94 waves of 1056) and then launched dense at 12 a unit, 1.29 waves."""
+    registers = {(4, False): 48, (8, False): 70, (16, False): 114, (4, True): 38, (8, True): 56, (16, True): 80}
+    resources = lambda config: KernelResources(registers=registers[config.block_m, config.dense], shared_memory=0,
+                                               num_warps=config.num_warps)
+    record = profile_record("h100")
+    target = targets.target_for(record)
+    common = dict(backward=True, input_bytes=4, resources=resources)
+    plan = plan_launch(record, 32768, 256, "float32", narrow=True, **common)
+    assert (plan.block_m, plan.dense, plan.programs) == (4, True, 8192)
+    assert planner.wave_fill(target, plan) >= tuning_for(record).tile_wave_fill
+    # Where the call allows no dense form, the masked tiles fill their waves as before.
+    masked = plan_launch(record, 32768, 256, "float32", **common)
+    assert (masked.block_m, masked.dense) == (16, False) and "waves 0.97 full" in masked.reason
+    # Taller tiles whose rows no longer fill them (32764 rows: 4-row tiles do, 16-row ones not) are
+    # judged, and launched, masked: here the dense 4-row form holds as many registers as the masked.
+    registers[4, True] = 48
+    odd = plan_launch(record, 32764, 256, "float32", narrow=True, **common)
+    assert (odd.block_m, odd.dense) == (16, False) and "waves 0.97 full" in odd.reason
