@@ -86,7 +86,7 @@ def one(kind: str, impl: str) -> dict:
     """Time the first call of ``kind`` by ``impl`` in this process."""
     import torch
 
-    inside = [0.0]
+    inside = [0.0, 0]
     if impl == "liger":
         import liger_kernel.ops.cross_entropy  # noqa: F401
         import liger_kernel.ops.softmax  # noqa: F401
@@ -103,6 +103,7 @@ def one(kind: str, impl: str) -> dict:
                 return compiled(*args)
             finally:
                 inside[0] += time.perf_counter() - started
+                inside[1] += 1
         launch._compiled_resources = loss_launch._compiled_resources = timed
         call = _ours
     inputs = _inputs(kind)
@@ -113,7 +114,7 @@ def one(kind: str, impl: str) -> dict:
     call(kind, inputs)
     torch.cuda.synchronize()
     return {"seconds": round(time.perf_counter() - started, 3), "compiled": _cache_kernels(folder) - before,
-            "in_compile": round(inside[0], 3)}
+            "in_compile": round(inside[0], 3), "compile_requests": inside[1]}
 
 
 def _fresh(kind: str, impl: str, cache: str) -> dict:
@@ -183,7 +184,7 @@ def main() -> int:
         cold = row["ours_cold"]
         if "in_compile" in cold:
             print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s in the "
-                  f"compile planning asked for (Triton's compile and its launcher's)")
+                  f"{cold['compile_requests']} compile(s) planning asked for (Triton's compile and its launcher's)")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "first_call.json"), "w") as handle:
