@@ -202,9 +202,9 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         # started, so the planner may queue up to tile_waves waves, or give each tile or
         # item a program (None: no bound).
         waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
-        one_each = config.regime != "split" and plan.programs >= plan.items
+        one_each = config.regime == "tile" and plan.programs >= plan.items
         if config.per_tile or config.ticketed or config.phased or one_each:
-            # (The last: a program per tile or item, as the loss's tiles of one row plan where
+            # (The last: a program per tile, as the loss's tiles of one row plan where
             # that fills the chip best; none waits on another.)
             waves = None
         row.update(programs=plan.programs, occupancy=plan.occupancy, resident_limit=resident,
