@@ -34,6 +34,8 @@
 #                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
 #                  shapes, each checked against torch in float64 first (about 6 minutes: run it
 #                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`)
+#   head-budget    head_budget.py: linear_cross_entropy under chunk budgets of 64 MiB to 1 GiB, float32
+#                  and bf16 sums of the weight's gradient, time against memory, beside Liger from .whl/
 #   losshost       loss_host.py (v29): the loss's host time per call window by window, wall per call
 #                  back to back and do_bench three times in a row, fwd+bwd and fwd, ours against torch
 #                  eager and Liger from .whl/, 8192x32000 and 4096x50257 bf16 (LOSS_HOST_CASES)
@@ -153,6 +155,10 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
     loss-sweep)
       timeout 570 python3 benchmarks/loss_sweep.py --json "$OUT/loss-sweep.json" ${LOSS_SWEEP_ARGS:-} 2>&1 | quiet \
         | tee "$OUT/loss-sweep.log" ;;
+    head-budget)
+      peer_wheels
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 400 python3 benchmarks/head_budget.py --json "$OUT/head-budget.json" \
+        ${HEAD_BUDGET_ARGS:-} 2>&1 | quiet | tee "$OUT/head-budget.log" ;;
     losshost)
       peer_wheels
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 400 python3 benchmarks/loss_host.py "$OUT/losshost" 2>&1 | quiet \

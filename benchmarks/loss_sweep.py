@@ -52,6 +52,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c4096": {"split_chunk": 4096},
     # No register caps (the launch's split_fit).
     "split-nofit": {"split_fit_bytes": 0},
+    # bf16 chunks of as many bytes as fp32's 8192 (32 KB), which read 0.97-1.03 of the floor
+    # forward alone by ticket: 8 warps (64 elements a thread), and 4; by ticket; and with padding
+    # allowed, so that odd rows (50257) keep wide chunks.
+    "split-c16k": {"split_chunk": 16384},
+    "split-c16k-w4": {"split_chunk": 16384, "loss_split_elements_per_thread": 128},
+    "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
+    "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
 }
 DEFAULT_SETTINGS = ["base", "loop"]
 # Compiles dominate the run (the split kernels are specialised on their rows' chunk count, and
