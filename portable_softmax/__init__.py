@@ -19,7 +19,7 @@ from portable_softmax.enable import Served, disable, enable, enabled  # whole mo
 from portable_softmax.loss import cross_entropy, logsumexp  # noqa: E402
 from portable_softmax.head import linear_cross_entropy  # noqa: E402
 from portable_softmax import nn  # noqa: F401,E402  (CrossEntropyLoss, Softmax, LogSoftmax)
-from portable_softmax.planner import LaunchPlan
+from portable_softmax.plan_grid import LaunchPlan
 from portable_softmax.targets import plan_launch
 from portable_softmax.record import DeviceRecord, KernelResources
 

@@ -29,7 +29,8 @@ from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import ResourceTable, table_for
 from portable_softmax.launch_plan import RowView, Variant
 from portable_softmax.loss_planner import plan_elementwise
-from portable_softmax.planner import DTYPE_BYTES, LaunchPlan, Target, call_windows
+from portable_softmax.plan_grid import LaunchPlan, Target
+from portable_softmax.planner import DTYPE_BYTES, call_windows
 from portable_softmax.profiles import profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import portable_softmax
-from portable_softmax import ops, planner, targets, vendors
+from portable_softmax import ops, plan_grid, planner, targets, vendors
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import window_align
 from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill, ticketed_forms
@@ -283,7 +283,7 @@ def test_rows_of_2_31_elements_are_planned_without_the_tensor():
             assert plan.regime == "loop" and not plan.dense, (name, plan.reason)
     h100 = profile_record("h100")
     target = targets.target_for(h100)
-    resident = planner.Target(h100, replace(target.tuning, split_chunk=2**22), target.occupancy, target.fit_options)
+    resident = plan_grid.Target(h100, replace(target.tuning, split_chunk=2**22), target.occupancy, target.fit_options)
     small = KernelResources(registers=32, shared_memory=0, num_warps=4)
     for backward in (False, True):
         assert planner.plan_launch(resident, 4, 2**31 - 1, "float32", backward=backward,

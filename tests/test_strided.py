@@ -1,5 +1,5 @@
 """Reductions along a strided dimension (rows side by side in memory): column softmax, channels of
-NCHW tensors, transposed inputs. Their tiles span adjacent rows (``planner._strided_config``) in
+NCHW tensors, transposed inputs. Their tiles span adjacent rows (``strided_planner._strided_config``) in
 every regime: a whole row per tile, chunks of tiles split across co-resident programs (GPUs),
 slices streamed in two launches (the interpreter, AMD and Ascend, which promise no residency, and
 long bf16 columns on the H200), or streamed twice by a program per tile. Results against torch in
