@@ -11,7 +11,8 @@ from portable_softmax import compat  # noqa: F401
 from portable_softmax import vendors  # noqa: F401  (registers the built-in backends)
 from portable_softmax.backend import Backend, get_backend, register_backend, registered_backends
 from portable_softmax.device import device_info
-from portable_softmax.ops import DimensionError, log_softmax, softmax
+from portable_softmax.op_arguments import DimensionError
+from portable_softmax.ops import log_softmax, softmax
 from portable_softmax import torch_ops  # noqa: F401,E402  (registers the custom operators for torch.compile)
 from portable_softmax import distributed  # noqa: F401,E402  (sharded dimensions; routes DTensors to it)
 from portable_softmax import fused  # noqa: F401,E402  (scale, mask, causal; ops routes those calls to it)
