@@ -14,7 +14,7 @@ import torch
 from triton.testing import do_bench
 
 import portable_softmax as ps
-from portable_softmax import ops
+from portable_softmax import op_calls
 from portable_softmax.bench import SHAPES
 
 L2_FLUSH_BYTES = 256 << 20
@@ -54,7 +54,7 @@ def implementations():
     compiled_bwd = torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
     return {
         "clone": (lambda x: x.clone(), None),
-        "ours": (lambda x: ps.softmax(x, -1), lambda y, dy: ops._backward(y, dy, y.dim() - 1, y.dtype, False)),
+        "ours": (lambda x: ps.softmax(x, -1), lambda y, dy: op_calls._backward(y, dy, y.dim() - 1, y.dtype, False)),
         "torch": (lambda x: torch.softmax(x, -1), lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
         "compile": (compiled, compiled_bwd),
     }

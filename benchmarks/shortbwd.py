@@ -12,7 +12,7 @@ then timed four ways:
 * for the autograd path, ``fwd+bwd - fwd``: the wall time of a forward with ``autograd.grad`` less
   that of the forward alone.
 
-Paths: the op (ours ``ops._backward``, our custom operator ``torch.ops.portable_softmax.
+Paths: the op (ours ``op_calls._backward``, our custom operator ``torch.ops.portable_softmax.
 softmax_backward``, ``torch._softmax_backward_data``, FlagGems' ``softmax_backward``) and through
 autograd (``torch.autograd.grad`` of a kept graph: ours ``portable_softmax.softmax``, torch's,
 FlagGems' through ``flag_gems.use_gems``). Fractions of copy as ``bench`` counts them: 3 x the
@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 
 import portable_softmax
-from portable_softmax import ops, torch_ops, tuning
+from portable_softmax import op_calls, torch_ops, tuning
 from portable_softmax.device import device_record
 from portable_softmax.selfcheck import relative_error, tolerance
 
@@ -166,10 +166,10 @@ def _gems_config(gems: Any) -> str:
 
 
 def _record(y: torch.Tensor, dy: torch.Tensor) -> Any:
-    """Our backward's launch record for these tensors (found as ``ops._backward`` keys it), or None."""
+    """Our backward's launch record for these tensors (found as ``op_calls._backward`` keys it), or None."""
     key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.device, y.dim() - 1, y.dtype, False,
-           y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, ops._overrides())
-    return getattr(getattr(ops._backward_calls.get(key), "__self__", None), "record", None)
+           y.data_ptr() % 16 == 0, dy.data_ptr() % 16 == 0, op_calls._overrides())
+    return getattr(getattr(op_calls._backward_calls.get(key), "__self__", None), "record", None)
 
 
 def _plan(y: torch.Tensor, dy: torch.Tensor) -> str:
@@ -216,7 +216,7 @@ class Case:
 def op_paths(gems: Optional[Any]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     paths = {
         "torch": lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
-        "ours": lambda y, dy: ops._backward(y, dy, y.dim() - 1, y.dtype, False),
+        "ours": lambda y, dy: op_calls._backward(y, dy, y.dim() - 1, y.dtype, False),
     }
     if torch_ops.AVAILABLE:
         paths["ours:custom_op"] = lambda y, dy: torch_ops.softmax_backward(y, dy, y.dim() - 1, False, y.dtype)
@@ -343,7 +343,7 @@ def host_layers(gems: Optional[Any], dtype: torch.dtype = torch.bfloat16) -> dic
     steps: dict[str, Callable[[], Any]] = {"empty_strided": lambda: torch.empty_strided(TINY, (TINY[1], 1),
                                                                                          dtype=dtype, device=DEVICE)}
     steps.update({f"op {name}": (lambda op=op: op(y, dy)) for name, op in op_paths(gems).items()})
-    ops._backward(y, dy, 1, dtype, False)
+    op_calls._backward(y, dy, 1, dtype, False)
     record, dx = _record(y, dy), torch.empty_like(y)
     if record is not None:
         steps["our launch record alone (dx allocated)"] = lambda: record((y, dy, dx))
@@ -372,7 +372,7 @@ def sweep(cases: list[Case], names: list[str]) -> list[dict[str, Any]]:
             for case in cases:
                 row: dict[str, Any] = {"variant": name, "case": _label(case)}
                 rows.append(row)
-                step = lambda: ops._backward(case.y, case.dy, 1, case.dtype, False)  # noqa: E731
+                step = lambda: op_calls._backward(case.y, case.dy, 1, case.dtype, False)  # noqa: E731
                 try:
                     error, ok = case.check(poisoned(step, case.y))
                     if not ok:

@@ -19,7 +19,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from portable_softmax import device, launch, ops, tuning
+from portable_softmax import device, launch, row_layout, tuning
 
 # (name, shape of the tensor made, the view of it that is the input, dim, dtype)
 CASES = [
@@ -79,13 +79,13 @@ REPEATS = 5
 
 def ours_forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    launch.run_forward(x, y, ops.row_view(tuple(x.shape), dim % x.dim(), x, y), False)
+    launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), dim % x.dim(), x, y), False)
     return y
 
 
 def ours_backward(y: torch.Tensor, dy: torch.Tensor, dim: int) -> torch.Tensor:
     dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    launch.run_backward(y, dy, dx, ops.row_view(tuple(y.shape), dim % y.dim(), y, dy, dx), False)
+    launch.run_backward(y, dy, dx, row_layout.row_view(tuple(y.shape), dim % y.dim(), y, dy, dx), False)
     return dx
 
 

@@ -11,7 +11,7 @@ import sys
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import device, launch, ops, tuning
+from portable_softmax import device, launch, row_layout, tuning
 from probes.kernel_variant import load_kernels
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
@@ -129,8 +129,8 @@ def main():
             y64, dy64 = y.double(), dy.double()
             grad = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
             del y64, dy64
-            forward_view = ops.row_view((m, n), 1, x, y)
-            backward_view = ops.row_view((m, n), 1, y, dy, dx)
+            forward_view = row_layout.row_view((m, n), 1, x, y)
+            backward_view = row_layout.row_view((m, n), 1, y, dy, dx)
             for name in chosen:
                 tuning.TUNING[(backend, "*")] = dataclasses.replace(base, **VARIANTS[name])
                 try:

@@ -11,7 +11,8 @@ from portable_softmax import compat  # noqa: F401
 from portable_softmax import vendors  # noqa: F401  (registers the built-in backends)
 from portable_softmax.backend import Backend, get_backend, register_backend, registered_backends
 from portable_softmax.device import device_info
-from portable_softmax.ops import DimensionError, log_softmax, softmax
+from portable_softmax.op_arguments import DimensionError
+from portable_softmax.ops import log_softmax, softmax
 from portable_softmax import torch_ops  # noqa: F401,E402  (registers the custom operators for torch.compile)
 from portable_softmax import distributed  # noqa: F401,E402  (sharded dimensions; routes DTensors to it)
 from portable_softmax import fused  # noqa: F401,E402  (scale, mask, causal; ops routes those calls to it)
@@ -19,7 +20,7 @@ from portable_softmax.enable import Served, disable, enable, enabled  # whole mo
 from portable_softmax.loss import cross_entropy, logsumexp  # noqa: E402
 from portable_softmax.head import linear_cross_entropy  # noqa: E402
 from portable_softmax import nn  # noqa: F401,E402  (CrossEntropyLoss, Softmax, LogSoftmax)
-from portable_softmax.planner import LaunchPlan
+from portable_softmax.plan_grid import LaunchPlan
 from portable_softmax.targets import plan_launch
 from portable_softmax.record import DeviceRecord, KernelResources
 

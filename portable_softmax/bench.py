@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 import portable_softmax
-from portable_softmax import ops
+from portable_softmax import op_calls
 from portable_softmax.device import as_device, device_record
 from portable_softmax.selfcheck import relative_error
 
@@ -34,7 +34,7 @@ Timed = tuple[Callable[[torch.Tensor], torch.Tensor], Optional[Callable[[torch.T
 def _peers(wanted: set[str]) -> dict[str, Timed]:
     peers: dict[str, Timed] = {
         "ours": (lambda x: portable_softmax.softmax(x, -1),
-                 lambda y, dy: ops._backward(y, dy, y.dim() - 1, y.dtype, False)),
+                 lambda y, dy: op_calls._backward(y, dy, y.dim() - 1, y.dtype, False)),
         "torch": (lambda x: torch.softmax(x, -1), lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
     }
     if "compile" in wanted:

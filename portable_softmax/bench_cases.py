@@ -34,7 +34,7 @@ from typing import Any, Optional
 import torch
 
 import portable_softmax
-from portable_softmax import fused, ops
+from portable_softmax import fused, op_calls
 from portable_softmax.selfcheck import relative_error, tolerance
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def _ours(x: torch.Tensor, dim: int, fusion: dict) -> tuple[Callable, Callable]:
                 lambda y, dy: fused._fused_backward(y, dy, dim % x.dim(), y.dtype, False, fusion.get("scale"),
                                                     fusion.get("mask"), fusion.get("causal", False)))
     return (lambda: portable_softmax.softmax(x, dim),
-            lambda y, dy: ops._backward(y, dy, dim % x.dim(), y.dtype, False))
+            lambda y, dy: op_calls._backward(y, dy, dim % x.dim(), y.dtype, False))
 
 
 def _first(fusion: dict[str, Any], x: torch.Tensor) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     record = profile_record(args.profile) if args.profile else device_record(args.device)
-    # The launches the package itself refuses there (ops._validate) have no plan to show.
+    # The launches the package itself refuses there (op_arguments._validate) have no plan to show.
     if args.dtype == "float64" and not record.supports_fp64:
         raise ValueError(f"float64 is not supported on {record.name} (backend {record.backend!r}): "
                          f"plan float32, float16 or bfloat16")

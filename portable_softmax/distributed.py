@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout, op_arguments, ops
 from portable_softmax.distributed_head import linear_cross_entropy
 from portable_softmax.distributed_loss import cross_entropy
 from portable_softmax.launch import RowView
@@ -47,11 +47,11 @@ def _ranks(group: Optional[dist.ProcessGroup]) -> int:
 def _view(x: torch.Tensor, dim: int, *others: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], RowView]:
     """``x`` (made contiguous where its rows cannot be walked with two strides) and the row view
     of it with ``others``, which are allocated like it."""
-    view = ops.row_view(tuple(x.shape), dim, x, *others)
+    view = row_layout.row_view(tuple(x.shape), dim, x, *others)
     if view is None:
         x = x.contiguous()
         others = tuple(o.contiguous() for o in others)
-        view = ops.row_view(tuple(x.shape), dim, x, *others)
+        view = row_layout.row_view(tuple(x.shape), dim, x, *others)
     return x, others, view
 
 
@@ -123,7 +123,7 @@ def _apply(x: torch.Tensor, dim: int, group: Optional[dist.ProcessGroup], dtype:
     name = f"portable_softmax.distributed.{'log_softmax' if log else 'softmax'}"
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{name}: torch.distributed is not initialized (call init_process_group first)")
-    dim, out_dtype = ops._validate(x, dim, dtype, name.rsplit(".", 1)[1])
+    dim, out_dtype = op_arguments._validate(x, dim, dtype, name.rsplit(".", 1)[1])
     if x.dim() == 0:
         raise ValueError(f"{name}: a rank-0 tensor has no dimension to shard")
     return _ShardedSoftmax.apply(x, dim, out_dtype, log, group)

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
-from portable_softmax import ops
+from portable_softmax import op_arguments, op_calls
 from portable_softmax.backend import on_registry_change, registered_backends
 from portable_softmax.device import device_record
 from portable_softmax.tuning import TUNING, tuning_for
@@ -132,7 +132,7 @@ on_registry_change(_forget_decisions)
 
 
 def _decided(key: tuple, decide: Callable[[], Optional[_Serve]]) -> Optional[_Serve]:
-    """Decide a call key's first call and keep the decision (bounded, as ``ops``' call records)."""
+    """Decide a call key's first call and keep the decision (bounded, as ``op_calls``' call records)."""
     found = decide()
     with _lock:
         if len(_decisions) >= _DECISIONS_LIMIT:
@@ -145,14 +145,14 @@ def _served(t: torch.Tensor, dim: int, dtype: torch.dtype, others: tuple[torch.T
             ) -> Optional[_Serve]:
     """Whether the package serves a call on ``t`` (and ``others``, the backward's second tensor)
     whose result has ``dtype``: on a claimed device type, a valid dim and dtypes the device
-    has (``ops._validate``, the public functions' checks), and at least the device's
+    has (``op_arguments._validate``, the public functions' checks), and at least the device's
     ``enable_min_bytes``."""
     device_type = t.device.type
     if device_type not in _counters or t.numel() == 0:
         return None
     try:
         for tensor in (t, *others):
-            dim_n, _ = ops._validate(tensor, dim, dtype, name)
+            dim_n, _ = op_arguments._validate(tensor, dim, dtype, name)
         record = device_record(t.device)
     except (TypeError, IndexError, ValueError, RuntimeError) as error:
         logger.debug("enable: torch's kernel keeps %s on %s (%s)", name, t.device, error)
@@ -186,7 +186,7 @@ def _forward_kernel(name: str, log: bool, previous: Kernel) -> Kernel:
             return previous(keyset, x, dim, half_to_float)
         _serving.active = True
         try:
-            y = ops._forward(x, found.dim, found.dtype, log)
+            y = op_calls._forward(x, found.dim, found.dtype, log)
         finally:
             _serving.active = False
         _count(found.device_type, name)
@@ -219,7 +219,7 @@ def _backward_kernel(name: str, log: bool, previous: Kernel) -> Kernel:
             return previous(keyset, grad_output, output, dim, input_dtype)
         _serving.active = True
         try:
-            dx = ops._backward(output, grad_output, found.dim, found.dtype, log)
+            dx = op_calls._backward(output, grad_output, found.dim, found.dtype, log)
         finally:
             _serving.active = False
         _count(found.device_type, name)

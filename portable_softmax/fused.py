@@ -14,7 +14,7 @@ learnable position bias, as ``torch.softmax(x * scale + mask)`` trains it: d mas
 with respect to the scaled and masked input, summed over the dimensions the mask broadcasts
 along); none flows where the bias is -inf. A bool mask is a constant.
 
-Calls are kept by signature (``_signature``), as ``ops`` keeps plain ones: a repeated call is a
+Calls are kept by signature (``_signature``), as ``op_calls`` keeps plain ones: a repeated call is a
 lookup, an allocation and a launch on the call's own tensors.
 
 Under ``torch.compile`` a call is one custom operator, ``portable_softmax::fused_softmax`` (its
@@ -29,7 +29,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout, op_arguments, op_calls, ops
 from portable_softmax.backend import on_registry_change
 from portable_softmax.launch_plan import Fusion
 from portable_softmax.tuning import TUNING
@@ -46,13 +46,13 @@ def _check(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor]
     if mask is not None:
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"{where}: mask must be a tensor, got {type(mask).__name__}")
-        ops._check_served(mask, name, "mask")
+        op_arguments._check_served(mask, name, "mask")
         if mask.dtype != torch.bool and not mask.is_floating_point():
             raise TypeError(f"{where}: mask must be bool (keep where True) or floating (added), got {mask.dtype}")
         if not _broadcasts(mask.shape, x.shape):
             raise ValueError(f"{where}: mask of shape {tuple(mask.shape)} does not broadcast to {tuple(x.shape)}")
     if isinstance(scale, torch.Tensor):
-        ops._check_served(scale, name, "scale")
+        op_arguments._check_served(scale, name, "scale")
         if not scale.is_floating_point():
             raise TypeError(f"{where}: a scale tensor must be floating, got {scale.dtype}")
         if not _broadcasts(scale.shape, x.shape):
@@ -149,8 +149,8 @@ def _fusion(x: torch.Tensor, dim: int, scale: Scale, mask: Optional[torch.Tensor
     return fusion, mask_t, scale_t
 
 
-# Fused calls by signature (``_signature``), as ``ops`` keeps plain ones: the launch (or None where
-# the call is composed), so that a repeated call is a lookup and a launch. Emptied with ops'
+# Fused calls by signature (``_signature``), as ``op_calls`` keeps plain ones: the launch (or None
+# where the call is composed), so that a repeated call is a lookup and a launch. Emptied with op_calls'
 # tables (the tuning table, the backend registry).
 _forward_calls: dict[tuple, Optional["_Kernels"]] = {}
 _backward_calls: dict[tuple, Optional["_Kernels"]] = {}
@@ -186,7 +186,7 @@ def _signature(inputs: tuple[torch.Tensor, ...], dim: int, dtype: Optional[torch
             or torch._C._functorch.is_functorch_wrapped_tensor(first):
         return None
     device = first.device
-    parts: list[Any] = [dim, dtype, log, causal, device, ops._overrides()]
+    parts: list[Any] = [dim, dtype, log, causal, device, op_calls._overrides()]
     for t in inputs:
         found = _tensor_signature(t, device)
         if found is None:
@@ -242,7 +242,7 @@ def _kernels(direction: str, inputs: tuple[torch.Tensor, ...], dim: int, out_dty
         return None
     fusion, mask_t, scale_t = found
     out = torch.empty(first.shape, dtype=out_dtype, device=first.device)
-    view = ops.row_view(tuple(first.shape), dim, *inputs, out)
+    view = row_layout.row_view(tuple(first.shape), dim, *inputs, out)
     if view is None:
         return None
     # As the plain kernels: float64 accumulation for a float64 output forward, any float64 tensor backward.
@@ -259,7 +259,7 @@ def _kept(calls: dict[tuple, Optional[_Kernels]], key: Optional[tuple], directio
     if found is _MISSING:
         found = _kernels(direction, inputs, dim, out_dtype, log, scale, mask, causal)
         if key is not None:
-            ops._remember(calls, key, lambda: found)
+            op_calls._remember(calls, key, lambda: found)
     return found
 
 
@@ -288,7 +288,7 @@ def _fused_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: tor
     call = _kept(_backward_calls, key, "backward", (y, dy), dim, grad_dtype, log, scale, mask, causal)
     if call is not None:
         return call((y, dy), scale, mask)
-    dz = ops._backward(y, dy, dim, grad_dtype, log)
+    dz = op_calls._backward(y, dy, dim, grad_dtype, log)
     if scale is not None:
         dz = dz * scale
     bias = _bias(y, mask, causal)
@@ -436,10 +436,10 @@ def fused(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, sc
         return _differentiable(x, y, dim % x.dim(), scale, mask, causal, log)
     name = "log_softmax" if log else "softmax"
     meta = isinstance(x, torch.Tensor) and x.device.type == "meta"
-    dim, out_dtype = (ops._validate_meta if meta else ops._validate)(x, dim, dtype, name)
+    dim, out_dtype = (op_arguments._validate_meta if meta else op_arguments._validate)(x, dim, dtype, name)
     _check(x, dim, scale, mask, causal, name)
     if meta:
-        return ops._output(x, out_dtype)
+        return row_layout._output(x, out_dtype)
     kernels = x.is_floating_point() and x.dim() >= 1
     if kernels and _fused_op is not None and ops._compiling():
         tensor = scale if isinstance(scale, torch.Tensor) else None

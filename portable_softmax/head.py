@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from portable_softmax import head_chunks, head_ops, loss, loss_rows, ops
+from portable_softmax import head_chunks, head_ops, loss, loss_rows, op_arguments, ops
 from portable_softmax.head_chunks import HeadCall
 
 _NAME = "portable_softmax.linear_cross_entropy"
@@ -68,7 +68,7 @@ def _autocast(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
 
 def _check_tensors(hidden: Any, weight: Any, target: Any, bias: Any, class_weight: Any) -> None:
-    if not isinstance(hidden, torch.Tensor) or hidden.dtype not in ops.FLOATING:
+    if not isinstance(hidden, torch.Tensor) or hidden.dtype not in op_arguments.FLOATING:
         raise TypeError(f"{_NAME}: hidden must be a float16, bfloat16, float32 or float64 tensor, got "
                         f"{getattr(hidden, 'dtype', type(hidden).__name__)}")
     if hidden.dim() == 0:

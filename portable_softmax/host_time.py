@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 import portable_softmax
-from portable_softmax import ops
+from portable_softmax import op_calls
 from portable_softmax.device import as_device, device_record
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def implementations(wanted: set[str]) -> dict[str, Paths]:
     """Ours, torch eager, and whichever of torch.compile, Liger and FlagGems are wanted and installed."""
     found = {
         "ours": Paths(lambda x: portable_softmax.softmax(x, -1),
-                      lambda y, dy: ops._backward(y, dy, y.dim() - 1, y.dtype, False)),
+                      lambda y, dy: op_calls._backward(y, dy, y.dim() - 1, y.dtype, False)),
         "torch": Paths(lambda x: torch.softmax(x, -1),
                        lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
     }

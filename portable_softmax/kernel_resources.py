@@ -7,7 +7,7 @@ against them.
 
 Plain data and its key: no torch, no Triton, no driver. The tables are package data,
 ``kernel_resources/<backend>-<arch>-triton-<version>.json``; a target or Triton version without
-one has an empty table, and planning estimates (``planner.estimate_resources``).
+one has an empty table, and planning estimates (``plan_grid.estimate_resources``).
 """
 from __future__ import annotations
 

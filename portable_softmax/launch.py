@@ -31,7 +31,8 @@ from portable_softmax.interpreter import language_unpatched
 from portable_softmax.kernel_resources import table_for
 from portable_softmax.launch_plan import (Fusion, Lookup, RowView, Variant, known_resources, plan_softmax,
                                           softmax_call)
-from portable_softmax.planner import LaunchPlan, Target, plan_sharded
+from portable_softmax.plan_grid import LaunchPlan, Target
+from portable_softmax.planner import plan_sharded
 from portable_softmax.targets import target_for
 from portable_softmax.record import KernelResources
 from portable_softmax.tuning import TUNING
@@ -214,7 +215,7 @@ class LaunchRecord:
 
 
 class SlicedRecord:
-    """The two launches of a sliced plan (``planner._sliced_config``): each slice's partials into
+    """The two launches of a sliced plan (``strided_planner._sliced_config``): each slice's partials into
     a buffer of [slices, rows] partials, then each slice's output from all of its row's partials
     (the streamed kernels of sharded rows, ``variants.phases``). Each phase is a ``LaunchRecord``
     of its own; the partials are allocated per call from torch's caching allocator (graph capture

@@ -24,9 +24,10 @@ from typing import Any, Optional, TypeVar
 from portable_softmax import variants
 from portable_softmax.kernel_resources import POINTER_TYPES, ResourceTable, argument_signature, variant_key
 from portable_softmax.loss_planner import plan_loss
-from portable_softmax.planner import (KernelConfig, LaunchPlan, Target, call_windows, estimate_resources, plan_launch,
-                                      split_fit, tile_fill, tile_fit)
+from portable_softmax.plan_grid import KernelConfig, LaunchPlan, Target, estimate_resources
+from portable_softmax.planner import call_windows, plan_launch, tile_fill, tile_fit
 from portable_softmax.record import KernelResources
+from portable_softmax.split_planner import split_fit
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class RowView:
     def strided(self) -> bool:
         """Whether an input's rows lie side by side in memory while its rows' own elements do not
         (a reduction along a strided dimension): tiles then span adjacent rows
-        (``planner._strided_config``). The last tensor is the output."""
+        (``strided_planner._strided_config``). The last tensor is the output."""
         return self.rows_per_outer > 1 and self.n_cols > 1 and any(
             row == 1 and col != 1 for _, row, col in self.strides[:-1])
 
@@ -104,7 +105,7 @@ Plan = TypeVar("Plan")
 
 def known_resources(target: Target, table: ResourceTable, dtype: str, backward: bool, input_bytes: int) -> Lookup:
     """What planning knows of a variant for data of ``dtype``: the table's row (or its nearest,
-    ``ResourceTable.nearest``), else an estimate (``planner.estimate_resources``; under a register
+    ``ResourceTable.nearest``), else an estimate (``plan_grid.estimate_resources``; under a register
     cap, no more registers than the cap, the rest spilled). ``backward`` and ``input_bytes`` as
     the planner hands them to its estimate."""
     def known(variant: Variant) -> KernelResources:
@@ -216,7 +217,7 @@ def softmax_call(target: Target, direction: str, view: RowView, element_sizes: S
 def softmax_variant(target: Target, call: SoftmaxCall, config: KernelConfig, lookup: Lookup) -> Variant:
     """The variant ``config`` launches for ``call``: its kernel, constexprs and options, with the
     register cap that fits the most programs per unit (``_fitted``) where the tuning asks for
-    one (``planner.split_fit``, ``tile_fill``, ``tile_fit``)."""
+    one (``split_planner.split_fit``, ``tile_fill``, ``tile_fit``)."""
     kernel = variants.kernel_name(call.direction, config.regime)
     constexprs = variants.constexprs(config, call.facts)
     options = variants.options(config, config.num_warps, call.cooperative)
@@ -296,7 +297,7 @@ class LossCall:
 
 def loss_variant(target: Target, call: LossCall, config: KernelConfig, lookup: Lookup) -> Variant:
     """The cross-entropy kernel ``config`` launches for ``call``, a split one with the register
-    cap that fits the most programs per unit (``planner.split_fit``, ``_fitted``)."""
+    cap that fits the most programs per unit (``split_planner.split_fit``, ``_fitted``)."""
     view = call.view
     arguments = variants.loss_scalar_arguments(config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                                call.scalars)

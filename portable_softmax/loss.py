@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from portable_softmax import loss_ops, loss_rows, ops
+from portable_softmax import loss_ops, loss_rows, op_arguments, ops
 from portable_softmax.loss_rows import Options
 
 _NAME = "portable_softmax.cross_entropy"
@@ -175,7 +175,7 @@ def _dims(x: torch.Tensor, dim: Union[int, Sequence[int]]) -> tuple[int, ...]:
         if isinstance(d, bool) or not isinstance(d, int):
             raise TypeError(f"portable_softmax.logsumexp: dim must be an int or a sequence of ints, got {dim!r}")
         if not -rank <= d < rank:
-            raise ops.DimensionError(f"portable_softmax.logsumexp: dim {d} is out of range for a tensor of "
+            raise op_arguments.DimensionError(f"portable_softmax.logsumexp: dim {d} is out of range for a tensor of "
                                      f"{x.dim()} dimension(s) (expected {-rank} to {rank - 1})")
     normalized = tuple(sorted({d % rank for d in found}))
     if not normalized:

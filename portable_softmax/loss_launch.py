@@ -24,7 +24,8 @@ from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
 from portable_softmax.loss_planner import plan_elementwise
-from portable_softmax.planner import LaunchPlan, call_windows
+from portable_softmax.plan_grid import LaunchPlan
+from portable_softmax.planner import call_windows
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 from portable_softmax.tuning import TUNING

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from portable_softmax.planner import (DTYPE_BYTES, KernelConfig, LaunchPlan, ResourceSource, Target, _can_split, _cdiv,
-    _no_split_note, _resources, _row_limit, _size, _warps, next_power_of_2, plan_split, split_config)
+from portable_softmax.plan_grid import (KernelConfig, LaunchPlan, ResourceSource, Target, _cdiv, _resources, _row_limit,
+                                        _size, _warps, next_power_of_2)
+from portable_softmax.planner import DTYPE_BYTES
+from portable_softmax.split_planner import _can_split, _no_split_note, plan_split, split_config
 
 
 def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> LaunchPlan:

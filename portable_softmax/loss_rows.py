@@ -27,7 +27,7 @@ from typing import Optional, Union
 
 import torch
 
-from portable_softmax import loss_launch, ops, variants
+from portable_softmax import row_layout, loss_launch, op_arguments, ops, variants
 
 REDUCTIONS = ("none", "mean", "sum")
 _NAME = "portable_softmax.cross_entropy"
@@ -59,7 +59,7 @@ def validate(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.T
     """The options of a call, or one error naming the argument at fault."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"{_NAME}: input must be a tensor, got {type(input).__name__}")
-    if not input.is_floating_point() or input.dtype not in ops.FLOATING:
+    if not input.is_floating_point() or input.dtype not in op_arguments.FLOATING:
         raise TypeError(f"{_NAME}: input must be float16, bfloat16, float32 or float64, got {input.dtype}")
     if input.dim() == 0:
         raise ValueError(f"{_NAME}: input must have a class dimension (shape (C,), (N, C) or (N, C, d1, ...)), "
@@ -275,7 +275,7 @@ class _Launch:
     def build(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
               rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options) -> "_Launch":
         tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
-        view = ops.row_view(tensors[0].shape, 1, *tensors)
+        view = row_layout.row_view(tensors[0].shape, 1, *tensors)
         if view is None:
             return _Launch(None, 0)
         x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
@@ -289,7 +289,7 @@ class _Launch:
         shares = torch.empty((record.plan.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
         tensors = _rows(x, target, shares[0], lse, grad if grad is not None else x)
         launch = (*launch[:4], tensors[2], *launch[5:])
-        return _Launch(loss_launch.record_for("forward", launch, ops.row_view(tensors[0].shape, 1, *tensors), facts,
+        return _Launch(loss_launch.record_for("forward", launch, row_layout.row_view(tensors[0].shape, 1, *tensors), facts,
                                               scalars), record.plan.chunks)
 
 
@@ -312,12 +312,12 @@ def backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tenso
         return grad.zero_()
     incoming = dloss if options.reduction == "none" else dloss.reshape(()).expand(lse.shape)
     tensors = _rows(x, target, lse, incoming, grad)
-    view = ops.row_view(tensors[0].shape, 1, *tensors)
+    view = row_layout.row_view(tensors[0].shape, 1, *tensors)
     if view is None:
         x, target, incoming = x.contiguous(), target.contiguous(), incoming.contiguous()
         grad = x if inplace else torch.empty_like(x)
         tensors = _rows(x, target, lse, incoming, grad)
-        view = ops.row_view(tensors[0].shape, 1, *tensors)
+        view = row_layout.row_view(tensors[0].shape, 1, *tensors)
     x_rows, target_rows, lse_rows, dloss_rows, grad_rows = tensors
     loss_launch.run("backward", (x_rows, target_rows, weight if weight is not None else x_rows, stats, lse_rows,
                                  dloss_rows, grad_rows), view, _facts(x, options, False), (options.ignore_index,))

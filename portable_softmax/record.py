@@ -145,7 +145,7 @@ class Tuning:
             programs) read 0.42 of the floor forward + backward against 0.62 with the full grid,
             too few bytes in flight for the L2 hits to pay.
         loss_split: the cross-entropy forwards of class targets whose rows are longer than a
-            tile that take the split regime where it is open (``planner._can_split``; the loss's
+            tile that take the split regime where it is open (``split_planner._can_split``; the loss's
             ``cross_entropy_forward_split``): "gradient", the forward that writes the gradient
             (one read and one write where the loop regime streams each row twice), and "loss",
             the forward alone (one read either way: the split regime's chunks are read at once,
@@ -171,7 +171,7 @@ class Tuning:
             ``split_ticket_waves`` resident grids.
         ticket_chunk: per (direction, bytes a column reads, as ``reread_cols``), the widest
             chunk of a ticketed split grid of one-row items, where narrower than the planned one
-            (``planner.ticketed_forms``): more, shorter programs, each started wherever one ends.
+            (``split_planner.ticketed_forms``): more, shorter programs, each started wherever one ends.
         split_pipelined: the directions whose persistent split grids are software-pipelined:
             each program copies its next items' chunks into ``split_stages`` - 1 shared-memory
             buffers while it waits on its current row's peers, so that memory stays busy without
@@ -207,7 +207,7 @@ class Tuning:
             the rows.
         strided_split_slots: see ``strided_split_rows``.
         strided_ticket_chunks: split tiles of several rows with at least this many chunks take
-            their items by ticket (``planner._ticket_fits``) whatever they hold per unit (0:
+            their items by ticket (``split_planner._ticket_fits``) whatever they hold per unit (0:
             none). A persistent program waits on its tile's peers before its next item; a
             program per item leaves the unit to the next while its peers arrive.
         strided_slices: by (direction, bytes of an input element), the shortest reduced length
@@ -233,7 +233,7 @@ class Tuning:
             7-10 us forward against the served 17-24.
         split_two_launches: where the record promises no residency (a program may not wait on
             another), whether the split path is open all the same, its exchange in two launches
-            of the same kernels (``planner.KernelConfig.phased``): every chunk's partials
+            of the same kernels (``plan_grid.KernelConfig.phased``): every chunk's partials
             published, then every chunk written from its rows' partials. Each chunk is read
             twice, as the loop regime reads it; off in every backend's own row. The tests open it
             on the interpreter, so that every split variant's numerics are checked on CPU.

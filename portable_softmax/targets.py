@@ -1,13 +1,13 @@
-"""A device's planning target (``planner.Target``): its record with the tuning row in force and
+"""A device's planning target (``plan_grid.Target``): its record with the tuning row in force and
 its backend's occupancy rule, gathered from the registry and the tuning table. And the planner's
 functions for a record, for callers that hold a record (the command line, tests, plugins)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from portable_softmax import loss_planner, planner
+from portable_softmax import loss_planner, planner, split_planner
 from portable_softmax.backend import get_backend
-from portable_softmax.planner import KernelConfig, LaunchPlan, Target
+from portable_softmax.plan_grid import KernelConfig, LaunchPlan, Target
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 
@@ -34,13 +34,13 @@ def select_config(record: DeviceRecord, n_rows: int, n_cols: int, dtype: str, **
 
 
 def split_config(record: DeviceRecord, n_rows: int, n_cols: int, **options: Any) -> KernelConfig:
-    """``planner.split_config`` for ``record``'s target."""
-    return planner.split_config(target_for(record), n_rows, n_cols, **options)
+    """``split_planner.split_config`` for ``record``'s target."""
+    return split_planner.split_config(target_for(record), n_rows, n_cols, **options)
 
 
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
-    """``planner.split_fit`` for ``record``'s target."""
-    return planner.split_fit(target_for(record), config, input_bytes)
+    """``split_planner.split_fit`` for ``record``'s target."""
+    return split_planner.split_fit(target_for(record), config, input_bytes)
 
 
 def tile_fill(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
@@ -55,8 +55,8 @@ def tile_fit(record: DeviceRecord, config: KernelConfig, tiles: int) -> list[tup
 
 def ticketed_forms(record: DeviceRecord, config: KernelConfig, n_cols: int, backward: bool,
                    input_bytes: int, per_thread: Optional[int] = None) -> list[KernelConfig]:
-    """``planner.ticketed_forms`` for ``record``'s target."""
-    return planner.ticketed_forms(target_for(record), config, n_cols, backward, input_bytes, per_thread)
+    """``split_planner.ticketed_forms`` for ``record``'s target."""
+    return split_planner.ticketed_forms(target_for(record), config, n_cols, backward, input_bytes, per_thread)
 
 
 def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, n_cols: int,

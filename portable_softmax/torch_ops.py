@@ -29,7 +29,7 @@ into the kernel, which ``triton_op`` would only allow for a kernel launched the 
 import torch
 from packaging.version import Version
 
-from portable_softmax import ops
+from portable_softmax import row_layout, op_arguments, op_calls, ops
 
 TORCH_VERSION = Version(Version(torch.__version__.split("+")[0]).base_version)
 
@@ -45,34 +45,34 @@ AVAILABLE = False
 
 
 def _forward_impl(x: torch.Tensor, dim: int, dtype: torch.dtype, log: bool, name: str) -> torch.Tensor:
-    # ``ops._forward`` validates (as ``name``) and normalizes ``dim`` where the call is new: a
+    # ``op_calls._forward`` validates (as ``name``) and normalizes ``dim`` where the call is new: a
     # repeated call is one lookup and one launch, as an eager one.
-    return ops._forward(x, dim, dtype, log)
+    return op_calls._forward(x, dim, dtype, log)
 
 
 def _forward_fake(x: torch.Tensor, dim: int, dtype: torch.dtype, name: str) -> torch.Tensor:
-    _, out_dtype = ops._validate(x, dim, dtype, name)
-    return ops._output(x, out_dtype)
+    _, out_dtype = op_arguments._validate(x, dim, dtype, name)
+    return row_layout._output(x, out_dtype)
 
 
 def _backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, grad_dtype: torch.dtype) -> torch.Tensor:
     if dy.shape != y.shape:
         # Checked on every call: the call's key holds y's shape, not dy's.
         _check_backward(y, dy, dim, grad_dtype)
-    return ops._backward(y, dy, dim, grad_dtype, log, _check_backward)
+    return op_calls._backward(y, dy, dim, grad_dtype, log, _check_backward)
 
 
 def _backward_fake(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, grad_dtype: torch.dtype) -> torch.Tensor:
     _check_backward(y, dy, dim, grad_dtype)
-    return ops._output(y, grad_dtype)
+    return row_layout._output(y, grad_dtype)
 
 
 def _check_backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype) -> int:
-    dim, _ = ops._validate(y, dim, grad_dtype, "softmax_backward")
+    dim, _ = op_arguments._validate(y, dim, grad_dtype, "softmax_backward")
     if dy.shape != y.shape:
         raise ValueError(f"portable_softmax.softmax_backward: dy has shape {tuple(dy.shape)}, "
                          f"y has shape {tuple(y.shape)}")
-    ops._check_dtype("dy's dtype", dy.dtype, "softmax_backward")
+    op_arguments._check_dtype("dy's dtype", dy.dtype, "softmax_backward")
     return dim
 
 

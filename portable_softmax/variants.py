@@ -46,7 +46,7 @@ COUNTS = ("items", "tiles_per_outer", "rows_per_outer", "n_cols")
 
 
 class Config(Protocol):
-    """What a variant is specialised on (``planner.KernelConfig``)."""
+    """What a variant is specialised on (``plan_grid.KernelConfig``)."""
 
     regime: str
     block_m: int
@@ -191,7 +191,7 @@ def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]
 
 # The streamed kernels of rows cut into parts, in two launches (``kernels/partials.py``): rows sharded
 # across ranks (``distributed.py``), and the ``sliced`` regime (long reductions along a strided
-# dimension cut into slices; ``planner._strided_config``). The kernels of each phase, their
+# dimension cut into slices; ``strided_planner._strided_config``). The kernels of each phase, their
 # tensors in argument order (``stats``: the partials, indexed by part and row; the others: row
 # views with (outer, row, column) strides), and counts after ``COUNTS``: the slices and the
 # columns each holds (one slice of the whole row for sharded rows), and where partials are

@@ -23,13 +23,14 @@ from typing import Any, Optional
 
 import torch
 
-from portable_softmax import launch_plan, ops, variants
+from portable_softmax import launch_plan, row_layout, variants
 from portable_softmax.arguments import parse_tensor_shape
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import ResourceTable, table_for
 from portable_softmax.launch_plan import RowView, Variant
 from portable_softmax.loss_planner import plan_elementwise
-from portable_softmax.planner import DTYPE_BYTES, LaunchPlan, Target, call_windows
+from portable_softmax.plan_grid import LaunchPlan, Target
+from portable_softmax.planner import DTYPE_BYTES, call_windows
 from portable_softmax.profiles import profile_names, profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
@@ -142,7 +143,7 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
 
 
 def _row_view(shape: tuple[int, ...], dim: int, tensors: Sequence[torch.Tensor]) -> RowView:
-    view = ops.row_view(shape, dim % len(shape), *tensors)
+    view = row_layout.row_view(shape, dim % len(shape), *tensors)
     assert view is not None  # contiguous tensors always have one
     return view
 

@@ -9,7 +9,7 @@ import torch
 
 import portable_softmax as ps
 from portable_softmax import device as device_layer
-from portable_softmax import fused, launch, launch_plan, ops
+from portable_softmax import fused, launch, launch_plan, row_layout, op_arguments
 from portable_softmax.selfcheck import relative_error
 from portable_softmax.tuning import TUNING, replace, tuning_for
 
@@ -32,7 +32,7 @@ def test_a_repeated_call_plans_compiles_and_queries_nothing(device, monkeypatch,
     counts: dict = {}
     for module, name in ((launch_plan, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
                          (launch, "backend_for"), (launch, "device_record"), (device_layer, "_record_or_error"),
-                         (ops, "_validate")):
+                         (op_arguments, "_validate")):
         _count(monkeypatch, module, name, counts)
     torch.autograd.grad(fn(x, -1), x, dy)
     first = dict(counts)
@@ -88,7 +88,7 @@ def test_a_repeated_fused_call_plans_and_compiles_nothing(device, monkeypatch):
     calls = [dict(scale=0.125, mask=mask), dict(scale=1 / temperature, causal=True)]
     counts: dict = {}
     for module, name in ((launch_plan, "plan_launch"), (launch, "_compiled_resources"), (launch, "build_record"),
-                         (fused, "_fusion"), (ops, "_validate"), (fused, "_check")):
+                         (fused, "_fusion"), (op_arguments, "_validate"), (fused, "_check")):
         _count(monkeypatch, module, name, counts)
     for kwargs in calls:
         torch.autograd.grad(ps.softmax(x, -1, **kwargs), x, dy)
@@ -128,14 +128,14 @@ def test_alignment_and_strides_pick_their_own_binary(device):
 
 def test_overrides_take_effect_after_a_call(device, monkeypatch):
     x = torch.randn(37, 1000, device=device)
-    first = launch.run_forward(x, torch.empty_like(x), ops.row_view(tuple(x.shape), 1, x, x), False)
+    first = launch.run_forward(x, torch.empty_like(x), row_layout.row_view(tuple(x.shape), 1, x, x), False)
     monkeypatch.setenv(launch.PROGRAMS_ENV, "1")
     built = []
     real = launch.build_record
     monkeypatch.setattr(launch, "build_record", lambda *a, **k: built.append(1) or real(*a, **k))
     y = ps.softmax(x, -1)
     assert built, "a changed PORTABLE_SOFTMAX_PROGRAMS did not re-plan the call"
-    forced = launch.run_forward(x, torch.empty_like(x), ops.row_view(tuple(x.shape), 1, x, x), False)
+    forced = launch.run_forward(x, torch.empty_like(x), row_layout.row_view(tuple(x.shape), 1, x, x), False)
     assert forced.programs == 1 != first.programs or first.programs == 1
     assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
     monkeypatch.setenv("PORTABLE_SOFTMAX_BACKEND", "nosuch")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import portable_softmax
-from portable_softmax import ops, planner, targets, vendors
+from portable_softmax import row_layout, plan_grid, planner, targets, vendors
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import window_align
 from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill, ticketed_forms
@@ -275,7 +275,7 @@ def test_rows_of_2_31_elements_are_planned_without_the_tensor():
     splits there. A strided row that spans 2**31 elements has no row view: it is copied first."""
     long = 2**31 + 64
     contiguous = torch.empty(long, device="meta")
-    view = ops.row_view((long,), 0, contiguous, contiguous)
+    view = row_layout.row_view((long,), 0, contiguous, contiguous)
     assert view is not None and view.n_cols == long and not view.narrow
     for name in sorted(REQUIRED_PROFILES):
         for backward in (False, True):
@@ -283,7 +283,7 @@ def test_rows_of_2_31_elements_are_planned_without_the_tensor():
             assert plan.regime == "loop" and not plan.dense, (name, plan.reason)
     h100 = profile_record("h100")
     target = targets.target_for(h100)
-    resident = planner.Target(h100, replace(target.tuning, split_chunk=2**22), target.occupancy, target.fit_options)
+    resident = plan_grid.Target(h100, replace(target.tuning, split_chunk=2**22), target.occupancy, target.fit_options)
     small = KernelResources(registers=32, shared_memory=0, num_warps=4)
     for backward in (False, True):
         assert planner.plan_launch(resident, 4, 2**31 - 1, "float32", backward=backward,
@@ -291,9 +291,9 @@ def test_rows_of_2_31_elements_are_planned_without_the_tensor():
         assert planner.plan_launch(resident, 4, 2**31, "float32", backward=backward,
                                    resources=small).regime == "loop"
     strided = torch.empty_strided((long,), (2,), device="meta")
-    assert ops.row_view((long,), 0, strided, contiguous) is None
+    assert row_layout.row_view((long,), 0, strided, contiguous) is None
     short = 2**30  # spans (2**30 - 1) * 2 < 2**31 elements
-    assert ops.row_view((short,), 0, torch.empty_strided((short,), (2,), device="meta"),
+    assert row_layout.row_view((short,), 0, torch.empty_strided((short,), (2,), device="meta"),
                         torch.empty(short, device="meta")) is not None
 
 

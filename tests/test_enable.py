@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import portable_softmax as ps
-from portable_softmax import ops
+from portable_softmax import op_calls
 from portable_softmax.device import device_record
 from portable_softmax.selfcheck import relative_error
 from portable_softmax.tuning import TUNING, replace, tuning_for
@@ -354,13 +354,13 @@ def test_blocks_nest_and_leave_what_is_still_open():
 def test_a_call_made_while_one_is_served_goes_to_torch(monkeypatch):
     """A fallback inside the package that calls torch.softmax reaches torch's kernel, not the
     registration again (which would recurse forever)."""
-    forward = ops._forward
+    forward = op_calls._forward
 
     def calls_torch(x, dim, dtype, log):
         torch.softmax(x, dim)  # reaches the registration from inside a served call
         return forward(x, dim, dtype, log)
 
-    monkeypatch.setattr(ops, "_forward", calls_torch)
+    monkeypatch.setattr(op_calls, "_forward", calls_torch)
     x = torch.randn(3, 7)
     with ps.enabled(["cpu"]) as served:
         y = torch.softmax(x, -1)

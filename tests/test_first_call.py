@@ -21,7 +21,8 @@ from portable_softmax.crosscompile.cases import FUSED_FORM, LOSS_FORMS, Case, _f
 from portable_softmax.crosscompile.targets import parse_target, target_record
 from portable_softmax.kernel_resources import FOLDER, ResourceTable, argument_signature, table_from_json, variant_key
 from portable_softmax.launch_plan import Fusion, RowView, Variant, plan_checked
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig
+from portable_softmax.plan_grid import KernelConfig
+from portable_softmax.planner import DTYPE_BYTES
 from portable_softmax.profiles import profile_record
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for

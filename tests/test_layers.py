@@ -12,11 +12,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "portable_softmax"
 LAYERS = [
     ("records", {"record"}),
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
-    ("planning", {"tuning", "planner", "loss_planner", "targets", "kernel_resources"}),
+    ("planning", {"tuning", "planner", "plan_grid", "split_planner", "strided_planner", "loss_planner", "targets",
+                  "kernel_resources"}),
     ("runtime", {"variants", "kernels", "interpreter", "launch_plan", "launch", "loss_launch"}),
-    ("public API and torch integration", {"ops", "torch_ops", "distributed", "distributed_loss", "distributed_head",
-                                          "fused", "enable", "__init__", "loss", "loss_rows", "loss_ops", "nn",
-                                          "head", "head_chunks", "head_ops"}),
+    ("public API and torch integration", {"ops", "op_arguments", "row_layout", "op_calls", "op_autograd", "torch_ops",
+                                          "distributed", "distributed_loss", "distributed_head", "fused", "enable",
+                                          "__init__", "loss", "loss_rows", "loss_ops", "nn", "head", "head_chunks",
+                                          "head_ops"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
                "machine_code", "bench_loss", "bench_head", "warmup"}),
 ]

@@ -10,7 +10,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 import portable_softmax as ps
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout, op_calls
 from portable_softmax.selfcheck import relative_error
 
 LAYOUTS = {
@@ -69,14 +69,14 @@ def test_backward_op_strides_as_torch_s(device, layout, fns):
     for dim in range(x.dim()):
         y = _like(x).copy_(theirs(x, dim))
         dy = _like(x)
-        dx = ops._backward(y, dy, dim, x.dtype, log)
+        dx = op_calls._backward(y, dy, dim, x.dtype, log)
         expected = backward(dy, y, dim, x.dtype)
         assert dx.stride() == expected.stride(), (layout, dim)
         assert relative_error(dx, backward(dy.double(), y.double(), dim, torch.float64)) < 1e-5, (layout, dim)
         # Against torch's kernels, not its meta: torch's meta for _log_softmax_backward_data is a
         # Python decomposition (torch/_decomp/decompositions.py) whose elementwise result takes a
         # strided dy's layout, where its CPU and CUDA kernels return a contiguous dx.
-        assert ops._backward(y.to("meta"), dy.to("meta"), dim, x.dtype, log).stride() == expected.stride()
+        assert op_calls._backward(y.to("meta"), dy.to("meta"), dim, x.dtype, log).stride() == expected.stride()
 
 
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
@@ -132,8 +132,8 @@ def test_common_layouts_need_no_copy(device, monkeypatch, layout, dims, fns):
 
     monkeypatch.setattr(launch, "build_record", recording)
     # Records built before this test would launch without passing here.
-    monkeypatch.setattr(ops, "_forward_calls", {})
-    monkeypatch.setattr(ops, "_backward_calls", {})
+    monkeypatch.setattr(op_calls, "_forward_calls", {})
+    monkeypatch.setattr(op_calls, "_backward_calls", {})
     x = LAYOUTS[layout](device)
     log = ours is ps.log_softmax
     for dim in dims:
@@ -144,7 +144,7 @@ def test_common_layouts_need_no_copy(device, monkeypatch, layout, dims, fns):
         assert (given.data_ptr(), given.stride()) == (x.data_ptr(), x.stride()) and out is y, (layout, dim)
         for y_in, dy in ((y, torch.randn(x.shape, device=device)), (_like(x).copy_(y), _like(x))):
             launched.clear()
-            dx = ops._backward(y_in, dy, dim, x.dtype, log)
+            dx = op_calls._backward(y_in, dy, dim, x.dtype, log)
             ((given_y, given_dy, _),) = launched
             assert given_y is y_in and given_dy is dy, (layout, dim, "backward")
             assert relative_error(dx, backward(dy.double(), y_in.double(), dim, torch.float64)) < 1e-5
@@ -155,7 +155,7 @@ def test_three_stride_rows_are_copied_once(device, layout, dim):
     """Rows whose other dimensions take three strides in x or the output (channels-last over H or
     W): no row view; the call copies x contiguous and still returns torch's values and layout."""
     x = LAYOUTS[layout](device)
-    assert ops.row_view(tuple(x.shape), dim, x, ops._output(x, x.dtype)) is None
+    assert row_layout.row_view(tuple(x.shape), dim, x, row_layout._output(x, x.dtype)) is None
     y = ps.softmax(x, dim)
     assert y.stride() == torch.softmax(x, dim).stride()
     assert relative_error(y, torch.softmax(x.double(), dim)) < 1e-5

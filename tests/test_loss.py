@@ -552,16 +552,16 @@ def test_strided_incoming_gradient_of_none(device):
 def test_plans_for_recorded_chips(profile):
     # The pure planner, for chips that are not here: whole rows in tiles while they fit (half as
     # long where the gradient is formed from them), longer ones streamed; grids within limits.
-    from portable_softmax import loss_planner, planner, profiles, targets
+    from portable_softmax import loss_planner, plan_grid, profiles, targets
 
     target = targets.target_for(profiles.profile_record(profile))
-    limit = planner._row_limit(target.tuning, "float32", True)
+    limit = plan_grid._row_limit(target.tuning, "float32", True)
     for n_rows, n_cols in ((8192, 781), (8192, limit), (8192, limit + 1), (4096, 256000), (1, 50257)):
         for writes in (True, False):
             plan = loss_planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2)
-            held = planner.next_power_of_2(n_cols) <= planner._row_limit(target.tuning, "float32", writes)
+            held = plan_grid.next_power_of_2(n_cols) <= plan_grid._row_limit(target.tuning, "float32", writes)
             assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
-            assert plan.block_n >= (planner.next_power_of_2(n_cols) if held else 1)
+            assert plan.block_n >= (plan_grid.next_power_of_2(n_cols) if held else 1)
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
 
 

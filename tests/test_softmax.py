@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, ops, tuning, variants
+from portable_softmax import launch, row_layout, tuning, variants
 from portable_softmax.selfcheck import ERROR_FLOOR, relative_error, tolerance
 from regimes import SPLIT_REGIMES, force_regime, interpreted, open_split, regime_of
 
@@ -314,7 +314,7 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     rows = 2 if regime in SPLIT_REGIMES and interpreted(device) else 37
     x = torch.randn(rows, cols, device=device) * 3
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
     if cols > 64:  # narrower rows fit a tile whatever is forced
         assert regime_of(plan) == regime
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
@@ -323,7 +323,7 @@ def test_every_regime_writes_every_element(device, monkeypatch, regime, log, col
     dy = torch.randn_like(x)
     dx = torch.full_like(x, float("nan"))
     yd = reference.float()
-    plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(x.shape), 1, yd, dy, dx), log)
+    plan = launch.run_backward(yd, dy, dx, row_layout.row_view(tuple(x.shape), 1, yd, dy, dx), log)
     xd = x.double().requires_grad_()
     grad = torch.autograd.grad((torch.log_softmax if log else torch.softmax)(xd, -1), xd, dy.double())[0]
     assert not dx.isnan().any()
@@ -348,13 +348,13 @@ def test_replayed_launches_recompute_everything(device, monkeypatch, regime):
     for _ in range(3):
         x = torch.randn(shape, device=device) * 3
         y = torch.full_like(x, float("nan"))
-        view = ops.row_view(tuple(x.shape), 1, x, y)
+        view = row_layout.row_view(tuple(x.shape), 1, x, y)
         plan = launch.run_forward(x, y, view, False)
         assert regime_of(plan) == regime and (first is None or plan is first)
         first = plan
         assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
-        launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
+        launch.run_backward(y, dy, dx, row_layout.row_view(tuple(x.shape), 1, y, dy, dx), False)
         yd = y.double()
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-5
 
@@ -385,13 +385,13 @@ def test_split_rows_of_many_chunks_over_many_items(device, monkeypatch, grid, co
     for _ in range(calls):
         x = torch.randn(rows, cols // 2048 * chunk, device=device, dtype=torch.bfloat16) * 3
         y = torch.full_like(x, float("nan"))
-        plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
+        plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), False)
         assert plan.regime == "split" and plan.chunks == cols // 2048
         assert regime_of(plan) == ("split" if grid == "persistent" else grid)
         assert plan.programs == plan.items if grid == "ticketed" else plan.items > 4 * plan.programs
         _check(y, torch.softmax(x, -1), torch.softmax(x.double(), -1), torch.bfloat16)
         dy, dx = torch.randn_like(x), torch.full_like(x, float("nan"))
-        launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), False)
+        launch.run_backward(y, dy, dx, row_layout.row_view(tuple(x.shape), 1, y, dy, dx), False)
         yd = y.double()
         assert relative_error(dx, yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))) < 1e-2
 
@@ -408,7 +408,7 @@ def test_rows_far_below_zero_in_every_regime(device, monkeypatch, regime, log):
     x[3] = -100.0
     x[4, :500], x[4, 500:] = -float("inf"), x[4, 500:] - 4000
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
     assert regime_of(plan) == regime
     reference = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     assert torch.equal(y.isinf(), reference.isinf()) and not y.isnan().any()
@@ -431,7 +431,7 @@ def test_ticketed_and_persistent_split_launches_interleave(device, monkeypatch):
         monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, split_tickets=frozenset({tickets} - {""})))
         x = torch.randn(shape, device=device) * 3
         y = torch.full_like(x, float("nan"))
-        plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), False)
+        plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), False)
         assert plan.regime == "split" and plan.ticketed == bool(tickets)
         assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-5
 
@@ -455,7 +455,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     x = torch.randn(rows, cols, device=device, dtype=dtype) * 3
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
     assert plan.regime == "split" and plan.align == 16 // x.element_size()
     reference = fn(x.double(), -1)
     assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
@@ -464,7 +464,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     yd = fn(x[finite].double(), -1).to(dtype)
     dy = torch.randn_like(yd)
     dx = torch.full_like(yd, float("nan"))
-    plan = launch.run_backward(yd, dy, dx, ops.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
+    plan = launch.run_backward(yd, dy, dx, row_layout.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
     assert plan.regime == "split" and plan.align == 16 // x.element_size()
     xd = x[finite].double().requires_grad_()
     grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
@@ -491,7 +491,7 @@ def test_split_rows_with_a_chunk_of_only_minus_inf(device, monkeypatch, fns, dty
     x[3, :] = x[3, :].clamp(max=-5000)
     x[3, -1] = 10.0
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), ours is ps.log_softmax)
+    plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), ours is ps.log_softmax)
     assert regime_of(plan) == regime and plan.chunks > 2
     expected = theirs(x, -1)
     assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
@@ -527,7 +527,7 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     y = fn(x.double(), -1).to(dtype)
     dy = torch.randn(x.shape, device=device).to(dtype)
     dx = torch.full(x.shape, float("nan"), device=device, dtype=dtype)
-    plan = launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), x.dim() - 1, y, dy, dx), log)
+    plan = launch.run_backward(y, dy, dx, row_layout.row_view(tuple(x.shape), x.dim() - 1, y, dy, dx), log)
     dense = layout.startswith("dense")
     assert plan.regime == "tile" and plan.reread and plan.block_n == 1024 and plan.dense == dense
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
@@ -535,7 +535,7 @@ def test_reread_tiles(device, monkeypatch, dtype, log, layout):
     x = x.to(dtype)
     x[(0,) * (x.dim() - 1)][:5] = -float("inf")
     out = torch.full(x.shape, float("nan"), device=device, dtype=dtype)
-    view = ops.row_view(tuple(x.shape), x.dim() - 1, x, out)
+    view = row_layout.row_view(tuple(x.shape), x.dim() - 1, x, out)
     plan = launch.run_forward(x, out, view, log)
     if view.strided:
         # x's rows lie side by side (transposed, two groups): tiles of adjacent rows, read once
@@ -561,13 +561,13 @@ def test_dense_held_tiles(device, monkeypatch, shape, log):
     x = torch.randn(shape, device=device) * 3
     dense = shape[0] % max(1, 1024 // shape[1]) == 0 and shape[1] in (128, 1024)
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, ops.row_view(shape, 1, x, y), log)
+    plan = launch.run_forward(x, y, row_layout.row_view(shape, 1, x, y), log)
     assert plan.regime == "tile" and not plan.reread and plan.dense == dense
     fn = torch.log_softmax if log else torch.softmax
     _check(y, fn(x, -1), fn(x.double(), -1), torch.float32)
     dy = torch.randn_like(x)
     dx = torch.full_like(x, float("nan"))
-    plan = launch.run_backward(y, dy, dx, ops.row_view(shape, 1, y, dy, dx), log)
+    plan = launch.run_backward(y, dy, dx, row_layout.row_view(shape, 1, y, dy, dx), log)
     assert plan.regime == "tile" and plan.dense == dense
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     _check(dx, theirs(dy, y, -1, torch.float32), theirs(dy.double(), y.double(), -1, torch.float64), torch.float32)
@@ -588,13 +588,13 @@ def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, pe
     rows = 3 if per_tile and device == "cpu" else 20000 if device != "cpu" else 1823
     x = torch.randn(rows, 781, device=device) * 3
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, ops.row_view(tuple(x.shape), 1, x, y), log)
+    plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
     assert plan.regime == "tile" and plan.per_tile == per_tile and (plan.programs < plan.tiles) != per_tile
     fn = torch.log_softmax if log else torch.softmax
     _check(y, fn(x, -1), fn(x.double(), -1), torch.float32)
     dy = torch.randn_like(x)
     dx = torch.full_like(x, float("nan"))
-    plan = launch.run_backward(y, dy, dx, ops.row_view(tuple(x.shape), 1, y, dy, dx), log)
+    plan = launch.run_backward(y, dy, dx, row_layout.row_view(tuple(x.shape), 1, y, dy, dx), log)
     assert plan.regime == "tile" and plan.per_tile == per_tile
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     _check(dx, theirs(dy, y, -1, torch.float32), theirs(dy.double(), y.double(), -1, torch.float64), torch.float32)
@@ -618,7 +618,7 @@ def test_split_windows_over_views_and_casts(device, monkeypatch, case):
             :, :2 if few else 8, :cols]
     out_dtype = torch.float32 if case == "dtype_float32" else x.dtype
     y = torch.full(x.shape, float("nan"), device=device, dtype=out_dtype)
-    view = ops.row_view(tuple(x.shape), x.dim() - 1, x, y)
+    view = row_layout.row_view(tuple(x.shape), x.dim() - 1, x, y)
     plan = launch.run_forward(x, y, view, False)
     assert plan.regime == "split" and plan.align == 8
     reference = torch.softmax(x.double(), -1)

@@ -1,5 +1,5 @@
 """Reductions along a strided dimension (rows side by side in memory): column softmax, channels of
-NCHW tensors, transposed inputs. Their tiles span adjacent rows (``planner._strided_config``) in
+NCHW tensors, transposed inputs. Their tiles span adjacent rows (``strided_planner._strided_config``) in
 every regime: a whole row per tile, chunks of tiles split across co-resident programs (GPUs),
 slices streamed in two launches (the interpreter, AMD and Ascend, which promise no residency, and
 long bf16 columns on the H200), or streamed twice by a program per tile. Results against torch in
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import launch, ops, tuning
+from portable_softmax import launch, row_layout, tuning
 from portable_softmax.device import device_record
 from portable_softmax.selfcheck import relative_error, tolerance
 from portable_softmax.targets import plan_launch
@@ -27,7 +27,7 @@ CASES = [((4096, 160), 0), ((70000, 3), 0), ((5, 21, 17, 19), 1), ((1, 300), 0)]
 def _planned_regime(x: torch.Tensor, dim: int, backward: bool = False) -> tuple[str, int]:
     y = torch.empty_like(x)
     tensors = (y, y, y) if backward else (x, y)
-    view = ops.row_view(tuple(x.shape), dim % x.dim(), *tensors)
+    view = row_layout.row_view(tuple(x.shape), dim % x.dim(), *tensors)
     record = launch.build_record("backward" if backward else "forward", tensors, view, False, False)
     return record.plan.regime, record.plan.block_m
 
@@ -77,7 +77,7 @@ def test_wide_backward_split_tiles_match_torch(device, monkeypatch, fns):
         pytest.skip("this device's tuning asks for no wider backward tiles")
     shape = (1, 100, 9, 11) if interpreted(device) else (8, 1000, 33, 31)
     y = torch.empty(shape, device=device, dtype=torch.bfloat16)
-    plan = launch.build_record("backward", (y, y, y), ops.row_view(shape, 1, y, y, y), False, False).plan
+    plan = launch.build_record("backward", (y, y, y), row_layout.row_view(shape, 1, y, y, y), False, False).plan
     assert plan.regime == "split" and plan.block_m == wide, plan
     ours, theirs = fns
     for _ in range(3):
@@ -90,7 +90,7 @@ def test_transposed_rows_with_a_contiguous_output(device):
     the other."""
     x = torch.randn(300, 4000, device=device).t()
     y = torch.full((4000, 300), float("nan"), device=device)
-    view = ops.row_view((4000, 300), 1, x, y)
+    view = row_layout.row_view((4000, 300), 1, x, y)
     assert view is not None and view.strided
     launch.run_forward(x, y, view, False)
     assert relative_error(y, torch.softmax(x.double(), -1)) < 1e-6
@@ -174,7 +174,7 @@ def test_sliced_reductions_match_torch(device, case, dtype, log):
         x.select(dim, 7).fill_(-float("inf"))  # a -inf in every row
         x.select(dim, 11).mul_(30)
         y = torch.full(shape, float("nan"), device=device, dtype=dtype)
-        view = ops.row_view(shape, dim, x, y)
+        view = row_layout.row_view(shape, dim, x, y)
         assert launch.run_forward(x, y, view, log).regime == "sliced"
         reference = function(x.double(), dim)
         error = _finite_error(y, reference)
@@ -182,7 +182,7 @@ def test_sliced_reductions_match_torch(device, case, dtype, log):
         dy = torch.randn(shape, device=device).to(dtype)
         y_torch = function(x, dim)
         dx = torch.full(shape, float("nan"), device=device, dtype=dtype)
-        plan = launch.run_backward(y_torch, dy, dx, ops.row_view(shape, dim, y_torch, dy, dx), log)
+        plan = launch.run_backward(y_torch, dy, dx, row_layout.row_view(shape, dim, y_torch, dy, dx), log)
         assert plan.regime == "sliced"
         expected = backward(dy.double(), y_torch.double(), dim, torch.float64)
         theirs = backward(dy, y_torch, dim, dtype)
@@ -199,7 +199,7 @@ def test_sliced_rows_with_a_contiguous_output(device, log):
     padded = torch.randn(3, 50304, device=device, dtype=torch.bfloat16) * 4
     x = padded[:, :50257]
     y = torch.full((3, 50257), float("nan"), device=device, dtype=torch.bfloat16)
-    view = ops.row_view((3, 50257), 1, x, y)
+    view = row_layout.row_view((3, 50257), 1, x, y)
     launch.run_forward(x, y, view, log)
     function = torch.log_softmax if log else torch.softmax
     reference = function(x.double(), -1)
@@ -208,7 +208,7 @@ def test_sliced_rows_with_a_contiguous_output(device, log):
     y_sliced = torch.empty_like(padded)[:, :50257].copy_(y)
     dy = dy_padded[:, :50257]
     dx = torch.full((3, 50257), float("nan"), device=device, dtype=torch.bfloat16)
-    launch.run_backward(y_sliced, dy, dx, ops.row_view((3, 50257), 1, y_sliced, dy, dx), log)
+    launch.run_backward(y_sliced, dy, dx, row_layout.row_view((3, 50257), 1, y_sliced, dy, dx), log)
     backward = torch._log_softmax_backward_data if log else torch._softmax_backward_data
     expected = backward(dy.double(), y_sliced.double(), 1, torch.float64)
     assert relative_error(dx, expected) < 2e-2
@@ -230,14 +230,14 @@ def test_shifted_outputs_stay_inside_their_rows(device, log):
         buffer = torch.full((rows * length + 2 * guard,), float("nan"), device=device, dtype=torch.bfloat16)
         out = buffer[guard:guard + rows * length].view(rows, length)
         if direction == "forward":
-            record = launch.build_record("forward", (x, out), ops.row_view((rows, length), 1, x, out), log, False)
+            record = launch.build_record("forward", (x, out), row_layout.row_view((rows, length), 1, x, out), log, False)
             reference = function(x.double(), -1)
             theirs = function(x, -1)
         else:
             # y laid out as dy (a softmax's own result would be contiguous): the inputs share windows.
             y = torch.empty(rows, 50259, device=device, dtype=torch.bfloat16)[:, :length]
             y.copy_(function(x.float() / 2, -1))
-            record = launch.build_record("backward", (y, dy, out), ops.row_view((rows, length), 1, y, dy, out),
+            record = launch.build_record("backward", (y, dy, out), row_layout.row_view((rows, length), 1, y, dy, out),
                                          log, False)
             reference = backward(dy.double(), y.double(), 1, torch.float64)
             theirs = backward(dy, y, 1, torch.bfloat16)

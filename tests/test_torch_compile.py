@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import portable_softmax as ps
-from portable_softmax import ops, torch_ops
+from portable_softmax import row_layout, op_arguments, op_calls, torch_ops
 from portable_softmax.selfcheck import relative_error, tolerance
 from test_fused import _reference as fused_reference
 
@@ -43,9 +43,9 @@ def _twins(device: str) -> tuple[Net, Net]:
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts of the eager path's kernel entry points (ops._forward / ops._backward) per call."""
+    """Counts of the eager path's kernel entry points (op_calls._forward / op_calls._backward) per call."""
     calls = {"forward": 0, "backward": 0}
-    forward, backward = ops._forward, ops._backward
+    forward, backward = op_calls._forward, op_calls._backward
 
     def counted_forward(*args):
         calls["forward"] += 1
@@ -55,8 +55,8 @@ def kernel_calls(monkeypatch):
         calls["backward"] += 1
         return backward(*args)
 
-    monkeypatch.setattr(ops, "_forward", counted_forward)
-    monkeypatch.setattr(ops, "_backward", counted_backward)
+    monkeypatch.setattr(op_calls, "_forward", counted_forward)
+    monkeypatch.setattr(op_calls, "_backward", counted_backward)
     return calls
 
 
@@ -112,10 +112,10 @@ def test_operators_check_a_call_signature_once(device, monkeypatch):
     48 us a call on a CPU host). What the signature does not hold is checked on every call: a dy
     of another shape with the same strides is refused, never launched; a bad call is refused each
     time, nothing of it kept."""
-    ops._forget_calls()
+    op_calls._forget_calls()
     checked = []
-    validate = ops._validate
-    monkeypatch.setattr(ops, "_validate", lambda *args: checked.append(args[-1]) or validate(*args))
+    validate = op_arguments._validate
+    monkeypatch.setattr(op_arguments, "_validate", lambda *args: checked.append(args[-1]) or validate(*args))
     softmax, backward = torch.ops.portable_softmax.softmax.default, torch.ops.portable_softmax.softmax_backward.default
     x, dy = torch.randn(3, 5, device=device), torch.randn(3, 5, device=device)
     for _ in range(3):
@@ -192,7 +192,7 @@ def test_layout_matches_the_fake_when_rows_need_a_copy(device):
     # valid only if the operator returns that layout.
     base = torch.randn(4, 3, 4, 5, device=device)
     x = base[::2]
-    assert ops.row_view(tuple(x.shape), 2, x, torch.empty_like(x)) is None, "the case no longer needs a copy"
+    assert row_layout.row_view(tuple(x.shape), 2, x, torch.empty_like(x)) is None, "the case no longer needs a copy"
 
     def f(t):
         return ps.softmax(t, 2).view(-1) + 1

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -207,8 +207,8 @@ def main() -> None:
         reference_dx = torch._softmax_backward_data(dy.double(), y_torch.double(), 0, torch.float64)
         y = torch.empty_like(x)
         dx = torch.empty_like(x)
-        fview = ops.row_view(tuple(x.shape), 0, x, y)
-        bview = ops.row_view(tuple(x.shape), 0, y_torch, dy, dx)
+        fview = row_layout.row_view(tuple(x.shape), 0, x, y)
+        bview = row_layout.row_view(tuple(x.shape), 0, y_torch, dy, dx)
         compiled_f = torch.compile(lambda t: torch.softmax(t, 0), dynamic=False)
         compiled_b = torch.compile(lambda a, g: torch._softmax_backward_data(g, a, 0, dtype), dynamic=False)
         name = f"column {shape} {str(dtype)[6:]}"

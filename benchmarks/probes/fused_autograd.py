@@ -66,7 +66,7 @@ def main() -> None:
         paths = {
             "op": lambda: fused._fused_backward(yd, dy, 1, yd.dtype, False, scale, None, False),
             "autograd": lambda: torch.autograd.grad(y, leaf, dy, retain_graph=True)[0],
-            "plain op": lambda: ps.ops._backward(yd, dy, 1, yd.dtype, False),
+            "plain op": lambda: ps.op_calls._backward(yd, dy, 1, yd.dtype, False),
             "plain autograd": lambda: torch.autograd.grad(y_plain, leaf, dy, retain_graph=True)[0],
             "torch autograd": lambda: torch.autograd.grad(y_torch, leaf, dy, retain_graph=True)[0],
         }

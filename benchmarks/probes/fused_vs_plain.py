@@ -75,7 +75,7 @@ def run(cases: list) -> None:
                 ("fused", lambda: ps.softmax(x, dim, **fusion),
                  lambda: fused._fused_backward(y, dy, dim, y.dtype, False, fusion.get("scale"), fusion.get("mask"),
                                                fusion.get("causal", False)), fused_forward),
-                ("plain", lambda: ps.softmax(x, dim), lambda: ps.ops._backward(y, dy, dim, y.dtype, False),
+                ("plain", lambda: ps.softmax(x, dim), lambda: ps.op_calls._backward(y, dy, dim, y.dtype, False),
                  2 * moved)):
             before = len(_built)
             forward(), backward()
@@ -83,7 +83,7 @@ def run(cases: list) -> None:
             b = 3 * moved / do_bench(backward) / (2 * moved / copy)
             line.append(f"{name} {f:.2f} / {b:.2f} [{'; '.join(plans_since(before))}]")
             launch._records.clear()
-            ps.ops._forward_calls.clear(), ps.ops._backward_calls.clear()
+            ps.op_calls._forward_calls.clear(), ps.op_calls._backward_calls.clear()
             fused._forward_calls.clear(), fused._backward_calls.clear()
         print(f"{case.name} {str(case.dtype)[6:]}: " + " | ".join(line), flush=True)
         del x, dy, y, fusion

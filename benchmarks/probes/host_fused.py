@@ -10,7 +10,7 @@ import time
 import torch
 
 import portable_softmax as ps
-from portable_softmax import fused, launch, ops
+from portable_softmax import fused, launch, op_calls
 
 
 def per_call_us(fn, calls: int = 3000) -> float:
@@ -34,7 +34,7 @@ def main() -> None:
         "forward, fused": lambda: ps.softmax(x.detach(), -1, scale=scale),
         "forward, plain": lambda: ps.softmax(x.detach(), -1),
         "backward op, fused": lambda: fused._fused_backward(y, dy, 1, y.dtype, False, scale, None, False),
-        "backward op, plain": lambda: ops._backward(y, dy, 1, y.dtype, False),
+        "backward op, plain": lambda: op_calls._backward(y, dy, 1, y.dtype, False),
         "autograd, fused": lambda: torch.autograd.grad(y_fused, x, dy, retain_graph=True),
         "autograd, plain": lambda: torch.autograd.grad(y_plain, x, dy, retain_graph=True),
         "autograd, torch": lambda: torch.autograd.grad(y_torch, x, dy, retain_graph=True),

@@ -12,7 +12,7 @@ differences to it one at a time, so that one device call says which of them cost
 * ``ind_mask``: the row length a runtime argument, every access masked by it (ours).
 * ``ind_div``: the row found through a group division, as ``_tile_rows`` does (ours).
 * ``ind_all``: all three.
-* ``ours``: the library (``ops._backward``); ``compile``: torch.compile of torch's backward.
+* ``ours``: the library (``op_calls._backward``); ``compile``: torch.compile of torch's backward.
 
 Rows of 1024 or fewer (v13) run Inductor's short-row kernel instead, as its autotuner chose it on the
 H200 (8 rows of the row per program, 2 warps, no masks, int32 offsets): ``ind_rows`` with its
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from portable_softmax import ops
+from portable_softmax import op_calls
 
 SHAPES = [(32768, 4096), (16384, 8192), (16384, 16384), (16384, 32768)]
 if os.environ.get("SWEEP_SHAPES"):
@@ -115,7 +115,7 @@ def main() -> int:
             reference = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
             copy = min(do_bench(lambda: x.clone(), return_mode="median") for _ in range(2))
             copy_gbs = 2 * x.numel() * x.element_size() / copy / 1e6
-            runs = {"ours": lambda a, b: ops._backward(a, b, 1, dtype, False), "compile": compiled}
+            runs = {"ours": lambda a, b: op_calls._backward(a, b, 1, dtype, False), "compile": compiled}
             if n <= 1024:
                 runs.update({name: _short_variant(flags, m, n) for name, flags in SHORT_VARIANTS.items()})
             else:

@@ -15,7 +15,7 @@ import sys
 import torch
 
 import portable_softmax as ps
-from portable_softmax import ops
+from portable_softmax import op_calls
 
 
 def cases():
@@ -34,7 +34,7 @@ def cases():
         if compiled:
             fn = torch.compile(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), dynamic=False)
             return lambda: fn(y, dy)
-        return lambda: ops._backward(y, dy, 1, y.dtype, False)
+        return lambda: op_calls._backward(y, dy, 1, y.dtype, False)
 
     def strided(shape, dim, dtype, backward=False):
         # A reduction along a strided dimension (issue 18): the forward, or the backward op.
@@ -42,7 +42,7 @@ def cases():
         if backward:
             y = torch.softmax(x, dim)
             dy = torch.randn_like(y)
-            return lambda: ops._backward(y, dy, dim, y.dtype, False)
+            return lambda: op_calls._backward(y, dy, dim, y.dtype, False)
         return lambda: ps.softmax(x, dim)
 
     def clone_of(shape, dtype):

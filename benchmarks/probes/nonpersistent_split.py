@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout
 from portable_softmax.kernels.common import LOG2E
 from portable_softmax.kernels.exchange import EMPTY_SLOT, _bits_float, _float_bits
 
@@ -108,7 +108,7 @@ def main() -> None:
             y = torch.empty_like(x)
             reference = torch.softmax(x.double(), -1)
             copy = do_bench(lambda: x.clone(), warmup=10, rep=50, return_mode="median")
-            view = ops.row_view((m, n), 1, x, y)
+            view = row_layout.row_view((m, n), 1, x, y)
             plan = launch.run_forward(x, y, view, False)
             rows = [(f"library c{plan.chunks} occ{plan.occupancy}",
                      do_bench(lambda: launch.run_forward(x, y, view, False), warmup=10, rep=50, return_mode="median"),

@@ -30,7 +30,7 @@ import torch
 from triton.testing import do_bench
 
 from kernel_variant import KERNELS, edited_kernels
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout
 
 SHAPES = [(16384, 32768), (16384, 65536), (4096, 262144), (4096, 50257), (4096, 151936), (32, 128256)]
 if os.environ.get("SWEEP_SHAPES"):
@@ -115,7 +115,7 @@ def main():
             reference = torch.softmax(x.double(), -1)
             copy = bench(lambda: x.clone())
             out = torch.empty_like(x)
-            view = ops.row_view((m, n), 1, x, out)
+            view = row_layout.row_view((m, n), 1, x, out)
             rows = []
             for name, module in modules.items():
                 launch._kernel_module = lambda backend, module=module: module

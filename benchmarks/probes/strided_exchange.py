@@ -17,7 +17,7 @@ import torch
 from triton.testing import do_bench
 
 from kernel_variant import edited_kernels
-from portable_softmax import launch, ops
+from portable_softmax import launch, row_layout
 
 WAIT = '''    tl.debug_barrier()
     tl.atomic_add(counters, 1, sem="release")
@@ -57,8 +57,8 @@ def main() -> None:
             copy = min(do_bench(lambda: dense.clone()) for _ in range(2))
             y = torch.empty(x.shape, dtype=dtype, device="cuda")
             dy, dx = torch.randn_like(y), torch.empty_like(y)
-            forward_view = ops.row_view(tuple(x.shape), dim % x.dim(), x, y)
-            backward_view = ops.row_view(tuple(x.shape), dim % x.dim(), y, dy, dx)
+            forward_view = row_layout.row_view(tuple(x.shape), dim % x.dim(), x, y)
+            backward_view = row_layout.row_view(tuple(x.shape), dim % x.dim(), y, dy, dx)
             for name, module in modules.items():
                 launch._kernel_module = library if module is None else (lambda backend, m=module: m)
                 launch._records.clear()

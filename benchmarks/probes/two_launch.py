@@ -24,7 +24,7 @@ import dataclasses
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import device, launch, ops, tuning
+from portable_softmax import device, launch, row_layout, tuning
 
 # (name, shape made, view of it that is the input, dim, dtype)
 CASES = [
@@ -100,8 +100,8 @@ def main() -> None:
         def fraction(fn, passes):
             return passes * nbytes / do_bench(fn) / bandwidth
 
-        fview = ops.row_view(tuple(x.shape), dim, x, y)
-        bview = ops.row_view(tuple(x.shape), dim, y_torch, dy, dx)
+        fview = row_layout.row_view(tuple(x.shape), dim, x, y)
+        bview = row_layout.row_view(tuple(x.shape), dim, y_torch, dy, dx)
         compiled_f = torch.compile(lambda t: torch.softmax(t, dim), dynamic=False)
         compiled_b = torch.compile(lambda a, g: torch._softmax_backward_data(g, a, dim, dtype), dynamic=False)
         cells = [f"{fraction(lambda: launch.run_forward(x, y, fview, False), 2):.2f} / "

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from portable_softmax import variants
-from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, KernelConfig, contiguous_align, plan_sharded,
-                                      call_windows, input_bytes_per_column, next_power_of_2)
+from portable_softmax.plan_grid import KernelConfig, next_power_of_2
+from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, contiguous_align, plan_sharded, call_windows,
+                                      input_bytes_per_column)
 from portable_softmax.targets import dense_form, plan_loss, select_config, split_config, target_for, ticketed_forms
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
@@ -346,7 +347,7 @@ def launch_arguments(config: KernelConfig, case: Case, wait_atomic: bool = True)
 
 def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str, tuple, dict]:
     """``launch_arguments`` for the ``phase`` kernel of rows sharded across ranks, or of a sliced
-    config (``planner._sliced_config``: the same kernels): the partials are float32 (float64 with
+    config (``strided_planner._sliced_config``: the same kernels): the partials are float32 (float64 with
     float64 data), indexed by part and row."""
     pointer = POINTER_TYPES[case.dtype]
     stats = POINTER_TYPES["float64" if case.dtype == "float64" else "float32"]

@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
-from portable_softmax.planner import DTYPE_BYTES, KernelConfig
+from portable_softmax.plan_grid import KernelConfig
+from portable_softmax.planner import DTYPE_BYTES
 from portable_softmax.targets import plan_launch, plan_loss
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.tuning import tuning_for

@@ -1,6 +1,6 @@
 """The table of known resources (``kernel_resources``) from a compile report: every variant it
 compiled, and the register-capped forms of each that a launch may weigh (``launch_plan``'s
-``softmax_variant``: ``planner.split_fit``, ``tile_fill``, ``tile_fit``), each with what its binary
+``softmax_variant``: ``split_planner.split_fit``, ``tile_fill``, ``tile_fit``), each with what its binary
 occupies, keyed as a launch looks them up (``kernel_resources.variant_key``).
 
     portable-softmax compile --target cuda:90 --target hip:gfx942 --log --table portable_softmax/kernel_resources
@@ -19,7 +19,7 @@ from portable_softmax import variants
 from portable_softmax.backend import get_backend
 from portable_softmax.kernel_resources import (ResourceTable, merged, spec_signature, table_file_name, table_for,
                                                table_from_json, variant_key)
-from portable_softmax.planner import KernelConfig
+from portable_softmax.plan_grid import KernelConfig
 from portable_softmax.record import DeviceRecord, KernelResources
 from portable_softmax.targets import split_fit, tile_fill, tile_fit
 from portable_softmax.crosscompile.cases import Case, _fused_scalars

@@ -1,7 +1,7 @@
 """Streamed kernels of rows cut into parts, in two launches, no program waiting on another: rows
 sharded across ranks (``distributed.py``: each rank holds a slice of every row, a collective
 between the launches), and long rows cut into ``n_slices`` slices of ``slice_cols`` columns (the
-``sliced`` regime, ``planner._strided_config``: long reductions along a strided dimension).
+``sliced`` regime, ``strided_planner._strided_config``: long reductions along a strided dimension).
 
 The first launch writes each part's partials in one read (forward: maximum and sum of
 exponentials; backward: the sum the gradient needs); the second combines the ``n_ranks`` parts'
