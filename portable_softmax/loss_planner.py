@@ -1,6 +1,6 @@
 """Planning the cross-entropy kernels (``kernels/loss.py``, ``kernels/loss_split.py``) and the held
-gradient's rescale: a pure function of the target and the problem, as ``planner`` (whose tiles,
-split rows, loops and grid sizing it uses).
+gradient's rescale: a pure function of the target and the problem, as ``planner``; its tiles and
+loops are sized by ``plan_grid``, its split rows by ``split_planner``.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time).
 
     A split row is sized as the softmax forward's split row of the same length
-    (``planner.split_config``: chunks, blocks, windows; ``planner.plan_split``: a persistent or
+    (``split_planner.split_config``: chunks, blocks, windows; ``split_planner.plan_split``: a persistent or
     ticketed grid, and the residency each needs), from the compiled kernel's resources: it
     reads the logits once and, with the gradient, writes it once, as the softmax forward reads x
     and writes y. Its warps may be its own (``Tuning.loss_split_elements_per_thread``); the one
