@@ -72,13 +72,17 @@ class _CrossEntropy(torch.autograd.Function):
                 write_grad: bool, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
         loss, lse, grad, stats, read = loss_rows.forward(x, target, weight, options, write_grad, inplace)
         # The held gradient is kept out of save_for_backward: written into x's storage, it would
-        # fail the saved-version check by design.
+        # fail the saved-version check by design. Nothing else is saved with it.
         ctx.held, ctx.was_held, ctx.options, ctx.inplace = grad, grad is not None, options, inplace
-        ctx.save_for_backward(*((target,) if grad is not None else (read, target, weight, stats, lse)))
-        if grad is not None and inplace:
+        if grad is None:
+            ctx.save_for_backward(read, target, weight, stats, lse)
+        elif inplace:
             # x now holds its gradient: a later use of it in autograd must raise, not read that.
             torch.autograd.graph.increment_version(x)
         ctx.mark_non_differentiable(lse)
+        # lse takes no gradient (non-differentiable): no zeros made for it in the backward. dloss
+        # is always given: the loss is the only output a backward can come through.
+        ctx.set_materialize_grads(False)
         return loss, lse
 
     @staticmethod

@@ -125,6 +125,10 @@ def _constant(device: torch.device, dtype: torch.dtype, values: tuple[float, ...
     return torch.tensor(values, dtype=dtype, device=device)
 
 
+# Where the denominators of 'mean' sit in ``variants.LOSS_STATS``.
+_DENOMINATORS = tuple(name.endswith("_denominator") for name in variants.LOSS_STATS)
+
+
 def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options) -> torch.Tensor:
     """``variants.LOSS_STATS`` on the device, in the accumulation dtype: the denominators of
     'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
@@ -132,15 +136,16 @@ def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor]
 
     Few operations, each a launch and some microseconds of host time every call: a kept constant
     where no value depends on the tensors; the unweighted 'mean' of class targets, the count and
-    one concatenation (three kernels)."""
+    one ``where`` that puts it in the denominators' places among kept constants (three kernels)."""
     acc = _acc(x.dtype)
     tail = (options.smoothing, options.z_loss, options.softcap or 1.0)
     classes = float(options.n_classes)
     counted_mean = options.reduction == "mean" and not options.prob_target
     if weight is None:
         if counted_mean:
-            count = torch.sum(target != options.ignore_index, dtype=acc).expand(2)
-            return torch.cat((count, _constant(x.device, acc, (classes, *tail))))
+            count = torch.sum(target != options.ignore_index, dtype=acc)
+            return torch.where(_constant(x.device, torch.bool, _DENOMINATORS), count,
+                               _constant(x.device, acc, (0.0, 0.0, classes, *tail)))
         positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
         return _constant(x.device, acc, (positions, positions, classes, *tail))
     pieces = []
@@ -199,19 +204,20 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if x.device.type == "cpu" and not options.prob_target:
         _check_targets(target, options)
     stats = _stats(x, target, weight, options)
-    acc = _acc(x.dtype)
-    rows = torch.empty(_positions(x.shape), dtype=acc, device=x.device)
-    lse = torch.empty_like(rows)
+    lse = torch.empty(_positions(x.shape), dtype=stats.dtype, device=x.device)
     if x.numel() == 0:
         grad = torch.zeros_like(x) if write_grad else None
-        return _reduced(rows, x.dtype, options), lse, grad, stats, x
+        return _reduced(torch.empty_like(lse), x.dtype, options), lse, grad, stats, x
     grad = (x if inplace else torch.empty_like(x)) if write_grad else None
-    if not launch_forward(x, target, weight, stats, rows, lse, grad, options):
+    # A reduced loss is the sum of whatever the launch wrote its terms into (``_launch``).
+    rows = torch.empty_like(lse) if options.reduction == "none" else None
+    terms = _launch(x, target, weight, stats, rows, lse, grad, options)
+    if terms is None:
         x, target = x.contiguous(), target.contiguous()
         if write_grad:
             grad = x if inplace else torch.empty_like(x)
-        launch_forward(x, target, weight, stats, rows, lse, grad, options)
-    return _reduced(rows, x.dtype, options), lse, grad, stats, x
+        terms = _launch(x, target, weight, stats, rows, lse, grad, options)
+    return _reduced(terms, x.dtype, options), lse, grad, stats, x
 
 
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
@@ -228,39 +234,53 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
     its tensors (``_Launch``): a repeated call makes no view and looks up no record. The kernels
     take the per-position tensors as they are: their strides are the record's, and a launch reads
     only their pointers."""
-    key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, rows.stride(),
-           lse.stride(), rows.dtype, stats.dtype, _aligned(x, target, stats, rows, lse),
+    return _launch(x, target, weight, stats, rows, lse, grad, options) is not None
+
+
+def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
+            rows: Optional[torch.Tensor], lse: torch.Tensor, grad: Optional[torch.Tensor],
+            options: Options) -> Optional[torch.Tensor]:
+    """``launch_forward``'s launch; None where it launched nothing. With ``rows`` None (a reduced
+    loss: only the sum of the rows' losses is wanted) they go into a buffer of its own, returned
+    as it is: a split plan's shares unsummed, so that the loss is one reduction of them, not a sum
+    over the chunks and another over the rows. Its buffers are fresh from torch's allocator, at
+    least 16-byte aligned as the record built from another such one assumes."""
+    key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, lse.stride(),
+           stats.dtype, x.data_ptr() % 16 == 0, target.data_ptr() % 16 == 0, stats.data_ptr() % 16 == 0,
+           lse.data_ptr() % 16 == 0,
+           None if rows is None else (rows.stride(), rows.dtype, rows.data_ptr() % 16 == 0),
            None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0),
            None if grad is None else (grad.stride(), grad.dtype, grad.data_ptr() % 16 == 0))
     found = loss_launch.calls.get(key)
     if found is None:
         if len(loss_launch.calls) >= _CALLS_LIMIT:
             loss_launch.calls.clear()
-        found = loss_launch.calls[key] = _Launch.build(x, target, weight, stats, rows, lse, grad, options)
+        shaped = rows if rows is not None else torch.empty(_positions(x.shape), dtype=stats.dtype, device=x.device)
+        found = loss_launch.calls[key] = _Launch.build(x, target, weight, stats, shaped, lse, grad, options)
     if found.record is None:
-        return False
-    launch = (x, target, weight if weight is not None else x, stats, rows, lse, grad if grad is not None else x)
+        return None
     if not found.chunks:
-        found.record(launch)
-        return True
-    shares = torch.empty((found.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
+        if rows is None:
+            rows = torch.empty(_positions(x.shape), dtype=stats.dtype, device=x.device)
+        found.record((x, target, weight if weight is not None else x, stats, rows, lse,
+                      grad if grad is not None else x))
+        return rows
+    shares = torch.empty((found.chunks, *_positions(x.shape)), dtype=stats.dtype, device=x.device)
     # The plan the launch ran: under a graph capture that cannot grow the split path's scratch, the
     # loop, which writes the rows' losses into the first slab alone.
-    plan = found.record((*launch[:4], shares, *launch[5:]))
+    plan = found.record((x, target, weight if weight is not None else x, stats, shares, lse,
+                         grad if grad is not None else x))
+    if rows is None:
+        return shares if plan.regime == "split" else shares[0]
     if plan.regime == "split":
         torch.sum(shares, 0, out=rows)
     else:
         rows.copy_(shares[0])
-    return True
+    return rows
 
 
 # Layouts kept by ``launch_forward``; bounded as the records are.
 _CALLS_LIMIT = 4096
-
-
-def _aligned(*tensors: torch.Tensor) -> tuple[bool, ...]:
-    # What Triton specialises a pointer on besides its dtype (``loss_launch._signature``).
-    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -294,8 +314,9 @@ class _Launch:
 
 
 def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:
-    """The loss from its rows (already divided by the denominators of 'mean'); 'mean' of no
-    position is NaN, as torch's."""
+    """The loss from its rows (already divided by the denominators of 'mean'; for 'mean' and
+    'sum', any tensor of terms that sum to it, as a split plan's shares); 'mean' of no position is
+    NaN, as torch's."""
     if options.reduction == "none":
         return rows.to(dtype)
     if rows.numel() == 0 and options.reduction == "mean":
@@ -325,9 +346,10 @@ def backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tenso
 
 
 def rescale(grad: torch.Tensor, dloss: torch.Tensor) -> torch.Tensor:
-    """A held gradient times the incoming one (nothing to do when it is 1: decided on the device)."""
+    """A held gradient times the incoming one, of one value (nothing to do when it is 1: decided
+    on the device)."""
     if grad.numel():
-        loss_launch.run_grad_scale(grad, dloss.reshape(()))
+        loss_launch.run_grad_scale(grad, dloss)
     return grad
 
 

@@ -1,0 +1,131 @@
+"""What a repeated ``cross_entropy`` call costs the host, on any machine (CPU tensors, launches
+stubbed): (a) the torch operations it dispatches (a ``TorchDispatchMode`` counts every aten op
+below autograd, views and the autograd engine's own included) and the kernel launches it makes,
+(b) its Python host time per call, the median of many calls, against torch's eager
+``F.cross_entropy`` of the same tiny call.
+
+Each torch op costs a CUDA call ~5 us of host time and each Triton launch ~15-25 us (H100,
+``benchmarks/loss_host.py``), so the counts say what a GPU call pays. The CPU-only target check
+(``loss_rows._check_targets``: a CPU call raises on a target out of range, an accelerator's gives
+NaN) is stubbed out, so that the counts and times are an accelerator call's path. Cases: the
+default options ('mean', class targets) in the regime a tiny call takes here (tile) and in the
+split regime (forced, as ``tests/test_loss_host_time.py``: its path does the most host work),
+then one of each other option.
+
+    python benchmarks/probes/loss_host_ops.py [--calls N]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import portable_softmax as ps
+from portable_softmax import launch, loss_launch, loss_rows
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+from regimes import force_regime  # noqa: E402  (the tests' regime forcing, shared)
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the aten ops dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _launches() -> collections.Counter:
+    """Stub every launch (it returns its plan at once) and count them by kernel."""
+    counted: collections.Counter = collections.Counter()
+
+    def stub(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
+        counted[record.kernel.fn.__name__] += len(record.launches)
+        return record.plan
+
+    launch.LaunchRecord._launch = stub
+    return counted
+
+
+def _median_us(step: Callable[[], None], calls: int) -> float:
+    for _ in range(20):
+        step()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def _steps(fn: Callable, x: torch.Tensor, target: torch.Tensor, kwargs: dict) -> dict[str, Callable[[], None]]:
+    def forward() -> None:
+        with torch.no_grad():
+            fn(x, target, **kwargs)
+
+    def train() -> None:
+        x.grad = None
+        loss = fn(x, target, **kwargs)
+        (loss.sum() if loss.dim() else loss).backward()
+
+    return {"fwd": forward, "fwd+bwd": train}
+
+
+def _case(name: str, kwargs: dict, launches: collections.Counter, calls: int, shape=(4, 300)) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    if kwargs.pop("prob", False):
+        target = torch.softmax(torch.randn(*shape), 1)
+    else:
+        target = torch.randint(0, shape[1], (shape[0],))
+    ours, theirs = _steps(ps.cross_entropy, x, target, kwargs), _steps(F.cross_entropy, x, target,
+                                                                        {k: v for k, v in kwargs.items()
+                                                                         if k not in ("z_loss", "softcap")})
+    for path in ours:
+        ours[path]()  # the first call plans and builds its records
+        launches.clear()
+        with _Ops() as counter:
+            ours[path]()
+        launched = dict(launches)
+        with _Ops() as torch_counter:
+            theirs[path]()
+        ops = sum(counter.ops.values())
+        detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.ops.items()))
+        print(f"{name:24} {path:8} ops {ops:3d} (torch {sum(torch_counter.ops.values()):2d})  launches "
+              f"{sum(launched.values())}  host {_median_us(ours[path], calls):6.1f} us (torch "
+              f"{_median_us(theirs[path], calls):5.1f})  [{detail}] {launched}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # torch's intra-op threads wait on each other on a loaded machine
+    loss_rows._check_targets = lambda target, options: None
+    launches = _launches()
+    _case("mean (tile)", {}, launches, args.calls)
+    with pytest.MonkeyPatch.context() as patch:
+        force_regime(patch, "split", "cpu")
+        _case("mean (split)", {}, launches, args.calls)
+        _case("sum (split)", {"reduction": "sum"}, launches, args.calls)
+    for name, kwargs in (("sum", {"reduction": "sum"}), ("none", {"reduction": "none"}),
+                         ("weight", {"weight": torch.rand(300)}), ("ignore+smoothing", {"label_smoothing": 0.1}),
+                         ("z_loss+softcap", {"z_loss": 1e-4, "softcap": 30.0}), ("prob targets", {"prob": True})):
+        _case(name, kwargs, launches, args.calls)
+
+
+if __name__ == "__main__":
+    main()
