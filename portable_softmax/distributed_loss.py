@@ -40,7 +40,6 @@ one write of the slice; with the forward's read, the floor of three passes.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, NamedTuple, Optional, Union
 
@@ -319,7 +318,7 @@ def validate(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.
                             f"as every rank holds it), got {getattr(weight, 'shape', type(weight).__name__)}")
         if weight.device != logits.device:
             raise ValueError(f"{_NAME}: weight is on {weight.device}, logits on {logits.device}; move it there")
-    return dataclasses.replace(options, weighted=weight is not None)
+    return options._replace(weighted=weight is not None)
 
 
 def cross_entropy(logits_local: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, *,

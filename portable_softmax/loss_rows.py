@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -33,9 +33,9 @@ REDUCTIONS = ("none", "mean", "sum")
 _NAME = "portable_softmax.cross_entropy"
 
 
-@dataclass(frozen=True)
-class Options:
-    """A validated call's options (hashable: part of launch signatures)."""
+class Options(NamedTuple):
+    """A validated call's options (hashable: part of launch signatures). A named tuple, not a
+    dataclass: every call hashes and compares it (``_launch``'s key), which a tuple does in C."""
 
     n_classes: int
     prob_target: bool
@@ -59,7 +59,7 @@ def validate(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.T
     """The options of a call, or one error naming the argument at fault."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"{_NAME}: input must be a tensor, got {type(input).__name__}")
-    if not input.is_floating_point() or input.dtype not in op_arguments.FLOATING:
+    if input.dtype not in op_arguments.FLOATING:
         raise TypeError(f"{_NAME}: input must be float16, bfloat16, float32 or float64, got {input.dtype}")
     if input.dim() == 0:
         raise ValueError(f"{_NAME}: input must have a class dimension (shape (C,), (N, C) or (N, C, d1, ...)), "
@@ -107,7 +107,8 @@ def validate(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.T
 
 
 def _real(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
+    # A float first: the usual value, which skips the abstract class's check.
+    return type(value) is float or (isinstance(value, Real) and not isinstance(value, bool))
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -204,7 +205,9 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if x.device.type == "cpu" and not options.prob_target:
         _check_targets(target, options)
     stats = _stats(x, target, weight, options)
-    lse = torch.empty(_positions(x.shape), dtype=stats.dtype, device=x.device)
+    # Buffers from the stats' dtype and device (the accumulation's): ``new_empty`` parses no
+    # device, the cheaper call.
+    lse = stats.new_empty(_positions(x.shape))
     if x.numel() == 0:
         grad = torch.zeros_like(x) if write_grad else None
         return _reduced(torch.empty_like(lse), x.dtype, options), lse, grad, stats, x
@@ -255,17 +258,17 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if found is None:
         if len(loss_launch.calls) >= _CALLS_LIMIT:
             loss_launch.calls.clear()
-        shaped = rows if rows is not None else torch.empty(_positions(x.shape), dtype=stats.dtype, device=x.device)
+        shaped = rows if rows is not None else stats.new_empty(_positions(x.shape))
         found = loss_launch.calls[key] = _Launch.build(x, target, weight, stats, shaped, lse, grad, options)
     if found.record is None:
         return None
     if not found.chunks:
         if rows is None:
-            rows = torch.empty(_positions(x.shape), dtype=stats.dtype, device=x.device)
+            rows = stats.new_empty(_positions(x.shape))
         found.record((x, target, weight if weight is not None else x, stats, rows, lse,
                       grad if grad is not None else x))
         return rows
-    shares = torch.empty((found.chunks, *_positions(x.shape)), dtype=stats.dtype, device=x.device)
+    shares = stats.new_empty((found.chunks, *_positions(x.shape)))
     # The plan the launch ran: under a graph capture that cannot grow the split path's scratch, the
     # loop, which writes the rows' losses into the first slab alone.
     plan = found.record((x, target, weight if weight is not None else x, stats, shares, lse,
