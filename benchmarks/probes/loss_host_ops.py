@@ -1,18 +1,24 @@
-"""What a repeated ``cross_entropy`` call costs the host, on any machine (CPU tensors, launches
-stubbed): (a) the torch operations it dispatches (a ``TorchDispatchMode`` counts every aten op
-below autograd, views and the autograd engine's own included) and the kernel launches it makes,
-(b) its Python host time per call, the median of many calls, against torch's eager
-``F.cross_entropy`` of the same tiny call.
+"""What a repeated ``cross_entropy`` call costs the host: (a) the torch operations it dispatches
+(a ``TorchDispatchMode`` counts every aten op below autograd, views and the autograd engine's own
+included) and the kernel launches it makes, (b) its host time per call, the median of many calls,
+against torch's eager ``F.cross_entropy`` of the same call; forward alone (no grad) and forward +
+``backward()``.
 
 Each torch op costs a CUDA call ~5 us of host time and each Triton launch ~15-25 us (H100,
-``benchmarks/loss_host.py``), so the counts say what a GPU call pays. The CPU-only target check
-(``loss_rows._check_targets``: a CPU call raises on a target out of range, an accelerator's gives
-NaN) is stubbed out, so that the counts and times are an accelerator call's path. Cases: the
-default options ('mean', class targets) in the regime a tiny call takes here (tile) and in the
-split regime (forced, as ``tests/test_loss_host_time.py``: its path does the most host work),
-then one of each other option.
+``benchmarks/loss_host.py``), so the counts say what a GPU call pays.
 
-    python benchmarks/probes/loss_host_ops.py [--calls N]
+On CPU (the default, any machine) the launches are stubbed (a launch returns its plan at once)
+and so is the CPU-only target check (``loss_rows._check_targets``: a CPU call raises on a target
+out of range, an accelerator's gives NaN), so that counts and times are an accelerator call's
+Python path; the shape is tiny (4x300 float32). Cases: the default options ('mean', class targets)
+in the regime a tiny call takes there (tile) and in the split regime (forced, as
+``tests/test_loss_host_time.py``: its path does the most host work), then one of each other option.
+
+With ``--device cuda`` (``PROBE_ARGS='--device cuda' bash benchmarks/device.sh probe:loss_host_ops``)
+nothing is stubbed or forced, the shape is 8192x32000 bf16 (the regime its plan takes), and the
+host time is that of calls timed one by one, a synchronize every 10 calls outside the timing.
+
+    python benchmarks/probes/loss_host_ops.py [--device cuda] [--calls N] [--shape 4x300] [--dtype float32]
 """
 from __future__ import annotations
 
@@ -48,26 +54,30 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _launches() -> collections.Counter:
-    """Stub every launch (it returns its plan at once) and count them by kernel."""
+def _launches(stub: bool) -> collections.Counter:
+    """Count every launch by kernel; with ``stub``, each returns its plan at once."""
     counted: collections.Counter = collections.Counter()
+    real = launch.LaunchRecord._launch
 
-    def stub(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
+    def counting(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
         counted[record.kernel.fn.__name__] += len(record.launches)
-        return record.plan
+        return record.plan if stub else real(record, tensors)
 
-    launch.LaunchRecord._launch = stub
+    launch.LaunchRecord._launch = counting
     return counted
 
 
-def _median_us(step: Callable[[], None], calls: int) -> float:
+def _median_us(step: Callable[[], None], calls: int, synchronize: Callable[[], None]) -> float:
     for _ in range(20):
         step()
     times = []
-    for _ in range(calls):
+    for call in range(calls):
+        if call % 10 == 0:
+            synchronize()  # the launch queue never fills (GPU); outside the timing
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
+    synchronize()
     return statistics.median(times) * 1e6
 
 
@@ -84,16 +94,19 @@ def _steps(fn: Callable, x: torch.Tensor, target: torch.Tensor, kwargs: dict) ->
     return {"fwd": forward, "fwd+bwd": train}
 
 
-def _case(name: str, kwargs: dict, launches: collections.Counter, calls: int, shape=(4, 300)) -> None:
+def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
-    x = torch.randn(*shape, requires_grad=True)
+    shape = tuple(int(n) for n in args.shape.split("x"))
+    x = torch.randn(*shape, device=args.device).to(getattr(torch, args.dtype)).requires_grad_()
     if kwargs.pop("prob", False):
-        target = torch.softmax(torch.randn(*shape), 1)
+        target = torch.softmax(torch.randn(*shape, device=args.device), 1)
     else:
-        target = torch.randint(0, shape[1], (shape[0],))
-    ours, theirs = _steps(ps.cross_entropy, x, target, kwargs), _steps(F.cross_entropy, x, target,
-                                                                        {k: v for k, v in kwargs.items()
-                                                                         if k not in ("z_loss", "softcap")})
+        target = torch.randint(0, shape[1], (shape[0],), device=args.device)
+    if "weight" in kwargs:
+        kwargs["weight"] = torch.rand(shape[1], device=args.device)
+    theirs_kwargs = {k: v for k, v in kwargs.items() if k not in ("z_loss", "softcap")}
+    ours, theirs = _steps(ps.cross_entropy, x, target, kwargs), _steps(F.cross_entropy, x, target, theirs_kwargs)
+    synchronize = getattr(torch, x.device.type).synchronize if x.device.type != "cpu" else lambda: None
     for path in ours:
         ours[path]()  # the first call plans and builds its records
         launches.clear()
@@ -105,26 +118,34 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, calls: int, sh
         ops = sum(counter.ops.values())
         detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.ops.items()))
         print(f"{name:24} {path:8} ops {ops:3d} (torch {sum(torch_counter.ops.values()):2d})  launches "
-              f"{sum(launched.values())}  host {_median_us(ours[path], calls):6.1f} us (torch "
-              f"{_median_us(theirs[path], calls):5.1f})  [{detail}] {launched}", flush=True)
+              f"{sum(launched.values())}  host {_median_us(ours[path], args.calls, synchronize):6.1f} us (torch "
+              f"{_median_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--shape", default=None, help="rows x classes (4x300 on CPU, 8192x32000 elsewhere)")
+    parser.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 elsewhere")
     args = parser.parse_args()
+    cpu = args.device == "cpu"
+    args.shape = args.shape or ("4x300" if cpu else "8192x32000")
+    args.dtype = args.dtype or ("float32" if cpu else "bfloat16")
     torch.set_num_threads(1)  # torch's intra-op threads wait on each other on a loaded machine
-    loss_rows._check_targets = lambda target, options: None
-    launches = _launches()
-    _case("mean (tile)", {}, launches, args.calls)
-    with pytest.MonkeyPatch.context() as patch:
-        force_regime(patch, "split", "cpu")
-        _case("mean (split)", {}, launches, args.calls)
-        _case("sum (split)", {"reduction": "sum"}, launches, args.calls)
-    for name, kwargs in (("sum", {"reduction": "sum"}), ("none", {"reduction": "none"}),
-                         ("weight", {"weight": torch.rand(300)}), ("ignore+smoothing", {"label_smoothing": 0.1}),
-                         ("z_loss+softcap", {"z_loss": 1e-4, "softcap": 30.0}), ("prob targets", {"prob": True})):
-        _case(name, kwargs, launches, args.calls)
+    if cpu:
+        loss_rows._check_targets = lambda target, options: None
+    launches = _launches(stub=cpu)
+    _case("mean", {}, launches, args)
+    if cpu:
+        with pytest.MonkeyPatch.context() as patch:
+            force_regime(patch, "split", "cpu")
+            _case("mean (split)", {}, launches, args)
+            _case("sum (split)", {"reduction": "sum"}, launches, args)
+    for name, kwargs in (("sum", {"reduction": "sum"}), ("none", {"reduction": "none"}), ("weight", {"weight": True}),
+                         ("smoothing", {"label_smoothing": 0.1}), ("z_loss+softcap", {"z_loss": 1e-4, "softcap": 30.0}),
+                         ("prob targets", {"prob": True})):
+        _case(name, kwargs, launches, args)
 
 
 if __name__ == "__main__":
