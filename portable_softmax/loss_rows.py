@@ -130,6 +130,14 @@ def _constant(device: torch.device, dtype: torch.dtype, values: tuple[float, ...
 _DENOMINATORS = tuple(name.endswith("_denominator") for name in variants.LOSS_STATS)
 
 
+@functools.lru_cache(maxsize=256)
+def _counted_constants(device: torch.device, acc: torch.dtype, options: Options) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``_stats`` keeps for an unweighted 'mean' of class targets: the denominators' places,
+    and the values of the others (one lookup a call)."""
+    values = (0.0, 0.0, float(options.n_classes), options.smoothing, options.z_loss, options.softcap or 1.0)
+    return _constant(device, torch.bool, _DENOMINATORS), _constant(device, acc, values)
+
+
 def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options) -> torch.Tensor:
     """``variants.LOSS_STATS`` on the device, in the accumulation dtype: the denominators of
     'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
@@ -139,21 +147,20 @@ def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor]
     where no value depends on the tensors; the unweighted 'mean' of class targets, the count and
     one ``where`` that puts it in the denominators' places among kept constants (three kernels)."""
     acc = _acc(x.dtype)
+    counted_mean = options.reduction == "mean" and not options.prob_target
+    if weight is None and counted_mean:
+        places, kept = _counted_constants(x.device, acc, options)
+        return torch.where(places, torch.sum(target != options.ignore_index, dtype=acc), kept)
     tail = (options.smoothing, options.z_loss, options.softcap or 1.0)
     classes = float(options.n_classes)
-    counted_mean = options.reduction == "mean" and not options.prob_target
     if weight is None:
-        if counted_mean:
-            count = torch.sum(target != options.ignore_index, dtype=acc)
-            return torch.where(_constant(x.device, torch.bool, _DENOMINATORS), count,
-                               _constant(x.device, acc, (0.0, 0.0, classes, *tail)))
         positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
         return _constant(x.device, acc, (positions, positions, classes, *tail))
     pieces = []
     if counted_mean:
         counted = target != options.ignore_index
         # A target outside the classes reads class 0's weight here: its loss is NaN anyway.
-        summed = weight.to(acc)[target.clamp(0, options.n_classes - 1)].masked_fill(~counted, 0).sum()
+        summed = torch.where(counted, weight.to(acc)[target.clamp(0, options.n_classes - 1)], 0).sum()
         pieces += [summed.reshape(1), counted.sum(dtype=acc).reshape(1)]
     else:
         positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
