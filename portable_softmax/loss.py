@@ -63,13 +63,41 @@ def use_dtensor(call: Callable[..., Any]) -> None:
     _dtensor_call = call
 
 
+def _gradient(ctx: Any, dloss: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+    """``_CrossEntropy``'s backward: the held gradient rescaled, or the gradients recomputed."""
+    if ctx.was_held:
+        grad = ctx.held
+        if grad is None:
+            raise RuntimeError(f"{_NAME}: its gradient was written in the forward and has been used; a second "
+                               f"backward through the same loss is not supported (call the loss again)")
+        # Let autograd take the buffer (x.grad can be it, not a copy).
+        ctx.held = None
+        return loss_rows.rescale(grad, dloss), None, None, None
+    x, target, weight, stats, lse = ctx.saved_tensors
+    options = ctx.options
+    target_grad = None
+    if ctx.needs_input_grad[1]:
+        target_grad = loss_rows.target_gradient(x, weight, stats, lse, dloss, options, target.dtype)
+    grad = None
+    if ctx.needs_input_grad[0]:
+        grad = loss_rows.backward(x, target, weight, stats, lse, dloss, options, ctx.inplace)
+        if ctx.inplace:
+            torch.autograd.graph.increment_version(x)
+    return grad, target_grad, None, None
+
+
+_gradient_once = torch.autograd.function.once_differentiable(_gradient)
+
+
 class _CrossEntropy(torch.autograd.Function):
     """The eager path: the forward's gradient (``loss_rows.writes_gradient``) rescaled in the
-    backward, or the gradient recomputed from the saved lse."""
+    backward, or the gradient recomputed from the saved lse. ``call``: the options, write_grad
+    and inplace, one argument (``apply`` walks each)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
-                write_grad: bool, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+                call: tuple[Options, bool, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        options, write_grad, inplace = call
         loss, lse, grad, stats, read = loss_rows.forward(x, target, weight, options, write_grad, inplace)
         # The held gradient is kept out of save_for_backward: written into x's storage, it would
         # fail the saved-version check by design. Nothing else is saved with it.
@@ -86,27 +114,13 @@ class _CrossEntropy(torch.autograd.Function):
         return loss, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dloss: torch.Tensor, _: Optional[torch.Tensor]):
-        if ctx.was_held:
-            grad = ctx.held
-            if grad is None:
-                raise RuntimeError(f"{_NAME}: its gradient was written in the forward and has been used; a second "
-                                   f"backward through the same loss is not supported (call the loss again)")
-            # Let autograd take the buffer (x.grad can be it, not a copy).
-            ctx.held = None
-            return loss_rows.rescale(grad, dloss), None, None, None, None, None
-        x, target, weight, stats, lse = ctx.saved_tensors
-        options = ctx.options
-        target_grad = None
-        if ctx.needs_input_grad[1]:
-            target_grad = loss_rows.target_gradient(x, weight, stats, lse, dloss, options, target.dtype)
-        grad = None
-        if ctx.needs_input_grad[0]:
-            grad = loss_rows.backward(x, target, weight, stats, lse, dloss, options, ctx.inplace)
-            if ctx.inplace:
-                torch.autograd.graph.increment_version(x)
-        return grad, target_grad, None, None, None, None
+        # Differentiable once: where a graph of the backward is built (create_graph), through
+        # once_differentiable, whose later use raises; elsewhere its work (a no_grad block, the
+        # checks) would change nothing.
+        if torch.is_grad_enabled():
+            return _gradient_once(ctx, dloss)
+        return _gradient(ctx, dloss)
 
 
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None, *,
@@ -166,7 +180,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
         write_grad = loss_rows.writes_gradient(x, options, needs_grad and not target.requires_grad,
                                               inplace_backward)
         if needs_grad:
-            loss, lse = _CrossEntropy.apply(x, target, weight, options, write_grad, inplace_backward)
+            loss, lse = _CrossEntropy.apply(x, target, weight, (options, write_grad, inplace_backward))
         else:
             loss, lse, _, _, _ = loss_rows.forward(x, target, weight, options, False, False)
     return (loss, lse) if return_lse else loss

@@ -378,6 +378,18 @@ def test_inplace_backward_bumps_the_version(device):
         (loss + aux).backward()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_differentiable_once(device, reduction):
+    # The backward skips once_differentiable's wrapper where no graph is built: where one is (an
+    # incoming gradient that requires one), a second differentiation must still raise.
+    x = torch.randn(4, 33, device=device, requires_grad=True)
+    loss = ps.cross_entropy(x, class_targets((4,), 33, device), reduction=reduction)
+    incoming = torch.full_like(loss, 2.0).requires_grad_()
+    (grad,) = torch.autograd.grad(loss, x, incoming, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
+
+
 def test_meta_tensors():
     x = torch.empty(8, 50257, 3, device="meta", dtype=torch.bfloat16)
     target = torch.empty(8, 3, device="meta", dtype=torch.long)
