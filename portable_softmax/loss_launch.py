@@ -24,7 +24,6 @@ from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
 from portable_softmax.loss_planner import plan_elementwise
-from portable_softmax.plan_grid import LaunchPlan
 from portable_softmax.planner import call_windows
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
@@ -35,9 +34,9 @@ logger = logging.getLogger(__name__)
 # Records by call signature; bounded; emptied when what they were planned from changes.
 _records: dict[tuple, LaunchRecord] = {}
 _RECORDS_LIMIT = 4096
-# What ``loss_rows.launch_forward`` keeps per layout of its tensors (the record it launches, the
-# split plan's chunks): a repeated call is one lookup here, with no views made or records looked up.
-# Emptied with the records.
+# What ``loss_rows``' forward and backward keep per layout of their tensors (the record each
+# launches, the split plan's chunks): a repeated call is one lookup here, with no views made or
+# records looked up. Emptied with the records.
 calls: dict[tuple, Any] = {}
 
 
@@ -110,8 +109,13 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
 
 def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
                scalars: tuple) -> LaunchRecord:
-    """The launch record of these tensors (built on a miss): its ``plan`` says what the launch
-    writes (``run``); calling it with the tensors launches."""
+    """The launch record of the cross-entropy kernel of ``direction`` on ``tensors``
+    (``variants.LOSS_TENSORS`` order) over ``view`` (the row tensors' strides, in
+    ``variants.loss_row_tensors`` order), with the values of ``variants.LOSS_SCALARS`` (built on a
+    miss). Calling it with the tensors launches, and returns the plan of the launch made: a split
+    plan's forward writes ``plan.chunks`` slabs of loss shares from ``loss`` on, one value a row
+    apart (``kernels/loss_split.py``), any other the rows' losses alone (the split plan's fallback
+    under a graph capture among them)."""
     key = (direction, facts, view, tensors[0].device, _signature(tensors), scalars)
     found = _records.get(key)
     if found is None:
@@ -119,17 +123,6 @@ def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView,
             _forget()
         found = _records[key] = _record(direction, tensors, view, facts, scalars)
     return found
-
-
-def run(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
-        scalars: tuple) -> LaunchPlan:
-    """Launch the cross-entropy kernel of ``direction`` on ``tensors`` (``variants.LOSS_TENSORS``
-    order) over ``view`` (the row tensors' strides, in ``variants.loss_row_tensors`` order), with
-    the values of ``variants.LOSS_SCALARS``. Returns the plan of the launch made: a split plan's
-    forward writes ``plan.chunks`` slabs of loss shares from ``loss`` on, one value a row apart
-    (``kernels/loss_split.py``), any other the rows' losses alone (the split plan's fallback
-    under a graph capture among them)."""
-    return record_for(direction, tensors, view, facts, scalars)(tensors)
 
 
 def run_grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> None:

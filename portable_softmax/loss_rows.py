@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -255,7 +255,7 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     as it is: a split plan's shares unsummed, so that the loss is one reduction of them, not a sum
     over the chunks and another over the rows. Its buffers are fresh from torch's allocator, at
     least 16-byte aligned as the record built from another such one assumes."""
-    key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, lse.stride(),
+    key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, lse.stride(), lse.dtype,
            stats.dtype, x.data_ptr() % 16 == 0, target.data_ptr() % 16 == 0, stats.data_ptr() % 16 == 0,
            lse.data_ptr() % 16 == 0,
            None if rows is None else (rows.stride(), rows.dtype, rows.data_ptr() % 16 == 0),
@@ -295,8 +295,8 @@ _CALLS_LIMIT = 4096
 
 @dataclass(frozen=True)
 class _Launch:
-    """One layout's forward: its launch record (None where some tensor's rows cannot be walked in
-    place) and, for a split plan, the chunks its loss shares come in (0 otherwise)."""
+    """One layout's forward or backward: its launch record (None where some tensor's rows cannot
+    be walked in place) and, for a split plan, the chunks its loss shares come in (0 otherwise)."""
 
     record: Optional[loss_launch.LaunchRecord]
     chunks: int
@@ -341,18 +341,44 @@ def backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tenso
     grad = x if inplace else torch.empty_like(x)
     if x.numel() == 0:
         return grad.zero_()
-    incoming = dloss if options.reduction == "none" else dloss.reshape(()).expand(lse.shape)
-    tensors = _rows(x, target, lse, incoming, grad)
-    view = row_layout.row_view(tensors[0].shape, 1, *tensors)
-    if view is None:
-        x, target, incoming = x.contiguous(), target.contiguous(), incoming.contiguous()
+    if not _launch_backward(x, target, weight, stats, lse, dloss, grad, options):
+        x, target = x.contiguous(), target.contiguous()
+        if options.reduction == "none":
+            dloss = dloss.contiguous()
         grad = x if inplace else torch.empty_like(x)
+        _launch_backward(x, target, weight, stats, lse, dloss, grad, options)
+    return grad
+
+
+def _launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
+                     lse: torch.Tensor, dloss: torch.Tensor, grad: torch.Tensor, options: Options) -> bool:
+    """The backward kernel over ``x`` (non-empty); False, launching nothing, where some tensor's
+    rows cannot be walked in place. ``dloss``: one value a position ('none'), else one value, read
+    by every position (a stride of 0). Its record is kept per layout, as the forward's
+    (``_launch``): a repeated call makes no view."""
+    key = ("backward", options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, lse.stride(),
+           lse.dtype, stats.dtype, dloss.stride() if options.reduction == "none" else None, dloss.dtype, grad.stride(),
+           grad.dtype,
+           x.data_ptr() % 16 == 0, target.data_ptr() % 16 == 0, stats.data_ptr() % 16 == 0,
+           lse.data_ptr() % 16 == 0, dloss.data_ptr() % 16 == 0, grad.data_ptr() % 16 == 0,
+           None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0))
+    found = loss_launch.calls.get(key)
+    if found is None:
+        if len(loss_launch.calls) >= _CALLS_LIMIT:
+            loss_launch.calls.clear()
+        incoming = dloss if options.reduction == "none" else dloss.reshape(()).expand(lse.shape)
         tensors = _rows(x, target, lse, incoming, grad)
         view = row_layout.row_view(tensors[0].shape, 1, *tensors)
-    x_rows, target_rows, lse_rows, dloss_rows, grad_rows = tensors
-    loss_launch.run("backward", (x_rows, target_rows, weight if weight is not None else x_rows, stats, lse_rows,
-                                 dloss_rows, grad_rows), view, _facts(x, options, False), (options.ignore_index,))
-    return grad
+        if view is not None:
+            x_rows, target_rows, lse_rows, dloss_rows, grad_rows = tensors
+            found = loss_launch.record_for("backward", (x_rows, target_rows, weight if weight is not None else x_rows,
+                                                        stats, lse_rows, dloss_rows, grad_rows),
+                                           view, _facts(x, options, False), (options.ignore_index,))
+        loss_launch.calls[key] = found = _Launch(None if view is None else found, 0)
+    if found.record is None:
+        return False
+    found.record((x, target, weight if weight is not None else x, stats, lse, dloss, grad))
+    return True
 
 
 def rescale(grad: torch.Tensor, dloss: torch.Tensor) -> torch.Tensor:
