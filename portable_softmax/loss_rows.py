@@ -255,6 +255,7 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     as it is: a split plan's shares unsummed, so that the loss is one reduction of them, not a sum
     over the chunks and another over the rows. Its buffers are fresh from torch's allocator, at
     least 16-byte aligned as the record built from another such one assumes."""
+    # ``% 16``: what Triton specialises a pointer on besides its dtype (``loss_launch._signature``).
     key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, lse.stride(), lse.dtype,
            stats.dtype, x.data_ptr() % 16 == 0, target.data_ptr() % 16 == 0, stats.data_ptr() % 16 == 0,
            lse.data_ptr() % 16 == 0,
@@ -289,7 +290,7 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     return rows
 
 
-# Layouts kept by ``launch_forward``; bounded as the records are.
+# Layouts kept by ``_launch`` and ``_launch_backward``; bounded as the records are.
 _CALLS_LIMIT = 4096
 
 
