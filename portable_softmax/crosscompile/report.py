@@ -204,7 +204,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         # item a program (None: no bound).
         waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
         one_each = config.regime == "tile" and plan.programs >= plan.items
-        if config.per_tile or config.ticketed or config.phased or one_each:
+        if config.per_tile or config.ticketed or config.phased or config.arrival or one_each:
             # (The last: a program per tile, as the loss's tiles of one row plan where
             # that fills the chip best; none waits on another.)
             waves = None
