@@ -8,9 +8,9 @@ dtype and setting (issue 32), each checked against torch in float64 first.
 
 The default run times ``base``, ``loop`` and ``no-arrival`` on the six shapes of
 ``portable-softmax bench --cases loss`` in both dtypes, and the split regime's other settings
-(``EXPLORE``) on ``EXPLORE_SHAPES`` in bf16, the dtype that misses its floor: about 6 minutes on an H100 (estimated), most of it
-compiling (each split kernel is specialised on its rows' chunk count, and the launch tries
-register caps).
+(``EXPLORE``) on ``EXPLORE_SHAPES`` in bf16, the dtype that misses its floor: about 6 minutes on
+an H100 (estimated, before ``no-arrival`` joined it), most of it compiling (each split kernel is
+specialised on its rows' chunk count, and the launch tries register caps).
 
 A setting is a set of ``Tuning`` fields laid over the row in force for the device (through
 ``portable_softmax.tuning.TUNING``, keyed by the device's name so that it wins over every other
