@@ -298,6 +298,12 @@ def test_split_rows_by_arrival_every_option_twice(device, monkeypatch):
         assert relative_error(ours, theirs) <= TOLERANCE[torch.float32]
         assert relative_error(lse, torch.logsumexp(z, 1)) < 1e-6
     assert _forward_regimes() == {"arrival"} and _forward_phases() == {(3,)}
+    # Its pool's invariant (``launch._phased_scratch``: counters 0 between launches); the waiting
+    # pool, whose slots must stay empty, untouched.
+    from portable_softmax import launch
+
+    assert launch._phased_scratch._buffers and not any(c.any() for _, c in launch._phased_scratch._buffers.values())
+    assert all((slots == -1).all() for slots, _ in launch._scratch._buffers.values())
 
 
 def test_split_rows_inplace_backward(device, monkeypatch):
