@@ -6,11 +6,11 @@ dtype and setting (issue 32), each checked against torch in float64 first.
     PYTHONPATH=. python3 benchmarks/loss_sweep.py --shape 8192x128256 --dtype bfloat16 --setting base --setting loop
     PYTHONPATH=. python3 benchmarks/loss_sweep.py --all      # every setting on every shape and dtype (long)
 
-The default run times ``base`` and ``loop`` on the six shapes of ``portable-softmax bench --cases
-loss`` in both dtypes, and the split regime's other settings (``EXPLORE``) on ``EXPLORE_SHAPES``
-in bf16, the dtype that misses its floor: about 6 minutes on an H100 (estimated), most of it
-compiling (each split kernel is specialised on its rows' chunk count, and the launch tries
-register caps).
+The default run times ``base``, ``loop`` and ``no-arrival`` on the six shapes of
+``portable-softmax bench --cases loss`` in both dtypes, and the split regime's other settings
+(``EXPLORE``) on ``EXPLORE_SHAPES`` in bf16, the dtype that misses its floor: about 6 minutes on
+an H100 (estimated, before ``no-arrival`` joined it), most of it compiling (each split kernel is
+specialised on its rows' chunk count, and the launch tries register caps).
 
 A setting is a set of ``Tuning`` fields laid over the row in force for the device (through
 ``portable_softmax.tuning.TUNING``, keyed by the device's name so that it wins over every other
@@ -39,6 +39,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "base": {},
     # v25's streamed rows: each row read twice where the gradient is written.
     "loop": {"loss_split": frozenset()},
+    # The forward alone with the waiting exchange (v26-v30: every chunk waits on its row's peers)
+    # rather than by arrival (the row's last chunk alone writes its terms; nothing waits): only
+    # the forward alone (``fwd``) differs from ``base``.
+    "no-arrival": {"loss_arrival": False},
     # The split regime's choices the planner makes from the softmax's measurements:
     # 8 warps a chunk of 8192 (32 elements a thread) rather than 4: more programs an SM.
     "split-w8": {"loss_split_elements_per_thread": 32},
@@ -60,7 +64,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
 }
-DEFAULT_SETTINGS = ["base", "loop"]
+DEFAULT_SETTINGS = ["base", "loop", "no-arrival"]
 # Compiles dominate the run (the split kernels are specialised on their rows' chunk count, and
 # the launch compiles each candidate grid with register caps): three settings by default.
 EXPLORE = ["split-w8", "split-ticketed", "split-unpipelined"]

@@ -170,6 +170,13 @@ MUTANTS = [
            "             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds)\n",
            "             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds & False)\n",
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
+    # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
+    # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
+    Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",
+           "    tl.store(counter, 0, mask=last)\n",
+           "    tl.store(counter, 0, mask=last & False)\n",
+           ("tests/test_loss.py::test_split_rows_logsumexp[cpu-arrival]",
+            "tests/test_loss.py::test_split_rows_by_arrival_every_option_twice[cpu]")),
     Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",

@@ -135,7 +135,9 @@ _ticket_scratch = _Scratch()
 # full: their own, too.
 _counted_scratch = _Scratch()
 # A split exchange in two launches (``KernelConfig.phased``) leaves its slots full, and no counter
-# moved but the ticket counter, which its last draw resets: its own.
+# moved but the ticket counter, which its last draw resets; one by arrival (``KernelConfig.arrival``)
+# leaves its slots full and its counters reset by each row's last chunk. Either reads only slots
+# its own launch stored, and finds every counter 0: they share a pool, not the persistent one.
 _phased_scratch = _Scratch()
 
 
@@ -183,8 +185,9 @@ class LaunchRecord:
             tensors = (*tensors, tensors[0], tensors[0])
         stream = self._stream()
         if self._slots:
-            pool = (_phased_scratch if self.plan.phased else _counted_scratch if self.plan.block_m > 1
-                    else _ticket_scratch if self.plan.ticketed else _scratch)
+            pool = (_phased_scratch if self.plan.phased or self.plan.arrival
+                    else _counted_scratch if self.plan.block_m > 1 else _ticket_scratch if self.plan.ticketed
+                    else _scratch)
             scratch = pool.get(self.device, stream, self._slots, self._counters)
             if scratch is None:
                 if self._fallback_record is None:

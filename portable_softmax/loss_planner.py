@@ -54,7 +54,10 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     and writes y. Its warps may be its own (``Tuning.loss_split_elements_per_thread``); the one
     that writes the gradient is unpipelined (its kernel holds a barrier). Where that grid cannot
     be resident (no cooperative launch for a persistent grid, a row's chunks beyond one
-    residency domain) the row streams instead. Probability
+    residency domain) the row streams instead. The forward alone (no gradient: nothing held
+    across the exchange) exchanges by arrival where ``Tuning.loss_arrival`` asks
+    (``KernelConfig.arrival``): the same chunks, a program per item, unpipelined, one launch in
+    which no program waits, open on every backend (no residency needed). Probability
     targets always stream (or take tiles): their loss needs the targets' sums over the row too,
     which the split kernel does not exchange. The backward kernel (``reduction='none'``)
     streams with the loop's blocks (one read, one write: nothing to hold); a row that fits is one
@@ -93,10 +96,18 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
                               _warps(block_m * width, tuning.elements_per_thread, record, tuning.max_warps))
     else:
         form = "gradient" if writes_gradient else "loss"
-        if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols):
+        arrival = not writes_gradient and tuning.loss_arrival
+        if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols, arrival):
             # One row a chunk's item: a tile of several rows would need them adjacent in memory.
             per_thread = tuning.loss_split_elements_per_thread or None
             config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
+            if arrival:
+                # Nothing held across the exchange: a program per item, none waiting, one launch.
+                config = dataclasses.replace(config, arrival=True, phased=False, num_stages=1)
+                kernel = _resources(resources, target, config, False, input_bytes)
+                plan = _size(target, config, kernel, n_rows, rows_per_group, None, False)
+                assert plan is not None  # no program waits: every grid fits
+                return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
             if writes_gradient:
                 # Its target's column is stored after a barrier, which Triton's pipeliner does not
                 # cross (sm_90: no stage buffers compiled): the pipeline would cost registers only.

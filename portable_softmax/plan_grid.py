@@ -53,6 +53,10 @@ class KernelConfig:
     # The split kernels' exchange in two launches (``variants.launch_phases``), where programs
     # cannot wait on each other: every chunk publishes its partials, then every chunk reads them.
     phased: bool = False
+    # The split kernels' exchange by arrival (``variants.launch_phases``: the loss's forward that
+    # writes no gradient): one launch in which no program waits; each chunk publishes and counts,
+    # and its row's last reads them all (``kernels.exchange._arrive``).
+    arrival: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -82,11 +86,13 @@ class LaunchPlan:
     per_tile: bool = False
     dense: bool = False
     phased: bool = False
+    arrival: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
-                            self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.phased)
+                            self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.phased,
+                            self.arrival)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -180,6 +186,13 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         programs = min(items if forced is None else forced, cap)
         reason = (f"{note}sliced: rows of {config.chunks} slices, {config.block_m} rows x {config.block_n} a step; "
                   f"two launches (partials, then normalize), no program waits on another")
+    elif config.regime == "split" and config.arrival:
+        # No program waits on another: a program per item (up to the grid's limit, beyond which
+        # programs step through the rest), resident or not, in one launch.
+        programs = min(items if forced is None else forced, cap)
+        reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, exchanged by "
+                  f"arrival (the row's last chunk reads its partials and writes its terms), no program waits on "
+                  f"another")
     elif config.regime == "split" and config.phased:
         # No program waits on another: any grid will do, as for the loop regime's.
         programs = min(items if forced is None else forced, cap)
@@ -228,4 +241,4 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.ticketed, config.reread, config.per_tile, config.dense, config.phased)
+                      config.ticketed, config.reread, config.per_tile, config.dense, config.phased, config.arrival)

@@ -153,6 +153,15 @@ class Tuning:
             others stream through the loop regime. Both by default, from a prediction (NOTES
             v26): the H100 ran the loop at 0.44-0.74 of the floor forward + backward and 0.51-0.84
             forward alone in bf16.
+        loss_arrival: whether the split forward alone (the "loss" of ``loss_split``: no gradient
+            written, nothing held across the exchange) exchanges by arrival
+            (``plan_grid.KernelConfig.arrival``, ``kernels.exchange._arrive``): one launch of a
+            program per chunk, none waiting; the row's last chunk to arrive reads its partials
+            and writes its terms. Open on every backend, residency or not. Off: the waiting
+            exchange where residency is promised (a persistent or ticketed grid), two launches
+            where ``split_two_launches`` opens it. On by default, from a prediction (NOTES v30:
+            the waiting forward alone read 0.49-0.65 of the copy floor in bf16 on the H200,
+            0.65-0.90 on the H100); ``benchmarks/loss_sweep.py``'s ``no-arrival`` compares them.
         loss_split_elements_per_thread: as ``split_elements_per_thread``, for the loss's split
             chunks (their warps); 0: the softmax's. A chunk that writes the gradient holds its
             exponentials across the exchange, as the softmax forward's does (sm_90, bf16 chunks
@@ -261,6 +270,7 @@ class Tuning:
     loss_loop_stages: int = 1
     loss_l2_share: float = 0.0
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
+    loss_arrival: bool = True
     loss_split_elements_per_thread: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})

@@ -21,13 +21,15 @@ MAX_SPLIT_CHUNKS = 1024
 SPLIT_COLS_LIMIT = 2**31
 
 
-def _can_split(target: Target, dtype: str, allow_split: bool, n_cols: int) -> bool:
+def _can_split(target: Target, dtype: str, allow_split: bool, n_cols: int, arrival: bool = False) -> bool:
     """Whether the split path is open: its programs wait on each other where the record promises
-    residency, else exchange in two launches where the tuning row asks (``_phased``). Rows of
+    residency, else exchange in two launches where the tuning row asks (``_phased``); an
+    exchange by ``arrival`` (``KernelConfig.arrival``: no program waits) is open on every
+    backend. Rows of
     SPLIT_COLS_LIMIT elements or more stream through the loop regime, whose column offsets come
     from a 64-bit loop counter (Triton passes such a length as i64): the split kernels count a
     chunk's columns in 32 bits, and no tile holds such a row."""
-    opened = target.record.residency_guaranteed or target.tuning.split_two_launches
+    opened = arrival or target.record.residency_guaranteed or target.tuning.split_two_launches
     return allow_split and opened and dtype != "float64" and n_cols < SPLIT_COLS_LIMIT
 
 

@@ -38,8 +38,10 @@ SCRATCH = (("slot", "i64"), ("done", "i32"))
 # programs wait on their row's peers (a resident grid); or, where programs cannot wait on each
 # other (``Config.phased``: Triton's interpreter runs them one after another), two launches of
 # the same kernel, the first publishing every chunk's partials, the second reading them all and
-# writing every chunk.
-EXCHANGE_WAIT, EXCHANGE_PUBLISH, EXCHANGE_READ = 0, 1, 2
+# writing every chunk; or (``Config.arrival``: the loss's forward that writes no gradient) one
+# launch in which no program waits: each chunk publishes and counts its arrival, and the row's
+# last to arrive reads them all and writes the row's own terms.
+EXCHANGE_WAIT, EXCHANGE_PUBLISH, EXCHANGE_READ, EXCHANGE_ARRIVE = 0, 1, 2, 3
 # First count: work items (tiles, or for split kernels tiles x chunks); then tiles per group,
 # rows per group and the row length.
 COUNTS = ("items", "tiles_per_outer", "rows_per_outer", "n_cols")
@@ -59,6 +61,7 @@ class Config(Protocol):
     per_tile: bool
     dense: bool
     phased: bool
+    arrival: bool
 
     @property
     def chunks_p2(self) -> int: ...
@@ -125,8 +128,8 @@ def split_constexprs(config: Config, wait_atomic: bool, shifted: bool, phase: Op
     """
     phases = launch_phases(config)
     if phase is not None and phase not in phases:
-        raise ValueError(f"phase={phase!r}: a split config {'with' if config.phased else 'without'} phased "
-                         f"launches runs phases {phases}")
+        form = "arrival" if config.arrival else "phased" if config.phased else "waiting"
+        raise ValueError(f"phase={phase!r}: a {form} split config runs phases {phases}")
     return {"CHUNKS": config.chunks, "CHUNKS_P2": config.chunks_p2, "ALIGN": config.align,
             "TICKETED": config.ticketed, "STAGES": config.num_stages, "WAIT_ATOMIC": wait_atomic,
             "SHIFTED": shifted and config.align > 1, "PHASE": phases[0] if phase is None else phase}
@@ -134,8 +137,11 @@ def split_constexprs(config: Config, wait_atomic: bool, shifted: bool, phase: Op
 
 def launch_phases(config: Config) -> tuple[int, ...]:
     """The PHASE of each launch of ``config``'s kernel, in order: a split config's exchange in
-    two launches (``phased``: ``EXCHANGE_PUBLISH`` then ``EXCHANGE_READ``) or one
-    (``EXCHANGE_WAIT``); every other config launches once (its kernel has no PHASE)."""
+    two launches (``phased``: ``EXCHANGE_PUBLISH`` then ``EXCHANGE_READ``), in one by arrival
+    (``arrival``: ``EXCHANGE_ARRIVE``) or in one with the wait (``EXCHANGE_WAIT``); every other
+    config launches once (its kernel has no PHASE)."""
+    if config.regime == "split" and config.arrival:
+        return (EXCHANGE_ARRIVE,)
     if config.regime == "split" and config.phased:
         return (EXCHANGE_PUBLISH, EXCHANGE_READ)
     return (EXCHANGE_WAIT,)
@@ -178,13 +184,14 @@ def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]
     """Compile and launch options: warps, pipeline depth, and for a persistent split grid (its
     programs wait on each other) a cooperative launch where the stack offers one, so that the
     driver refuses a grid that is not resident at once instead of letting it hang (a grid whose
-    exchange takes two launches, ``phased``, waits on nothing).
+    exchange takes two launches, ``phased``, or counts arrivals, ``arrival``, waits on nothing).
 
     Floating-point fusion (multiply-adds) is chosen, not left to Triton's default: the kernels
     were measured with it, Triton 3.9 warns on a process's first compile that leaves it unset, and
     3.10 turns the default off. Every backend's options take it (the interpreter ignores it)."""
     values: dict[str, Any] = {"num_warps": num_warps, "num_stages": config.num_stages, "enable_fp_fusion": True}
-    if config.regime == "split" and not config.ticketed and not config.phased and cooperative:
+    waits = config.regime == "split" and not (config.ticketed or config.phased or config.arrival)
+    if waits and cooperative:
         values["launch_cooperative_grid"] = True
     return values
 

@@ -67,6 +67,8 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
 
 
 def regime_of(plan: launch.LaunchPlan) -> str:
+    if plan.arrival:
+        return "arrival"
     if plan.ticketed:
         return "ticketed"
     return "pipelined" if plan.regime == "split" and plan.num_stages > 1 else plan.regime

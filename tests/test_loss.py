@@ -173,13 +173,17 @@ SPLIT_CASES = [
     # 'sum' with an incoming gradient of 2.5: the held gradient rescaled.
     pytest.param("split", (2, 300), torch.bfloat16, dict(reduction="sum", ignored=0.3, softcap=3.0, weight=True), {},
                  id="bf16-sum"),
-    # The forward alone (split) and the streamed backward of 'none'; a ticketed grid.
+    # The forward alone (split: by arrival, the row's last chunk writing its terms) and the
+    # streamed backward of 'none'.
+    pytest.param("split", (3, 300), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1,
+                                                        ignored=0.3, z_loss=0.01), {}, id="arrival-none"),
+    # The forward alone with the waiting exchange (``loss_arrival`` off): a ticketed grid; pipelined
+    # (a persistent grid whose next chunks load while it waits), rows read unaligned.
     pytest.param("ticketed", (3, 300), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1,
-                                                           ignored=0.3, z_loss=0.01), {}, id="ticketed-none"),
-    # Pipelined (a persistent grid whose next chunks load while it waits: the forward alone, as
-    # 'none' runs it), rows read unaligned.
-    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(reduction="none", ignored=0.3, softcap=3.0), {},
-                 id="pipelined-bf16-none"),
+                                                           ignored=0.3, z_loss=0.01), {"loss_arrival": False},
+                 id="ticketed-none"),
+    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(reduction="none", ignored=0.3, softcap=3.0),
+                 {"loss_arrival": False}, id="pipelined-bf16-none"),
     # Odd vocabularies: rows off 16-byte boundaries in aligned windows (their edges apart).
     pytest.param("split", (2, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1), {"split_chunk": 8192},
                  id="bf16-50257-windows"),
@@ -189,14 +193,28 @@ SPLIT_CASES = [
 ]
 
 
+def _forward_phases() -> set:
+    """The PHASE of each launch of the forward records the calls so far planned, a tuple each."""
+    return {tuple(c["PHASE"] for c in record.launches) for key, record in loss_launch._records.items()
+            if key[0] == "forward"}
+
+
+def _waiting_phases(device) -> tuple:
+    """The PHASEs of the waiting exchange on ``device``: two launches on the interpreter."""
+    return (1, 2) if interpreted(device) else (0,)
+
+
 @pytest.mark.parametrize("regime, shape, dtype, options, changes", SPLIT_CASES)
 def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, options, changes):
-    # Loss, lse and gradient against torch in float64, the rows held by several programs each.
+    # Loss, lse and gradient against torch in float64, the rows held by several programs each; the
+    # forward alone ('none': the gradient streamed after) by arrival unless ``loss_arrival`` is off.
     _split(monkeypatch, device, regime, **changes)
     x, target, options = _case(shape, dtype, "class", options, device)
     target[0] = shape[1] - 1  # the last column: in the last chunk, past the last whole group of a window
     check(x, target, with_lse=True, **options)
-    assert _forward_regimes() == {regime}
+    alone = options.get("reduction") == "none" and changes.get("loss_arrival", True)
+    assert _forward_regimes() == {"arrival" if alone else regime}
+    assert _forward_phases() == {(3,) if alone else _waiting_phases(device)}
 
 
 def test_split_rows_with_every_target_ignored(device, monkeypatch):
@@ -239,21 +257,53 @@ def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
     assert _forward_regimes() == {"split"}
 
 
-def test_split_rows_logsumexp(device, monkeypatch):
+@pytest.mark.parametrize("arrival", [True, False], ids=["arrival", "waiting"])
+def test_split_rows_logsumexp(device, monkeypatch, arrival):
     # logsumexp takes the forward alone (every position ignored): rows of -inf only, with a NaN,
-    # far above and far below zero.
-    _split(monkeypatch, device)
+    # far above and far below zero; by arrival (one launch, none waiting), and with the switch off
+    # the waiting exchange (two launches on the interpreter). Twice: the arrival counters must be
+    # back at 0 for the second call (each row's last resets its own).
+    _split(monkeypatch, device, loss_arrival=arrival)
     x = logits((5, 300), torch.float32, device)
     x[1] = -float("inf")
     x[2, 17] = float("nan")
     x[3] += 1e4
     x[4] -= 1e4
-    ours, theirs = ps.logsumexp(x, 1), torch.logsumexp(x.double(), 1)
-    assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.isinf(), theirs.isinf())
-    finite = theirs.isfinite()
-    infinite = theirs.isinf()
-    assert relative_error(ours[finite], theirs[finite]) < 1e-6 and torch.equal(ours[infinite], theirs[infinite].float())
-    assert _forward_regimes() == {"split"}
+    theirs = torch.logsumexp(x.double(), 1)
+    for _ in range(2):
+        ours = ps.logsumexp(x, 1)
+        assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.isinf(), theirs.isinf())
+        finite = theirs.isfinite()
+        infinite = theirs.isinf()
+        assert relative_error(ours[finite], theirs[finite]) < 1e-6
+        assert torch.equal(ours[infinite], theirs[infinite].float())
+    assert _forward_regimes() == {"arrival" if arrival else "split"}
+    assert _forward_phases() == {(3,) if arrival else _waiting_phases(device)}
+
+
+def test_split_rows_by_arrival_every_option_twice(device, monkeypatch):
+    # The forward alone by arrival with every option (class weights, smoothing, z-loss, softcap,
+    # ignored rows), its target in the first chunk (the last one loads it from another's columns)
+    # and in the last; then again on other logits: each row's counter reset, slots left full,
+    # the second call's loss its own logits'.
+    _split(monkeypatch, device)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        x, target, options = _case((3, 300), torch.float32, "class", dict(reduction="none", weight=True,
+                                   label_smoothing=0.1, ignored=0.3, z_loss=0.02, softcap=6.0), device)
+        target[0], target[1] = 5, 299
+        ours, lse = ps.cross_entropy(x, target, return_lse=True, **options)
+        theirs, leaf = reference(x, target, **options)
+        z = 6.0 * torch.tanh(leaf.detach() / 6.0)
+        assert relative_error(ours, theirs) <= TOLERANCE[torch.float32]
+        assert relative_error(lse, torch.logsumexp(z, 1)) < 1e-6
+    assert _forward_regimes() == {"arrival"} and _forward_phases() == {(3,)}
+    # Its pool's invariant (``launch._phased_scratch``: counters 0 between launches); the waiting
+    # pool, whose slots must stay empty, untouched.
+    from portable_softmax import launch
+
+    assert launch._phased_scratch._buffers and not any(c.any() for _, c in launch._phased_scratch._buffers.values())
+    assert all((slots == -1).all() for slots, _ in launch._scratch._buffers.values())
 
 
 def test_split_rows_inplace_backward(device, monkeypatch):
@@ -579,13 +629,16 @@ def test_plans_for_recorded_chips(profile):
 
 @pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])
 def test_split_plans_are_the_softmax_forwards(profile):
-    # A forward of class targets over rows longer than a tile splits where the chip promises
-    # residency, sized as the softmax forward of the same rows (chunks, windows, grid; the one
-    # that writes the gradient unpipelined: its kernel holds a barrier); elsewhere, for probability
-    # targets, the backward, or with the tuning's loss_split empty, it streams.
-    from portable_softmax import loss_planner, planner, profiles, targets
+    # A forward of class targets over rows longer than a tile that writes the gradient splits
+    # where the chip promises residency, sized as the softmax forward of the same rows (chunks,
+    # windows, grid; unpipelined: its kernel holds a barrier); the forward alone splits on every
+    # chip, by arrival (``split_config``'s chunks, a program per item, one launch), or with
+    # ``loss_arrival`` off as the softmax forward where residency is promised; elsewhere, for
+    # probability targets, the backward, or with the tuning's loss_split empty, it streams.
+    from portable_softmax import loss_planner, planner, profiles, split_planner, targets
 
     target = targets.target_for(profiles.profile_record(profile))
+    no_arrival = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_arrival=False))
     for n_rows, n_cols, align in ((4096, 256000, 1), (4096, 50257, 8), (16, 128256, 1)):
         for writes in (True, False):
             plan = loss_planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2,
@@ -598,16 +651,37 @@ def test_split_plans_are_the_softmax_forwards(profile):
                     assert (plan.chunks, plan.block_n, plan.num_warps) == (softmax.chunks, softmax.block_n,
                                                                            softmax.num_warps)
                 else:
-                    assert plan.config == softmax.config and plan.programs == softmax.programs, (plan.reason,
-                                                                                                 softmax.reason)
-            else:
+                    waiting = loss_planner.plan_loss(no_arrival, n_rows, n_cols, "float32", writes_gradient=False,
+                                                     input_bytes=2, splittable=True, align=align)
+                    assert waiting.config == softmax.config and waiting.programs == softmax.programs, (
+                        waiting.reason, softmax.reason)
+            elif writes:
                 assert plan.regime == "loop", plan.reason
+            if not writes:
+                # By arrival: the softmax forward's chunks, windows and warps; a program per item, one launch.
+                assert plan.arrival and "arrival" in plan.reason and not (plan.phased or plan.ticketed), plan.reason
+                per_thread = target.tuning.loss_split_elements_per_thread or None
+                sized = split_planner.split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
+                assert (plan.chunks, plan.block_n, plan.num_warps, plan.align, plan.num_stages) == (
+                    sized.chunks, sized.block_n, sized.num_warps, align, 1), plan.reason
+                # (Up to the grid's limit, Ascend's 65535: beyond it programs step through the rest.)
+                cap = min(target.record.grid_limit, target.tuning.max_programs)
+                assert plan.items == n_rows * plan.chunks and plan.programs == min(plan.items, cap)
+                if not target.record.residency_guaranteed:
+                    off = loss_planner.plan_loss(no_arrival, n_rows, n_cols, "float32", writes_gradient=False,
+                                                 input_bytes=2, splittable=True, align=align)
+                    assert off.regime == "loop", off.reason
             streamed = dict(writes_gradient=writes, input_bytes=2, align=align)
             assert loss_planner.plan_loss(target, n_rows, n_cols, "float32", **streamed).regime == "loop"
     off = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_split=frozenset({"loss"})))
     assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=True, splittable=True).regime == "loop"
+    assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=False, splittable=True).arrival
+    off = dataclasses.replace(off, tuning=dataclasses.replace(off.tuning, loss_arrival=False))
     assert loss_planner.plan_loss(off, 4096, 256000, "float32", writes_gradient=False, splittable=True).regime == (
         "split" if target.record.residency_guaranteed else "loop")
+    none = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_split=frozenset()))
+    assert loss_planner.plan_loss(none, 4096, 256000, "float32", writes_gradient=False, splittable=True).regime == (
+        "loop")
     fp64 = loss_planner.plan_loss(target, 4096, 256000, "float64", writes_gradient=True, splittable=True)
     assert fp64.regime == "loop"
 

@@ -11,7 +11,8 @@ from portable_softmax import kernels, variants
 
 def _config(regime: str, **changes) -> types.SimpleNamespace:
     values = dict(regime=regime, block_m=1, block_n=1024, chunks=4 if regime == "split" else 1, chunks_p2=4,
-                  num_stages=1, align=1, ticketed=False, reread=False, per_tile=False, dense=False, phased=False)
+                  num_stages=1, align=1, ticketed=False, reread=False, per_tile=False, dense=False, phased=False,
+                  arrival=False)
     return types.SimpleNamespace(**{**values, **changes})
 
 
@@ -60,6 +61,8 @@ def test_options_ask_cooperation_only_for_persistent_split_grids():
     assert "launch_cooperative_grid" not in variants.options(_config("split", ticketed=True), 4, True)
     assert "launch_cooperative_grid" not in variants.options(_config("split"), 4, False)
     assert "launch_cooperative_grid" not in variants.options(_config("tile"), 4, True)
+    # By arrival no program waits: none either.
+    assert "launch_cooperative_grid" not in variants.options(_config("split", arrival=True), 4, True)
 
 
 def test_split_phases_launch_the_exchange_once_or_twice():
@@ -81,6 +84,22 @@ def test_split_phases_launch_the_exchange_once_or_twice():
     # Nothing waits in a phased grid: no cooperative launch.
     assert "launch_cooperative_grid" not in variants.options(phased, 4, True)
     assert variants.launch_phases(_config("tile", phased=True)) == (variants.EXCHANGE_WAIT,)
+
+
+def test_an_arrival_split_config_exchanges_in_one_launch():
+    # The loss's forward alone (``KernelConfig.arrival``): one launch, PHASE=EXCHANGE_ARRIVE (the
+    # kernel's number too), whatever ``phased`` says; only that phase; no other regime has one.
+    from portable_softmax.kernels import exchange
+
+    assert variants.EXCHANGE_ARRIVE == exchange.EXCHANGE_ARRIVE.value == 3
+    facts = variants.LossFacts()
+    for phased in (False, True):
+        arrival = _config("split", arrival=True, phased=phased)
+        assert variants.launch_phases(arrival) == (variants.EXCHANGE_ARRIVE,)
+        assert variants.loss_constexprs("forward", arrival, facts)["PHASE"] == variants.EXCHANGE_ARRIVE
+        with pytest.raises(ValueError, match="arrival"):
+            variants.loss_constexprs("forward", arrival, facts, variants.EXCHANGE_WAIT)
+    assert variants.launch_phases(_config("tile", arrival=True)) == (variants.EXCHANGE_WAIT,)
 
 
 def test_unknown_variants_are_refused():

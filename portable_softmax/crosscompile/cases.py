@@ -231,7 +231,9 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
     ticketed, pipelined or not: ``ticketed_forms``) and the loop it streams through where the
     split grid does not fit. Where the record rules the split path out (HIP until its wait loops
     are shown to read memory), the split forms a record with residency would plan ("unplanned"):
-    every split kernel is compiled and checked on every target."""
+    every split kernel is compiled and checked on every target. The forward alone plans its
+    exchange by arrival on every target (``Tuning.loss_arrival``); its waiting forms, which that
+    switch turned off plans, are its alternatives."""
     found: list[tuple[str, KernelConfig]] = []
     resident = record if record.residency_guaranteed else dataclasses.replace(record, residency_guaranteed=True)
     suffix = "" if record.residency_guaranteed else ", unplanned"

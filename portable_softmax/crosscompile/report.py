@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 from portable_softmax.backend import get_backend
 from portable_softmax.arguments import parse_shape as _shape
 from portable_softmax.plan_grid import KernelConfig
+from portable_softmax.variants import EXCHANGE_ARRIVE
 from portable_softmax.planner import DTYPE_BYTES
 from portable_softmax.targets import plan_launch, plan_loss
 from portable_softmax.record import DeviceRecord, KernelResources
@@ -133,7 +134,12 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
                                                  "signature", "specialised", "detail", "called_shared")})
             if spec["kernel"].endswith("_split"):
                 entry.update({k: result[k] for k in ("wait_loops", "wait_loop_reads", "wait_loop_reads_memory")})
-                if not result["wait_loop_reads_memory"]:
+                if spec["constexprs"].get("PHASE") == EXCHANGE_ARRIVE:
+                    # By arrival no program waits (``kernels.exchange._arrive``): a wait loop there is a bug.
+                    if result["wait_loops"]:
+                        entry["problems"].append(f"{result['wait_loops']} wait loops in a kernel that exchanges by "
+                                                 f"arrival, where no program may wait")
+                elif not result["wait_loop_reads_memory"]:
                     # A variant the planner never launches on this target (HIP plans no split path
                     # yet) is reported, not failed: the report says where the split path would hang.
                     found = (f"a wait loop does not read memory ({result['wait_loops']} wait loops found): a "
@@ -204,7 +210,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
         # item a program (None: no bound).
         waves: Optional[int] = 1 if config.regime == "split" else tuning.tile_waves
         one_each = config.regime == "tile" and plan.programs >= plan.items
-        if config.per_tile or config.ticketed or config.phased or one_each:
+        if config.per_tile or config.ticketed or config.phased or config.arrival or one_each:
             # (The last: a program per tile, as the loss's tiles of one row plan where
             # that fills the chip best; none waits on another.)
             waves = None

@@ -9,7 +9,12 @@ same helpers run the exchange in two launches of the same kernel instead, chosen
 publishes every chunk's partials, the second reads every slot of its rows, all written by the
 first, with no wait, and leaves them full (nothing waits on an empty one). ``PHASE`` is the last
 parameter of ``_exchange``, ``_empty_previous`` and ``_empty_last``, ``EXCHANGE_WAIT`` (the one
-launch with the wait) by default, so that a kernel written for that form calls them unchanged."""
+launch with the wait) by default, so that a kernel written for that form calls them unchanged.
+
+A kernel that holds nothing across the exchange (the loss's forward without the gradient) needs
+no chunk to learn its row's total, only one: ``_arrive`` (``EXCHANGE_ARRIVE``) publishes, counts
+the chunk's arrival and lets the row's last chunk to arrive read every slot, in one launch in
+which no program waits, on any backend."""
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _tile_rows
 
@@ -23,10 +28,12 @@ CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
 
 # The exchange's PHASE: one launch whose programs publish, wait for their row's peers and read
 # (a resident grid: GPUs); or two launches, where programs cannot wait on each other: every chunk
-# publishes (1), then every chunk reads its rows' slots, all full by then (2).
+# publishes (1), then every chunk reads its rows' slots, all full by then (2); or one launch in
+# which every chunk publishes and counts its arrival, and only the row's last reads (3: ``_arrive``).
 EXCHANGE_WAIT = tl.constexpr(0)
 EXCHANGE_PUBLISH = tl.constexpr(1)
 EXCHANGE_READ = tl.constexpr(2)
+EXCHANGE_ARRIVE = tl.constexpr(3)
 
 
 
@@ -52,6 +59,7 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
     the fill of their slots before each launch, ran long fp32 rows at 0.80 of copy against 0.90
     on the H200: NOTES v19.)
     """
+    tl.static_assert(PHASE != EXCHANGE_ARRIVE, "the arrival form tells its caller which chunk is last: _arrive")
     slots = _row_slots(slot_ptr, tile, BLOCK_M, CHUNKS)
     if PHASE != EXCHANGE_READ:
         if BLOCK_M > 1:
@@ -76,6 +84,49 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
         row_max, total = _gathered_row(slot_ptr + tile * CHUNKS, tl.sum(row_mask.to(tl.int32), 0) > 0,
                                        CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC, wait)
     return row_max, total
+
+
+@_jit
+def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Publish this chunk's packed (maximum, sum) partials of its one row (``packed``, [1]; as
+    ``_exchange`` packs them) and count its arrival at the row's counter (``done_ptr + tile``);
+    return whether this chunk is the row's last to arrive and, for that one, the row's maximum
+    and total from every chunk's slot (for the others: values to ignore). No program waits:
+    a grid of any size runs, resident or not, in one launch, in any order (the interpreter's
+    one after another too).
+
+    Memory order. Each chunk stores its slot, then a barrier makes every thread's stores the
+    program's (performed, for the thread that counts, before its next access), and one thread
+    adds 1 to the counter with ``acq_rel``, at the device's scope: its release publishes the
+    slot. The counter's adds are read-modify-writes of one word, so they form one chain in
+    which each reads the one before: the release sequence of every earlier add runs through
+    every later add up to the last one, whose acquire therefore synchronises with the release
+    of every chunk that counted before it. The chunk that reads CHUNKS - 1 is the last, and
+    every slot of its row was stored before its reads, which the barrier after its add orders
+    behind that acquire for all its threads. The slots are read with ``.cg`` loads (from L2,
+    where the peers' stores are): never a line this unit's L1 kept from an earlier launch.
+    (Every add is ``acq_rel``: no chunk knows beforehand whether it will be the last.)
+
+    The last resets the counter to 0 for the next launch: every add of this launch is done by
+    then, and the kernel boundary orders the reset before the next launch's adds. Slots stay
+    full: the next launch's last reads only slots that its own peers stored before counting. So
+    its scratch is not the waiting form's, whose slots must be empty between launches."""
+    counter = done_ptr + tile
+    first_slot = slot_ptr + tile * CHUNKS
+    tl.atomic_xchg(_row_slots(slot_ptr, tile, 1, CHUNKS) + chunk, packed, mask=row_mask, sem="relaxed")
+    # One thread counts for the program: the barrier first makes every thread's stores its own.
+    tl.debug_barrier()
+    last = tl.atomic_add(counter, 1, sem="acq_rel") == CHUNKS - 1
+    tl.debug_barrier()
+    exists = tl.sum(row_mask.to(tl.int32), 0) > 0
+    peers = tl.arange(0, CHUNKS_P2)
+    present = (peers < CHUNKS) & exists & last
+    v = tl.load(first_slot + peers, mask=present, other=EMPTY_SLOT, cache_modifier=".cg")
+    peer_max, peer_sum = _peer_values(v)
+    row_max = tl.max(peer_max, 0)
+    total = _peer_total(peer_max, peer_sum, row_max, True)
+    tl.store(counter, 0, mask=last)
+    return last, row_max, total
 
 
 @_jit

@@ -13,12 +13,18 @@ two where they cannot). It then knows the row's lse and writes:
 * its share of the row's loss, into its slab of ``loss``: a (CHUNKS, positions) float32 buffer
   that the caller sums over the chunks, so that no second exchange and no float atomic is needed
   and the sum is the same in every run. The share of the chunk whose columns hold the target
-  (chunk 0 where the target names no class) holds the terms of the whole row (lse's, the target
-  logit's, which it loads alone, and the z-loss); every chunk's holds the smoothing's sum over its
-  own columns, -eps / C sum_c w_c z_c. Each share is scaled and masked as the row's loss
-  (``loss._scaled_loss``): ignored rows give 0 times the scale in every chunk, a target outside
-  the classes NaN;
+  (chunk 0 where the target names no class; by arrival, the row's last chunk) holds the terms
+  of the whole row (lse's, the target logit's, which it loads alone, and the z-loss); every
+  chunk's holds the smoothing's sum over its own columns, -eps / C sum_c w_c z_c. Each share is
+  scaled and masked as the row's loss (``loss._scaled_loss``): ignored rows give 0 times the
+  scale in every chunk, a target outside the classes NaN;
 * that chunk the row's lse.
+
+Without the gradient nothing is held across the exchange, and only one chunk need learn the
+row's lse: with ``PHASE`` ``EXCHANGE_ARRIVE`` (``exchange._arrive``) no chunk waits; each
+publishes and counts its arrival, and the row's last to arrive reads every chunk's partials and
+takes the row's terms into its share (and stores the lse), in place of the target's chunk; it
+loads the target's logit itself, after the exchange. The others write their smoothing sums only.
 
 Class targets only: a probability target's loss needs its own sums over the row, which this
 kernel does not exchange (the planner keeps them on tiles and loops). float32 accumulation only:
@@ -26,7 +32,7 @@ the exchange packs float32 partials (the planner keeps float64 rows off the spli
 """
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _cast, _load, _row_starts
-from .exchange import EXCHANGE_PUBLISH, _empty_last, _empty_previous, _exchange, _float_bits
+from .exchange import EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, _arrive, _empty_last, _empty_previous, _exchange, _float_bits
 from .loss import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                    _target_logit, _weights)
 from .split import _split_item, _split_items, _staged_columns
@@ -104,16 +110,31 @@ def cross_entropy_forward_split(
         # The row's target and its weight, loads issued before the exchange, whose round trips
         # they overlap. The row's own terms go to the chunk whose columns hold the target (chunk 0
         # where it names no class), which loads its logit there: a logit of its own columns,
-        # read before it writes them (``inplace_backward``: no other program writes them).
+        # read before it writes them (``inplace_backward``: no other program writes them); by
+        # arrival, to the row's last chunk.
         target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
         target, ignored, valid, _, w_t = _class_terms(target_ptr, target_base, row_mask, row_cols, weight_ptr,
                                                       ignore_index, n_cols, WEIGHT, False)
-        owns = tl.where(valid, (target + lead) // BLOCK_N, 0) == chunk
-        holds = row_mask & valid & owns
-        z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
-        packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-        row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                       CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
+        if PHASE == EXCHANGE_ARRIVE:
+            # No chunk waits: the row's last to arrive learns its lse, and its share takes the row's
+            # terms, the target's logit loaded there (from L2 where another chunk's columns hold it).
+            tl.static_assert(not WRITE_GRAD, "the gradient needs every chunk's lse: the arrival form has none")
+            tl.static_assert(STAGES == 1, "a program per item: nothing to pipeline")
+            packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
+            last, row_max, row_total = _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2)
+            owns = row_mask & last
+            holds = owns & valid
+            z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
+            # The others read nothing: their share's +inf test takes their own maximum (the last's
+            # share holds the row's, and a NaN there is the row's sum).
+            row_max = tl.where(last, row_max, chunk_max)
+        else:
+            owns = tl.where(valid, (target + lead) // BLOCK_N, 0) == chunk
+            holds = row_mask & valid & owns
+            z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
+            packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
+            row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
+                                           CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
         # A row's are scalars: as blocks of its one row, as the loss's helpers take rows.
         row_max = tl.full([BLOCK_M], 0.0, tl.float32) + row_max
         row_total = tl.full([BLOCK_M], 0.0, tl.float32) + row_total
