@@ -27,7 +27,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: Optional[torch.Tensor], class_weight: Optional[torch.Tensor],
                 call: HeadCall) -> tuple[torch.Tensor, torch.Tensor]:
-        result, lse, stats, grads = head_chunks.forward(hidden, weight, target, bias, class_weight, call)
+        result, lse, stats, grads = head_chunks.forward(hidden, weight, target, bias, class_weight, call, narrow=True)
         ctx.call, ctx.held = call, grads
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         if grads is None:
@@ -47,7 +47,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # Autograd takes the buffers (weight.grad can be the rescaled buffer itself).
             ctx.held, scale = None, dloss
         else:
-            grads = head_chunks.backward(*ctx.saved_tensors, dloss, call)
+            grads = head_chunks.backward(*ctx.saved_tensors, dloss, call, narrow=True)
             scale = None
         hidden, weight, bias = (head_chunks.finish(g, scale, dtype) if dtype is not None else None
                                 for g, dtype in zip(grads, ctx.dtypes))

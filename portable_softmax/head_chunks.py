@@ -165,10 +165,15 @@ def chunks(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 
 def _new_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   call: HeadCall) -> Gradients:
+                   call: HeadCall, single: bool = False) -> Gradients:
+    """The gradients' buffers: weight's and bias's in ``call.accumulate_dtype``, or, for a
+    ``single`` chunk, in the weight's own dtype: one matmul over every token then forms the
+    weight's gradient, summed in float32 inside the BLAS and rounded once, as a float32 sum over
+    one chunk would be, without the float32 copy of the weight (2 GB for Llama 3's head) or the
+    pass that rounds it."""
     # Uninitialised: the first chunk's products overwrite them; without tokens they are zeros.
     new = torch.empty if hidden.shape[0] else torch.zeros
-    wide = call.accumulate_dtype
+    wide = weight.dtype if single else call.accumulate_dtype
     return Gradients(new(hidden.shape, dtype=hidden.dtype, device=hidden.device) if call.grad_hidden else None,
                      new(weight.shape, dtype=wide, device=weight.device) if call.grad_weight else None,
                      new(weight.shape[0], dtype=wide, device=weight.device)
@@ -188,11 +193,18 @@ def _add_chunk(grads: Gradients, grad_logits: torch.Tensor, rows: torch.Tensor, 
         grads.bias.copy_(summed) if first else grads.bias.add_(summed)
 
 
+def _single(hidden: torch.Tensor, weight: torch.Tensor, budget_bytes: int) -> bool:
+    """Whether every token fits one chunk of ``budget_bytes``."""
+    return chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size(), budget_bytes) >= hidden.shape[0]
+
+
 def forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
-            class_weight: Optional[torch.Tensor], call: HeadCall
+            class_weight: Optional[torch.Tensor], call: HeadCall, narrow: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[Gradients]]:
     """The loss (``call.loss_dtype``), lse per token, the stats and, where the forward forms them
-    (``HeadCall.grad_in_forward``), the gradients for an incoming gradient of 1.
+    (``HeadCall.grad_in_forward``), the gradients for an incoming gradient of 1. ``narrow``: where
+    the tokens fit one chunk, the weight's and bias's gradients come in the weight's dtype
+    (``_new_gradients``; the eager path, whose gradients' dtypes may follow the call).
 
     ``hidden`` (N, H), ``weight`` (V, H), ``target`` (N,), validated (``head``)."""
     options = call.options
@@ -201,8 +213,9 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bi
     stats = loss_rows._stats(hidden, target, class_weight, options)
     rows = torch.empty(hidden.shape[0], dtype=loss_rows._acc(hidden.dtype), device=hidden.device)
     lse = torch.empty_like(rows)
-    grads = _new_gradients(hidden, weight, bias, call) if call.grad_in_forward else None
     budget_bytes = budget(hidden.device, call.chunk_bytes)
+    single = narrow and _single(hidden, weight, budget_bytes)
+    grads = _new_gradients(hidden, weight, bias, call, single) if call.grad_in_forward else None
     for start, chunk, z in _chunks(hidden, weight, bias, budget_bytes):
         stop = start + chunk.shape[0]
         write = grads is not None
@@ -216,14 +229,14 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bi
 
 def backward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
              class_weight: Optional[torch.Tensor], stats: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
-             call: HeadCall) -> Gradients:
+             call: HeadCall, narrow: bool = False) -> Gradients:
     """The gradients of reduction='none' recomputed chunk by chunk from the saved lse, times
     ``dloss`` (N,): each chunk's logits again, their gradient by the loss backward kernel (written
-    over them), then the products of ``forward``."""
+    over them), then the products of ``forward`` (``narrow`` as there)."""
     options = call.options
-    grads = _new_gradients(hidden, weight, bias, call)
-    incoming = dloss.reshape(-1)
     budget_bytes = budget(hidden.device, call.chunk_bytes)
+    grads = _new_gradients(hidden, weight, bias, call, narrow and _single(hidden, weight, budget_bytes))
+    incoming = dloss.reshape(-1)
     for start, chunk, z in _chunks(hidden, weight, bias, budget_bytes):
         stop = start + chunk.shape[0]
         grad_logits = loss_rows.backward(z, target[start:stop], class_weight, stats, lse[start:stop],
