@@ -380,9 +380,11 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512,
                       strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
-# vector core.
+# vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split
+# kernel by arrival (PHASE 3: `triton-adapter-opt` exits 1 at the reduction's linalg.yield,
+# `ci/ascend_lowering.py`, 2026-11-28), whose other phases it lowers.
 NPU_TUNING = replace(Tuning(), tile_elements=8192, row_elements=8192, loop_chunk=8192, max_warps=1, tile_waves=1,
-                     tile_loop_occupancy=both_directions(2**31 - 1))
+                     tile_loop_occupancy=both_directions(2**31 - 1), loss_arrival=False)
 # The interpreter runs one numpy operation per tile, so bigger tiles and few programs are fastest.
 # Every call served under enable(): CPU is served only where named, to run the kernels.
 INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, loop_chunk=16384, max_warps=1,

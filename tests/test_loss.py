@@ -637,8 +637,14 @@ def test_split_plans_are_the_softmax_forwards(profile):
     # probability targets, the backward, or with the tuning's loss_split empty, it streams.
     from portable_softmax import loss_planner, planner, profiles, split_planner, targets
 
-    target = targets.target_for(profiles.profile_record(profile))
+    own = targets.target_for(profiles.profile_record(profile))
+    # The arrival form as every chip would plan it (Ascend's own row turns it off: below).
+    target = dataclasses.replace(own, tuning=dataclasses.replace(own.tuning, loss_arrival=True))
     no_arrival = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_arrival=False))
+    if not own.tuning.loss_arrival:
+        # triton-ascend does not lower the arrival form: the forward alone streams there.
+        assert loss_planner.plan_loss(own, 4096, 256000, "float32", writes_gradient=False, input_bytes=2,
+                                      splittable=True).regime == "loop"
     for n_rows, n_cols, align in ((4096, 256000, 1), (4096, 50257, 8), (16, 128256, 1)):
         for writes in (True, False):
             plan = loss_planner.plan_loss(target, n_rows, n_cols, "float32", writes_gradient=writes, input_bytes=2,
