@@ -408,7 +408,7 @@ def _dtensor_cross_entropy(input: Any, target: Any, weight: Any, *, ignore_index
                          f"tensor would be ambiguous: the whole or this rank's shard)")
     if isinstance(weight, DTensor):
         weight = weight.full_tensor()
-    result, lse = cross_entropy(input.to_local(), target, weight, group=mesh.get_group(tp), ignore_index=ignore_index,
+    result, lse = cross_entropy(_local_logits(input), target, weight, group=mesh.get_group(tp), ignore_index=ignore_index,
                                 reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
                                 return_lse=True)
     shape = input.shape[:class_dim] + input.shape[class_dim + 1:]
@@ -422,6 +422,34 @@ def _dtensor_cross_entropy(input: Any, target: Any, weight: Any, *, ignore_index
     else:
         result = placed(result, tuple(Partial() if p.is_shard() else Replicate() for p in positions), ())
     return (result, placed(lse, positions, shape)) if return_lse else result
+
+
+class _LocalLogits(torch.autograd.Function):
+    """A DTensor's local tensor, whose gradient returns as a DTensor of the input's placements,
+    shape and strides. ``DTensor.to_local``'s backward derives the global strides from the local
+    gradient's (torch 2.11: (24, 1) for a (6, 23) input in two shards of 12 and 11, not its
+    (23, 1)); autograd's gradient layout contract then fails, and the accumulation into the leaf's
+    ``.grad`` went through a replicated copy: on two H200s (2026-11-28,
+    ``benchmarks/probes/dtensor_grad_placement.py``) every rank held the whole gradient, where
+    ``loss_parallel``'s stays sharded."""
+
+    @staticmethod
+    def forward(ctx: Any, input: Any) -> torch.Tensor:
+        ctx.mesh, ctx.placements = input.device_mesh, tuple(input.placements)
+        ctx.shape, ctx.stride = input.shape, input.stride()
+        local = input.to_local()
+        # A fresh tensor object: autograd's metadata goes on it, not on the DTensor's own.
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(grad, ctx.mesh, ctx.placements, run_check=False, shape=ctx.shape, stride=ctx.stride)
+
+
+def _local_logits(input: Any) -> torch.Tensor:
+    return _LocalLogits.apply(input)
 
 
 # DTensor logits reach ``_dtensor_cross_entropy`` through ``loss.cross_entropy``.

@@ -21,7 +21,7 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import distribute_tensor, Shard
+    from torch.distributed.tensor import DTensor, distribute_tensor, Shard
     from torch.distributed.tensor.parallel import loss_parallel
 
     import portable_softmax as ps
@@ -35,8 +35,16 @@ def main() -> None:
     target = torch.randint(0, 23, (6,)).to(args.device)
     for reduction in ("mean", "sum", "none"):
         for how in ("sum", "backward"):
-            for name in ("ours", "torch"):
-                leaf = distribute_tensor(x, mesh, [Shard(1)]).requires_grad_()
+            for name, source in (("ours", "distributed"), ("torch", "distributed"), ("ours", "from_local")):
+                if source == "distributed":
+                    leaf = distribute_tensor(x, mesh, [Shard(1)]).requires_grad_()
+                else:
+                    # A contiguous local slice, as a tensor-parallel matmul gives it.
+                    local = x.tensor_split(world, 1)[rank].contiguous()
+                    leaf = DTensor.from_local(local, mesh, [Shard(1)], shape=x.shape, stride=x.stride()).detach()
+                    leaf.requires_grad_()
+                seen = []
+                leaf.register_hook(lambda g: seen.append((tuple(g.placements), tuple(g.to_local().stride()))))
                 if name == "ours":
                     loss = ps.cross_entropy(leaf, target, reduction=reduction)
                 else:
@@ -48,9 +56,9 @@ def main() -> None:
                     else:
                         loss.backward()
                 grad = leaf.grad
-                print(f"rank {rank} torch {torch.__version__} {reduction:4s} via {how:8s} {name:5s}: loss "
-                      f"{tuple(loss.placements)} grad {tuple(grad.placements)} local {tuple(grad.to_local().shape)}",
-                      flush=True)
+                print(f"rank {rank} torch {torch.__version__} {reduction:4s} via {how:8s} {name:5s} {source:11s}: "
+                      f"input local stride {tuple(leaf.to_local().stride())}; grad before accumulation {seen}; "
+                      f"grad {tuple(grad.placements)} local {tuple(grad.to_local().shape)}", flush=True)
     dist.destroy_process_group()
 
 
