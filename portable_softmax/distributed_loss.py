@@ -40,6 +40,7 @@ one write of the slice; with the forward's read, the floor of three passes.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple, Optional, Union
 
@@ -56,31 +57,60 @@ _SIZE_SPLIT = 1 << 12
 
 
 class Exchanged(NamedTuple):
-    """What the forward keeps for the gradient: per row (the positions' shape) and the call's
-    values on the device."""
+    """What the forward keeps for the gradient: per row (the positions' shape), then the call's
+    values on the device (0-d; None where its options need none)."""
 
-    kernel_target: torch.Tensor  # -1 ignored, 0 counted, n_local where the target names no class
+    kernel_target: torch.Tensor  # the backward kernel's target (``_kernel_target``)
     counted: torch.Tensor  # the target is not ignore_index
     held: torch.Tensor  # counted, and this slice holds the target
-    index: torch.Tensor  # the target's column in this slice (0 where it holds none)
-    target_logit: torch.Tensor  # x_t as read (before the softcap), where held
+    index: torch.Tensor  # the target's column in this slice (clamped into it where it holds none)
+    target_logit: torch.Tensor  # z_t, after the softcap (0 where ignored): the whole row's, exchanged
     lse: torch.Tensor  # the whole row's
-    target_weight: torch.Tensor  # w_t (1 unweighted)
-    scales: torch.Tensor  # [ce, zs, C, W]: the reduction's factors, the classes, their summed weights
-    local_weight: Optional[torch.Tensor]  # this slice's class weights (weighted calls)
+    target_weight: Optional[torch.Tensor]  # w_t (weighted calls)
+    ce: torch.Tensor  # the reduction's factors (1 unless 'mean')
+    zs: torch.Tensor
+    classes: Optional[torch.Tensor]  # C and W = sum_c w_c (with smoothing)
+    weight_sum: Optional[torch.Tensor]
+    local_weight: Optional[torch.Tensor]  # this slice's class weights (weighted smoothing)
 
     def rows(self, start: int, stop: int) -> Exchanged:
         """The values of rows [start, stop) (of a 2-D call's)."""
-        return Exchanged(*(t[start:stop] for t in self[:_PER_ROW]), *self[_PER_ROW:])
+        return Exchanged(*(None if t is None else t[start:stop] for t in self[:_PER_ROW]), *self[_PER_ROW:])
 
     @staticmethod
     def joined(parts: list[Exchanged]) -> Exchanged:
         """The values of consecutive blocks of rows (one call's, in chunks) as one."""
-        return Exchanged(*(torch.cat(ts) for ts in zip(*(p[:_PER_ROW] for p in parts))), *parts[0][_PER_ROW:])
+        return Exchanged(*(None if ts[0] is None else torch.cat(ts) for ts in zip(*(p[:_PER_ROW] for p in parts))),
+                         *parts[0][_PER_ROW:])
 
 
 # Exchanged's fields of one value per row come first.
 _PER_ROW = 7
+
+
+class _Kept(NamedTuple):
+    """A call's constants on the device, made once per device, rank, slice and positions: every
+    tensor op costs a GPU call some microseconds of host time, and the step is short enough that
+    they are its time (issue 33)."""
+
+    code: torch.Tensor  # this slice's size in its place among zeros (two parts), then -1: the MAX payload's tail
+    bounds: torch.Tensor  # int64 (2, 2 ranks + 1): the reduced code's [offset, C - 1] as weighted sums
+    base: torch.Tensor  # ``_base``
+    ignored: torch.Tensor  # int32 -1 per position (strides 0): the forward kernel's lse alone
+    zero_index: torch.Tensor  # 0-d int64
+
+
+@functools.lru_cache(maxsize=64)
+def _kept(device: torch.device, acc: torch.dtype, rank: int, ranks: int, n_local: int,
+          positions: tuple[int, ...]) -> _Kept:
+    code = [0.0] * (2 * ranks) + [-1.0]
+    code[2 * rank], code[2 * rank + 1] = float(n_local // _SIZE_SPLIT), float(n_local % _SIZE_SPLIT)
+    bounds = torch.zeros((2, 2 * ranks + 1), dtype=torch.int64)
+    bounds[:, 0:2 * ranks:2], bounds[:, 1:2 * ranks:2], bounds[1, -1] = _SIZE_SPLIT, 1, 1
+    bounds[0, 2 * rank:] = 0
+    return _Kept(torch.tensor(code, dtype=acc, device=device), bounds.to(device), _base(device, positions, n_local),
+                 torch.full((), -1, dtype=torch.int32, device=device).expand(positions),
+                 torch.zeros((), dtype=torch.int64, device=device))
 
 
 def _group_ranks(group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
@@ -93,64 +123,68 @@ def _capped(x: torch.Tensor, softcap: Optional[float]) -> torch.Tensor:
     return x if softcap is None else softcap * torch.tanh(x / softcap)
 
 
-def _local_statistics(x: torch.Tensor, local_weight: Optional[torch.Tensor], options: Options,
-                      smoothing: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The slice's lse per row and, with ``smoothing``, its S_r = sum_c w_c z_c (module
-    docstring, step 1); -inf and 0 for an empty slice."""
-    acc = loss_rows._acc(x.dtype)
-    positions = loss_rows._positions(x.shape)
-    lse = torch.empty(positions, dtype=acc, device=x.device)
-    if x.shape[1] == 0 or lse.numel() == 0:
-        return lse.fill_(-math.inf), (torch.zeros_like(lse) if smoothing else None)
-    if smoothing:
-        # Probability targets of 1: the row is A lse - sum_c w_c z_c (kernels/loss.py).
-        target = torch.ones((), dtype=acc, device=x.device).expand(x.shape)
-        kernel_options = Options(x.shape[1], True, "none", -100, 0.0, 0.0, options.softcap, local_weight is not None)
-    else:
-        target = torch.full((), -1, dtype=torch.int32, device=x.device).expand(positions)
-        kernel_options = Options(x.shape[1], False, "none", -1, 0.0, 0.0, options.softcap, False)
-        local_weight = None
-    rows = torch.empty_like(lse)
+def _local_lse(x: torch.Tensor, lse: torch.Tensor, scratch: torch.Tensor, kept: _Kept, options: Options) -> None:
+    """The slice's lse per row into ``lse`` (module docstring, step 1; -inf for an empty slice);
+    the kernel's loss rows, all 0, into ``scratch``."""
+    if x.shape[1] == 0:
+        lse.fill_(-math.inf)
+        return
+    kernel_options = Options(x.shape[1], False, "none", -1, 0.0, 0.0, options.softcap, False)
+    stats = loss_rows._stats(x, kept.ignored, None, kernel_options)  # a kept constant: no op
+    if not loss_rows.launch_forward(x, kept.ignored, None, stats, scratch, lse, None, kernel_options):
+        loss_rows.launch_forward(x.contiguous(), kept.ignored, None, stats, scratch, lse, None, kernel_options)
+
+
+def _smoothing_sum(x: torch.Tensor, local_weight: Optional[torch.Tensor], out: torch.Tensor,
+                   scratch: torch.Tensor, options: Options) -> None:
+    """S_r = sum_c w_c z_c of the slice into ``out`` (module docstring, step 1): the kernel with
+    probability targets of 1 gives A lse - S_r, A = sum_c w_c; its lse into ``scratch``."""
+    if x.shape[1] == 0:
+        out.zero_()
+        return
+    acc = out.dtype
+    target = torch.ones((), dtype=acc, device=x.device).expand(x.shape)
+    kernel_options = Options(x.shape[1], True, "none", -100, 0.0, 0.0, options.softcap, local_weight is not None)
     stats = loss_rows._stats(x, target, local_weight, kernel_options)
-    if not loss_rows.launch_forward(x, target, local_weight, stats, rows, lse, None, kernel_options):
-        loss_rows.launch_forward(x.contiguous(), target, local_weight, stats, rows, lse, None, kernel_options)
-    if not smoothing:
-        return lse, None
-    summed = local_weight.sum(dtype=acc) if local_weight is not None else float(x.shape[1])
-    return lse, summed * lse - rows
+    if not loss_rows.launch_forward(x, target, local_weight, stats, out, scratch, None, kernel_options):
+        loss_rows.launch_forward(x.contiguous(), target, local_weight, stats, out, scratch, None, kernel_options)
+    if local_weight is None:
+        out.neg_().add_(scratch, alpha=float(x.shape[1]))
+    else:
+        out.neg_().addcmul_(scratch, local_weight.sum(dtype=acc))
 
 
-def _sizes_code(n_local: int, rank: int, ranks: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """This rank's slice size in its place among zeros (two parts), for the MAX all-reduce: a
-    device constant, made once."""
-    code = [0.0] * (2 * ranks)
-    code[2 * rank], code[2 * rank + 1] = float(n_local // _SIZE_SPLIT), float(n_local % _SIZE_SPLIT)
-    return loss_rows._constant(device, dtype, tuple(code))
-
-
-def _target_weights(target: torch.Tensor, counted: torch.Tensor, weight: Optional[torch.Tensor],
+def _target_weights(target: torch.Tensor, counted: torch.Tensor, weight: torch.Tensor,
                     acc: torch.dtype) -> torch.Tensor:
-    """w_t of each counted position (1 unweighted, 0 ignored). A target outside the classes reads
-    class 0's weight here: its loss is NaN anyway."""
-    if weight is None:
-        return counted.to(acc)
-    return weight.to(acc)[target.clamp(0, weight.shape[0] - 1)].masked_fill(~counted, 0)
+    """w_t of each counted position (0 ignored). A target outside the classes reads class 0's
+    weight here: its loss is NaN anyway."""
+    return weight.to(acc)[target.clamp(0, weight.shape[0] - 1)].masked_fill_(~counted, 0)
 
 
-def factors(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options, acc: torch.dtype) -> torch.Tensor:
-    """The reduction's factors [ce, zs] of a batch of targets, on the device: 1 / the denominators
+def _factors(target: torch.Tensor, counted: torch.Tensor, w_t: Optional[torch.Tensor], options: Options,
+             acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    if options.reduction != "mean":
+        one = loss_rows._constant(target.device, acc, (1.0,))
+        return one, one
+    count = counted.sum(dtype=acc).reciprocal_()
+    return (count if w_t is None else w_t.sum().reciprocal_()), count
+
+
+def factors(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options, acc: torch.dtype
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reduction's factors (ce, zs) of a batch of targets, on the device: 1 / the denominators
     of 'mean' (the summed weights of the counted targets, their count: ``loss_rows._stats``'s),
     1 otherwise."""
-    if options.reduction != "mean":
-        return loss_rows._constant(target.device, acc, (1.0, 1.0))
     counted = target != options.ignore_index
-    return 1.0 / torch.stack([_target_weights(target, counted, weight, acc).sum(), counted.sum(dtype=acc)])
+    w_t = None if weight is None or options.reduction != "mean" else _target_weights(target, counted, weight, acc)
+    return _factors(target, counted, w_t, options, acc)
 
 
-def _check(target: torch.Tensor, valid: torch.Tensor, counted: torch.Tensor, n_classes: int,
+def _check(target: torch.Tensor, valid: torch.Tensor, counted: torch.Tensor, last_class: torch.Tensor,
            weight: Optional[torch.Tensor]) -> None:
     """On CPU, where it costs no synchronisation (every rank raises alike: they hold the same
     targets): the slices add up to the class weights, every counted target names a class."""
+    n_classes = int(last_class) + 1
     if weight is not None and weight.shape[0] != n_classes:
         raise ValueError(f"{_NAME}: weight has {weight.shape[0]} values but the slices hold {n_classes} classes; "
                          f"pass the whole class weight (C,) on every rank")
@@ -160,101 +194,152 @@ def _check(target: torch.Tensor, valid: torch.Tensor, counted: torch.Tensor, n_c
                          f"(expected 0 to {n_classes - 1}, or ignore_index)")
 
 
+def _kernel_ignore(options: Options) -> int:
+    """The backward kernel's ignore_index: the call's where it names no class (a column of the
+    slice is never it), else -1 (``_kernel_target``)."""
+    return options.ignore_index if options.ignore_index < 0 else -1
+
+
+def _kernel_target(target: torch.Tensor, counted: torch.Tensor, valid: torch.Tensor, index: torch.Tensor,
+                   options: Options, n_local: int) -> torch.Tensor:
+    """The backward kernel's target, whose value matters only through its tests (eps' = 1 drops its
+    target term): a column of the slice where counted and valid, out of it where counted and
+    invalid (NaN), the kernel's ignore_index where ignored. A negative ignore_index is the
+    target itself there, and an invalid target out of the slice too: one ``where``."""
+    if options.ignore_index < 0:
+        return torch.where(valid, index, target)
+    return torch.where(counted, torch.where(valid, index, n_local), -1)
+
+
 def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
-            group: Optional[dist.ProcessGroup], scales: Optional[torch.Tensor] = None
+            group: Optional[dist.ProcessGroup], scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None
             ) -> tuple[torch.Tensor, Exchanged]:
     """The loss rows (scaled by the reduction's factors, in the accumulation dtype) of an (N, C_l,
     ...) slice and what the gradient needs (module docstring, steps 1 to 4). ``scales``: the
-    reduction's factors [ce, zs] of a larger batch this is part of (formed here otherwise)."""
+    reduction's factors (ce, zs) of a larger batch this is part of (formed here otherwise).
+
+    The per-row arithmetic is a few large torch ops: the exchanged values are written into the
+    all-reduces' buffers in place, the constants are kept (``_kept``), and what the default
+    options do not need (target weights, smoothing sums, C as a float) is not formed."""
     rank, ranks = _group_ranks(group)
     acc = loss_rows._acc(x.dtype)
-    n_local = x.shape[1]
+    n_local, positions = x.shape[1], tuple(target.shape)
+    n = target.numel()
     eps, weighted = options.smoothing, weight is not None
+    kept = _kept(x.device, acc, rank, ranks, n_local, positions)
+    zero, nan = _scalars(x.device, acc)
     counted = target != options.ignore_index
-    w_t = _target_weights(target, counted, weight, acc)
-    scales = factors(target, weight, options, acc) if scales is None else scales
-    # Weighted smoothing needs the slice's weights, which need its offset: S_r after the exchange.
-    lse, smooth_sum = _local_statistics(x, None, options, eps > 0 and not weighted)
-    peak = torch.cat([lse.flatten(), _sizes_code(n_local, rank, ranks, acc, x.device)])
+    w_t = _target_weights(target, counted, weight, acc) if weighted else None
+    ce, zs = _factors(target, counted, w_t, options, acc) if scales is None else scales
+    lse = torch.empty(positions, dtype=acc, device=x.device)
+    # The SUM all-reduce's payload: exp(lse_r - M), z_t where held, S_r (with smoothing).
+    summed = torch.empty((2 + (eps > 0), *positions), dtype=acc, device=x.device)
+    parts = summed.unbind(0)
+    if n:
+        _local_lse(x, lse, parts[1], kept, options)
+        if eps > 0 and not weighted:
+            _smoothing_sum(x, None, parts[2], parts[0], options)
+    peak = torch.cat([lse.view(-1) if lse.dim() != 1 else lse, kept.code])
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-    sizes = peak[lse.numel():].view(ranks, 2).to(torch.int64)
-    sizes = sizes[:, 0] * _SIZE_SPLIT + sizes[:, 1]
-    offset, n_classes = sizes[:rank].sum(), sizes.sum()
-    row_max = peak[:lse.numel()].view(lse.shape)
-    valid = (target >= 0) & (target < n_classes)
+    row_max, code = peak.split([n, kept.code.numel()])
+    # M, 0 for a row of -inf (NaN and +inf kept).
+    reference = torch.nan_to_num(row_max, nan=math.nan, posinf=math.inf, neginf=0.0)
+    if len(positions) != 1:
+        reference = reference.view(positions)
+    torch.sub(lse, reference, out=parts[0]).exp_()
+    offset, last_class = (code.to(torch.int64) * kept.bounds).sum(1).unbind()
+    valid = torch.clamp(target, kept.zero_index, last_class) == target
     if x.device.type == "cpu":
-        _check(target, valid, counted, int(n_classes), weight)
+        _check(target, valid, counted, last_class, weight)
     local_weight = None
-    if weighted and eps > 0:
-        local_weight = weight.index_select(0, offset + torch.arange(n_local, device=x.device))
-        _, smooth_sum = _local_statistics(x, local_weight, options, True)
-    column = target - offset
-    held = counted & (column >= 0) & (column < n_local)
-    index = torch.where(held, column, 0).unsqueeze(1)
     if n_local:
-        x_t = torch.where(held, x.gather(1, index).squeeze(1).to(acc), 0.0)
+        column = target - offset
+        index = column.clamp(0, n_local - 1)
+        held = index == column
+        if options.ignore_index >= 0:
+            held &= counted
+        x_t = x.take(torch.add(kept.base, index, alpha=math.prod(positions[1:])))
+        z_t = _capped(x_t.to(acc), options.softcap)
+        torch.where(held, z_t, zero, out=parts[1])
     else:
-        x_t = torch.zeros_like(lse)
-    reference = torch.where(row_max == -math.inf, 0.0, row_max)
-    parts = [torch.exp(lse - reference), torch.where(held, _capped(x_t, options.softcap), 0.0)]
-    if smooth_sum is not None:
-        parts.append(smooth_sum)
-    summed = torch.stack(parts)
+        index = torch.zeros_like(target)
+        held = torch.zeros_like(counted)
+        parts[1].zero_()
+    if weighted and eps > 0:
+        # Weighted smoothing needs the slice's weights, which need its offset: S_r now.
+        local_weight = weight.index_select(0, offset + torch.arange(n_local, device=x.device))
+        if n:
+            _smoothing_sum(x, local_weight, parts[2], lse, options)
     if summed.numel():
         dist.all_reduce(summed, group=group)
-    lse = reference + torch.log(summed[0])
-    z_t = summed[1]
-    classes = n_classes.to(acc)
-    weight_sum = weight.sum(dtype=acc) if weighted else classes
+    lse = torch.log(parts[0]).add_(reference)
+    z_t = parts[1]
+    classes = weight_sum = None
     if weighted:
         # A weight of another length than the slices' sum (raised on CPU) poisons the result.
-        lse = torch.where(classes == weight.shape[0], lse, math.nan)
-    rows = (1.0 - eps) * w_t * (lse - z_t)
+        lse = torch.where(last_class + 1 == weight.shape[0], lse, nan)
+    rows = lse - z_t
+    if weighted:
+        rows.mul_(w_t)
     if eps > 0:
-        rows = rows + eps / classes * (weight_sum * lse - summed[2])
-    rows = torch.where(counted, rows, 0.0) * scales[0]
+        classes = (last_class + 1).to(acc)
+        weight_sum = weight.sum(dtype=acc) if weighted else classes
+        rows.mul_(1.0 - eps).add_((weight_sum * lse - parts[2]).mul_(eps / classes))
+    # Ignored rows 0, then scaled: a 'mean' of no counted target is 0 / 0 = NaN, as torch's.
+    rows = torch.where(counted, torch.where(valid, rows, nan), zero)
+    if options.reduction == "mean":
+        rows.mul_(ce)
     if options.z_loss:
-        rows = rows + torch.where(counted, options.z_loss * lse * lse, 0.0) * scales[1]
-    rows = torch.where(counted & ~valid, math.nan, rows)
-    kernel_target = torch.where(counted, torch.where(valid, 0, n_local), -1)
-    values = torch.cat([scales, torch.stack([classes, weight_sum])])
-    return rows, Exchanged(kernel_target, counted, held, index, x_t, lse, w_t, values, local_weight)
+        rows.add_(torch.where(counted, lse * lse, zero).mul_(zs * options.z_loss))
+    kernel_target = _kernel_target(target, counted, valid, index, options, n_local)
+    return rows, Exchanged(kernel_target, counted, held, index, z_t, lse, w_t, ce, zs, classes, weight_sum,
+                           local_weight)
 
 
-def _coefficients(saved: Exchanged, options: Options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """a and c per row, and b, of the module docstring's gradient."""
-    ce, zs, classes, weight_sum = saved.scales
+def _a(saved: Exchanged, options: Options) -> Optional[torch.Tensor]:
+    """a of the module docstring's gradient, per row (or one value; None where it is 1), for the
+    counted rows."""
     eps, w_t = options.smoothing, saved.target_weight
-    a = ((1.0 - eps) * w_t + eps * weight_sum / classes) * ce + 2.0 * options.z_loss * zs * saved.lse
-    return a, eps * ce / classes, (1.0 - eps) * w_t * ce
+    a = w_t
+    if eps > 0:
+        a = (1.0 - eps) * (w_t if w_t is not None else 1.0) + eps * saved.weight_sum / saved.classes
+    if options.reduction == "mean":
+        a = saved.ce if a is None else a * saved.ce
+    if options.z_loss:
+        term = (2.0 * options.z_loss) * saved.zs * saved.lse
+        a = term.add_(1.0) if a is None else term.add_(a)
+    return a
 
 
-def _kernel_call(saved: Exchanged, incoming: torch.Tensor, a: torch.Tensor, b: torch.Tensor, options: Options,
-                 n_local: int) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Options]:
+def _kernel_call(x: torch.Tensor, saved: Exchanged, incoming: torch.Tensor, a: Optional[torch.Tensor],
+                 options: Options) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, Options]:
     """The loss backward kernel's per-row incoming gradient, weights, stats and options that make
     it write f (k P_j - u_j / C_l) s'_j as the module docstring's gradient needs."""
-    ce, zs, classes, _ = saved.scales
+    n_local, acc = x.shape[1], saved.lse.dtype
     eps, zl = options.smoothing, options.z_loss
-    one = torch.ones((), dtype=a.dtype, device=a.device)
-    softcap = one * (options.softcap or 1.0)
+    zero, _ = _scalars(x.device, acc)
+    ignore = _kernel_ignore(options)
     if eps > 0 and not options.weighted:
-        # u = 1 (unweighted): f = dl b C_l, and k = a / (b C_l) = W' / C_l + 2 zl' LSE.
-        factor = torch.where(saved.counted, incoming * b * n_local, 0.0)
-        stats = torch.stack([one, one, classes / eps, one, zl * zs / (b * n_local), softcap])
-        return factor, None, stats, Options(n_local, False, "none", -1, 1.0, zl, options.softcap, False)
+        # u = 1 (unweighted): f = dl b C_l, and k = a / (b C_l) = W' / C_l + 2 zl' LSE, b = eps ce / C.
+        b_local = saved.ce * (eps * n_local) / saved.classes
+        factor = torch.where(saved.counted, incoming * b_local, zero)
+        one = loss_rows._constant(x.device, acc, (1.0,))
+        stats = torch.cat([one, one, saved.classes.reshape(1) / eps, one, (saved.zs * zl / b_local).reshape(1),
+                           loss_rows._constant(x.device, acc, (options.softcap or 1.0,))])
+        return factor, None, stats, Options(n_local, False, "none", ignore, 1.0, zl, options.softcap, False)
     # u = 0 (the uniform term silenced), k = 1: f = dl a.
-    factor = torch.where(saved.counted, incoming * a, 0.0)
-    stats = torch.stack([one, one, one * n_local, one, one * 0.0, softcap])
-    zeros = torch.zeros(n_local, dtype=a.dtype, device=a.device)
-    return factor, zeros, stats, Options(n_local, False, "none", -1, 1.0, 0.0, options.softcap, True)
+    factor = torch.where(saved.counted, incoming * a if a is not None else incoming, zero)
+    stats = loss_rows._constant(x.device, acc, (1.0, 1.0, float(n_local), 1.0, 0.0, options.softcap or 1.0))
+    return factor, _zeros(x.device, acc, n_local), stats, Options(n_local, False, "none", ignore, 1.0, 0.0,
+                                                                    options.softcap, True)
 
 
-def _uniform_term(x: torch.Tensor, saved: Exchanged, incoming: torch.Tensor, b: torch.Tensor,
-                  options: Options) -> torch.Tensor:
+def _uniform_term(x: torch.Tensor, saved: Exchanged, incoming: torch.Tensor, options: Options) -> torch.Tensor:
     """dl b w_j s'_j over the slice (weighted smoothing: the zero weights left it out of the
     kernel's gradient), in the accumulation dtype."""
     acc = saved.lse.dtype
     shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    b = options.smoothing * saved.ce / saved.classes
     term = (incoming * b * saved.counted).unsqueeze(1) * saved.local_weight.to(acc).view(shape)
     if options.softcap is not None:
         term = term * (1.0 - torch.tanh(x.to(acc) / options.softcap) ** 2)
@@ -268,23 +353,55 @@ def gradient(x: torch.Tensor, saved: Exchanged, dloss: torch.Tensor, options: Op
     n_local = x.shape[1]
     if n_local == 0 or x.numel() == 0:
         return torch.zeros_like(x)
-    acc = saved.lse.dtype
-    incoming = dloss.to(acc) if options.reduction == "none" else dloss.to(acc).reshape(()).expand(saved.lse.shape)
-    a, b, c = _coefficients(saved, options)
-    # Formed before the kernel, which may write over x.
-    uniform = _uniform_term(x, saved, incoming, b, options) if options.smoothing > 0 and options.weighted else None
-    factor, kernel_weight, stats, kernel_options = _kernel_call(saved, incoming, a, b, options, n_local)
+    acc, eps = saved.lse.dtype, options.smoothing
+    incoming = dloss.to(acc) if options.reduction == "none" else dloss.to(acc).reshape(())
+    # The target's place in the slice (flattened: take, put_), and its logit as read where the
+    # softcap's derivative needs it: before the kernel, which may write over x.
+    flat = torch.add(_base(x.device, tuple(saved.index.shape), n_local), saved.index, alpha=math.prod(x.shape[2:]))
+    x_t = x.take(flat).to(acc) if options.softcap is not None else None
+    uniform = _uniform_term(x, saved, incoming, options) if eps > 0 and options.weighted else None
+    a = _a(saved, options)
+    factor, kernel_weight, stats, kernel_options = _kernel_call(x, saved, incoming, a, options)
     grad = loss_rows.backward(x, saved.kernel_target, kernel_weight, stats, saved.lse, factor, kernel_options, inplace)
     if uniform is not None:
         grad.copy_(grad.to(acc) - uniform)
     # The target's column, where this slice holds it, from its logit: rounded once.
-    value = incoming * (a * torch.exp(_capped(saved.target_logit, options.softcap) - saved.lse)
-                        - b * saved.target_weight - c)
-    if options.softcap is not None:
-        value = value * (1.0 - torch.tanh(saved.target_logit / options.softcap) ** 2)
-    current = grad.gather(1, saved.index)
-    grad.scatter_(1, saved.index, torch.where(saved.held.unsqueeze(1), value.unsqueeze(1).to(grad.dtype), current))
+    # dl (a P_t - b w_t - c), b = eps ce / C, c = (1 - eps) w_t ce.
+    p_t = torch.sub(saved.target_logit, saved.lse).exp_()
+    if eps == 0 and not options.z_loss:
+        value = p_t.sub_(1.0).mul_(factor)  # a = c, b = 0: f (P_t - 1)
+    else:
+        w_t = saved.target_weight if saved.target_weight is not None else 1.0
+        c = (1.0 - eps) * w_t * saved.ce
+        if eps > 0:
+            c = c + eps * saved.ce / saved.classes * w_t
+        value = p_t.mul_(a if a is not None else 1.0).sub_(c).mul_(incoming)
+    if x_t is not None:
+        value.mul_(1.0 - torch.tanh(x_t / options.softcap) ** 2)
+    current = grad.take(flat)
+    grad.put_(flat, torch.where(saved.held, value.to(grad.dtype), current))
     return grad
+
+
+@functools.lru_cache(maxsize=64)
+def _scalars(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """0 and NaN, kept on the device (a Python number in ``where`` is an op of its own)."""
+    return torch.zeros((), dtype=dtype, device=device), torch.full((), math.nan, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(device: torch.device, dtype: torch.dtype, n: int) -> torch.Tensor:
+    """A kept zero vector (the silenced weights of the backward kernel)."""
+    return torch.zeros(n, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _base(device: torch.device, positions: tuple[int, ...], n_local: int) -> torch.Tensor:
+    """Each position's (row, class 0) place in an (N, C_l, ...) slice flattened, int64: the
+    target's is this plus its column times the positions past the rows (``take``, ``put_``)."""
+    inner = math.prod(positions[1:])
+    rows = torch.arange(positions[0]).view(-1, 1) * (n_local * inner)
+    return (rows + torch.arange(inner)).view(positions).to(device)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
