@@ -27,6 +27,7 @@ import torch.distributed as dist
 from portable_softmax import launch, row_layout, op_arguments, ops
 from portable_softmax.distributed_head import linear_cross_entropy
 from portable_softmax.distributed_loss import cross_entropy
+from portable_softmax import distributed_dtensor  # noqa: F401,E402  (routes DTensor logits sharded on the classes)
 from portable_softmax.launch import RowView
 
 

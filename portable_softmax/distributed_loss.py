@@ -1,6 +1,6 @@
 """Cross-entropy over a vocabulary sharded across ranks (tensor parallelism): ``cross_entropy``
-(``portable_softmax.distributed.cross_entropy``) and the DTensor inputs of
-``portable_softmax.cross_entropy`` sharded on the class dimension (torch's ``loss_parallel``).
+(``portable_softmax.distributed.cross_entropy``), which ``distributed_dtensor`` applies to DTensor
+inputs of ``portable_softmax.cross_entropy`` sharded on the class dimension (torch's ``loss_parallel``).
 
 Each rank of the group holds a contiguous slice of the classes, in rank order (slices may differ in
 length; one may be empty). The targets (global class indices), the class weights (all C of them,
@@ -46,7 +46,6 @@ from typing import Any, NamedTuple, Optional, Union
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from portable_softmax import loss, loss_rows
 from portable_softmax.loss_rows import Options
@@ -136,22 +135,23 @@ def _local_lse(x: torch.Tensor, lse: torch.Tensor, scratch: torch.Tensor, kept: 
 
 
 def _smoothing_sum(x: torch.Tensor, local_weight: Optional[torch.Tensor], out: torch.Tensor,
-                   scratch: torch.Tensor, options: Options) -> None:
-    """S_r = sum_c w_c z_c of the slice into ``out`` (module docstring, step 1): the kernel with
-    probability targets of 1 gives A lse - S_r, A = sum_c w_c; its lse into ``scratch``."""
+                   lse: torch.Tensor, options: Options) -> None:
+    """S_r = sum_c w_c z_c of the slice into ``out`` and its lse into ``lse`` (module docstring,
+    step 1): the kernel with probability targets of 1 gives A lse - S_r, A = sum_c w_c."""
     if x.shape[1] == 0:
         out.zero_()
+        lse.fill_(-math.inf)
         return
     acc = out.dtype
     target = torch.ones((), dtype=acc, device=x.device).expand(x.shape)
     kernel_options = Options(x.shape[1], True, "none", -100, 0.0, 0.0, options.softcap, local_weight is not None)
     stats = loss_rows._stats(x, target, local_weight, kernel_options)
-    if not loss_rows.launch_forward(x, target, local_weight, stats, out, scratch, None, kernel_options):
-        loss_rows.launch_forward(x.contiguous(), target, local_weight, stats, out, scratch, None, kernel_options)
+    if not loss_rows.launch_forward(x, target, local_weight, stats, out, lse, None, kernel_options):
+        loss_rows.launch_forward(x.contiguous(), target, local_weight, stats, out, lse, None, kernel_options)
     if local_weight is None:
-        out.neg_().add_(scratch, alpha=float(x.shape[1]))
+        out.neg_().add_(lse, alpha=float(x.shape[1]))
     else:
-        out.neg_().addcmul_(scratch, local_weight.sum(dtype=acc))
+        out.neg_().addcmul_(lse, local_weight.sum(dtype=acc))
 
 
 def _target_weights(target: torch.Tensor, counted: torch.Tensor, weight: torch.Tensor,
@@ -235,10 +235,10 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     # The SUM all-reduce's payload: exp(lse_r - M), z_t where held, S_r (with smoothing).
     summed = torch.empty((2 + (eps > 0), *positions), dtype=acc, device=x.device)
     parts = summed.unbind(0)
-    if n:
+    if n and eps > 0 and not weighted:
+        _smoothing_sum(x, None, parts[2], lse, options)  # and lse: one launch
+    elif n:
         _local_lse(x, lse, parts[1], kept, options)
-        if eps > 0 and not weighted:
-            _smoothing_sum(x, None, parts[2], parts[0], options)
     peak = torch.cat([lse.view(-1) if lse.dim() != 1 else lse, kept.code])
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     row_max, code = peak.split([n, kept.code.numel()])
@@ -354,7 +354,9 @@ def gradient(x: torch.Tensor, saved: Exchanged, dloss: torch.Tensor, options: Op
     if n_local == 0 or x.numel() == 0:
         return torch.zeros_like(x)
     acc, eps = saved.lse.dtype, options.smoothing
-    incoming = dloss.to(acc) if options.reduction == "none" else dloss.to(acc).reshape(())
+    incoming = dloss.to(acc)
+    if options.reduction != "none" and incoming.dim():
+        incoming = incoming.reshape(())
     # The target's place in the slice (flattened: take, put_), and its logit as read where the
     # softcap's derivative needs it: before the kernel, which may write over x.
     flat = torch.add(_base(x.device, tuple(saved.index.shape), n_local), saved.index, alpha=math.prod(x.shape[2:]))
@@ -410,6 +412,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 group: Optional[dist.ProcessGroup]) -> tuple[torch.Tensor, torch.Tensor]:
         rows, saved = forward(x, target, weight, options, group)
         ctx.options = options
+        ctx.set_materialize_grads(False)  # lse's gradient, never used: no zeros made for it
         ctx.save_for_backward(x, *saved)
         lse = saved.lse
         ctx.mark_non_differentiable(lse)
@@ -483,93 +486,5 @@ def cross_entropy(logits_local: torch.Tensor, target: torch.Tensor, weight: Opti
         result = result.reshape(()) if options.reduction == "none" else result
     return (result, lse) if return_lse else result
 
-
-def _dtensor_cross_entropy(input: Any, target: Any, weight: Any, *, ignore_index: int, reduction: str,
-                           label_smoothing: float, z_loss: float, softcap: Optional[float], return_lse: bool,
-                           inplace_backward: bool) -> Any:
-    """``portable_softmax.cross_entropy`` of DTensor logits. Sharded on the class dimension (over
-    one mesh dimension): ``cross_entropy`` over that mesh dimension's group, with torch's
-    ``loss_parallel`` placements (target: the input's, the class dimension's shard replicated
-    and later dimensions' shards shifted down; 'none' and lse placed as it, 'sum' replicated over
-    the class shards and partial over the others, 'mean' on a one-dimensional mesh only). Not
-    sharded on it: torch's own cross-entropy of the DTensor (which propagates its placements)."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    class_dim = 0 if input.dim() == 1 else 1
-    placements = tuple(input.placements)
-    sharded = [i for i, p in enumerate(placements) if p.is_shard(class_dim)]
-    if not sharded:
-        if z_loss or softcap is not None or return_lse or inplace_backward:
-            raise NotImplementedError("portable_softmax.cross_entropy: z_loss, softcap, return_lse and "
-                                      "inplace_backward of a DTensor need it sharded on the class dimension")
-        return F.cross_entropy(input, target, weight, ignore_index=ignore_index, reduction=reduction,
-                               label_smoothing=label_smoothing)
-    if len(sharded) > 1 or any(not (p.is_shard() or p.is_replicate()) for p in placements):
-        raise NotImplementedError(f"portable_softmax.cross_entropy: a DTensor sharded on the class dimension over one "
-                                  f"mesh dimension, the others sharded or replicated, got {placements}")
-    if inplace_backward:
-        raise NotImplementedError("portable_softmax.cross_entropy: inplace_backward of a DTensor is not supported")
-    mesh, tp = input.device_mesh, sharded[0]
-    if reduction == "mean" and mesh.ndim > 1:
-        raise NotImplementedError("portable_softmax.cross_entropy: reduction='mean' of a DTensor on a mesh of "
-                                  f"{mesh.ndim} dimensions (as torch's loss_parallel); use 'sum' or 'none'")
-    positions = tuple(Replicate() if i == tp or not p.is_shard() else Shard(p.dim - (p.dim > class_dim))
-                      for i, p in enumerate(placements))
-    if isinstance(target, DTensor):
-        if tuple(target.placements) != positions:
-            raise ValueError(f"portable_softmax.cross_entropy: target placements {tuple(target.placements)}, "
-                             f"expected {positions} for input placements {placements}")
-        target = target.to_local()
-    elif any(p.is_shard() for p in positions):
-        raise ValueError(f"portable_softmax.cross_entropy: target must be a DTensor placed {positions} (a plain "
-                         f"tensor would be ambiguous: the whole or this rank's shard)")
-    if isinstance(weight, DTensor):
-        weight = weight.full_tensor()
-    result, lse = cross_entropy(_local_logits(input), target, weight, group=mesh.get_group(tp), ignore_index=ignore_index,
-                                reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
-                                return_lse=True)
-    shape = input.shape[:class_dim] + input.shape[class_dim + 1:]
-
-    def placed(t: torch.Tensor, where: tuple, size: tuple) -> Any:
-        stride = torch.empty(size, device="meta").stride()
-        return DTensor.from_local(t, mesh, where, run_check=False, shape=torch.Size(size), stride=stride)
-
-    if reduction == "none":
-        result = placed(result, positions, shape)
-    else:
-        result = placed(result, tuple(Partial() if p.is_shard() else Replicate() for p in positions), ())
-    return (result, placed(lse, positions, shape)) if return_lse else result
-
-
-class _LocalLogits(torch.autograd.Function):
-    """A DTensor's local tensor, whose gradient returns as a DTensor of the input's placements,
-    shape and strides. ``DTensor.to_local``'s backward derives the global strides from the local
-    gradient's (torch 2.11: (24, 1) for a (6, 23) input in two shards of 12 and 11, not its
-    (23, 1)); autograd's gradient layout contract then fails, and the accumulation into the leaf's
-    ``.grad`` went through a replicated copy: on two H200s (2026-11-28,
-    ``benchmarks/probes/dtensor_grad_placement.py``) every rank held the whole gradient, where
-    ``loss_parallel``'s stays sharded."""
-
-    @staticmethod
-    def forward(ctx: Any, input: Any) -> torch.Tensor:
-        ctx.mesh, ctx.placements = input.device_mesh, tuple(input.placements)
-        ctx.shape, ctx.stride = input.shape, input.stride()
-        local = input.to_local()
-        # A fresh tensor object: autograd's metadata goes on it, not on the DTensor's own.
-        return local.view_as(local)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        from torch.distributed.tensor import DTensor
-
-        return DTensor.from_local(grad, ctx.mesh, ctx.placements, run_check=False, shape=ctx.shape, stride=ctx.stride)
-
-
-def _local_logits(input: Any) -> torch.Tensor:
-    return _LocalLogits.apply(input)
-
-
-# DTensor logits reach ``_dtensor_cross_entropy`` through ``loss.cross_entropy``.
-loss.use_dtensor(_dtensor_cross_entropy)
 
 __all__ = ["cross_entropy", "factors", "forward", "gradient"]

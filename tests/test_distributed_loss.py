@@ -193,7 +193,7 @@ def _check_dtensor(rank: int, world: int, device: str) -> None:
         assert isinstance(ours, DTensor) and ours.placements == theirs.placements, f"{reduction}: placements"
         assert relative_error(ours.full_tensor(), theirs.full_tensor()) < 1e-12, f"rank {rank}: {reduction}"
         # Only the local slice's gradient is written: it stays sharded as the logits are, as torch's
-        # (torch 2.11 on CUDA had replicated ours in the accumulation: distributed_loss._LocalLogits).
+        # (torch 2.11 on CUDA had replicated ours in the accumulation: distributed_dtensor._LocalLogits).
         assert ours_x.grad.placements == theirs_x.grad.placements == (Shard(1),), (
             f"{reduction}: {ours_x.grad.placements}, torch's {theirs_x.grad.placements}")
         assert relative_error(ours_x.grad.full_tensor(), theirs_x.grad.full_tensor()) < 1e-12, f"{reduction}: grad"
