@@ -70,7 +70,7 @@
 #                  loss and head (tests/test_distributed_loss.py -k cuda), then vocab_parallel_bench.py
 #                  under torchrun: ours against torch's DTensor loss_parallel, bf16, forward + backward,
 #                  8192x128256 and 16384x151936 split in 2 (VOCAB_CASES), the target 1.2 x (local loss
-#                  + collectives)
+#                  + collectives); then probes/vocab_parallel_host_ops.py: a call's ops and host time
 #   ncu            Nsight Compute counters of probes/ncu_cases.py (NCU_CASES: space-separated names)
 #   probe:NAME     benchmarks/probes/NAME.py (PROBE_ARGS passed on), e.g. probe:causal_floor
 set -uo pipefail
@@ -244,7 +244,10 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
         | grep -E "passed|failed|FAILED|Error" | tail -12 | tee "$OUT/tests-vocab-parallel.log"
       timeout 300 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/vocab_parallel_bench.py \
         --cases "${VOCAB_CASES:-8192x128256,16384x151936}" --out "$OUT/vocab-parallel.json" 2>&1 | quiet \
-        | grep -v -E "^W[0-9]+ |\*\*\*\*|OMP_NUM_THREADS" | tee "$OUT/vocab-parallel.log" ;;
+        | grep -v -E "^W[0-9]+ |\*\*\*\*|OMP_NUM_THREADS" | tee "$OUT/vocab-parallel.log"
+      timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/probes/vocab_parallel_host_ops.py \
+        --device cuda --calls 200 --cases "mean,smoothing,z_loss+softcap" 2>&1 | quiet \
+        | grep -v -E "^W[0-9]+ |\*\*\*\*|OMP_NUM_THREADS" | tee "$OUT/vocab-host-ops.log" ;;
     ncu)
       metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
       metrics=$metrics,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum

@@ -14,14 +14,17 @@ forward, none in the backward.
    smoothing, the same kernel with probability targets of 1 everywhere (one value, strides 0) gives
    lse_r and A lse_r - S_r, A = sum_c w_c, S_r = sum_c w_c z_c: the slice's smoothing sum (with
    class weights after step 2, which gives the slice's offset into them: one more read).
-2. ``all_reduce(MAX)`` of [lse_r, the slices' sizes]: each rank writes its own size in its own
+2. ``all_reduce(MAX)`` of [lse_r, the slices' sizes, -1]: each rank writes its own size in its own
    place among zeros, so every rank receives every size, on the device: the slice's offset and C
    with no collective of their own, no host synchronisation and no cache (a cache that one rank
-   misses alone would leave it waiting in a collective the others never enter).
-3. ``all_reduce(SUM)`` of [exp(lse_r - M), z_t where the target falls in this slice (one gathered
-   logit a row), S_r]: M + log of the first is the whole row's LSE.
+   misses alone would leave it waiting in a collective the others never enter); the -1 every
+   rank writes makes C - 1 one weighted sum of the received values, as the offset is.
+3. ``all_reduce(SUM)`` of [exp(lse_r - M), z_t where the target falls in this slice (one logit a
+   row, ``take``n), S_r], each written into its place of one buffer: M + log of the first is the
+   whole row's LSE, the second every rank's z_t.
 4. Each row's loss from ``kernels/loss.py``'s formulas with the whole row's LSE, z_t, S, W and C
-   (torch operations on one value a row).
+   (torch operations on one value a row: few, each a GPU call's host microseconds; the constants
+   kept per device, rank, slice and positions; what the options do not need left out).
 
 The backward: with P_j = exp(z_j - LSE), s'_j the softcap's 1 - tanh^2 (1 without it), dl the
 incoming gradient of the row and ce, zs the reduction's factors,
@@ -34,8 +37,8 @@ another rank) and the whole row's LSE for its lse: per row it writes f (k P_j - 
 f and k ours to choose through its incoming gradient and its stats. Without smoothing, zero
 weights u (its uniform term silenced) and f = dl a; with unweighted smoothing, u = 1 and f, k
 from b and a (``_kernel_call``); with weighted smoothing, the former and the term b w_j added by
-torch operations. The target's own column, where this slice holds it, is then written from its
-logit (one value a row, gathered and scattered), rounded once as the kernel rounds. One read and
+torch operations. The target's own column, where this slice holds it, is then written from the
+exchanged z_t (one value a row: ``take`` and ``put_``), rounded once as the kernel rounds. One read and
 one write of the slice; with the forward's read, the floor of three passes.
 """
 from __future__ import annotations
