@@ -14,7 +14,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 from portable_softmax.op_arguments import _torch_form, _validate
-from portable_softmax.op_autograd import _Softmax, _TransformableSoftmax
+from portable_softmax.op_autograd import _TransformableSoftmax, apply_softmax
 from portable_softmax.op_calls import _forward
 
 
@@ -78,7 +78,10 @@ def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, n
     if torch._C._functorch.is_functorch_wrapped_tensor(x):  # vmap, grad, jvp, ...
         return _TransformableSoftmax.apply(x, dim, dtype, log)
     if (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0:
-        return _Softmax.apply(x, dim, dtype, log)
+        if torch._C._are_functorch_transforms_active():
+            # A tensor from outside a transform, differentiated inside it: the form transforms take.
+            return _TransformableSoftmax.apply(x, dim, dtype, log)
+        return apply_softmax(x, dim, dtype, log)
     return _forward(x, dim, dtype, log)
 
 

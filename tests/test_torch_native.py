@@ -45,6 +45,20 @@ def test_grad_vjp_jacrev_jacfwd_and_jvp(device, fns):
 
 
 @pytest.mark.parametrize("fns", PAIRS, ids=IDS)
+def test_a_tensor_from_outside_a_transform_differentiated_inside_it(device, fns):
+    """A tensor that requires grad, captured by a function a transform runs (raised before: the
+    autograd Function without ``setup_context`` refused transforms)."""
+    ours, theirs = fns
+    x = torch.randn(3, 5, device=device, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(2, 3, 5, device=device, dtype=torch.float64)
+    for f in (ours, theirs):
+        _close(grad(lambda w: (f(x, -1) * w).sum())(weights[0]), theirs(x, -1).detach())
+    outputs = [vmap(lambda w: (f(x, -1) * w).sum())(weights) for f in (ours, theirs)]
+    _close(outputs[0], outputs[1])
+    _close(torch.autograd.grad(outputs[0].sum(), x)[0], torch.autograd.grad(outputs[1].sum(), x)[0])
+
+
+@pytest.mark.parametrize("fns", PAIRS, ids=IDS)
 def test_forward_mode_ad_carries_the_tangent(device, fns):
     ours, theirs = fns
     x, tangent = torch.randn(3, 11, device=device), torch.randn(3, 11, device=device)

@@ -1,0 +1,154 @@
+"""What a repeated ``softmax`` / ``log_softmax`` call costs the host through autograd (issue 34 item
+9): (a) the torch operations it dispatches (a ``TorchDispatchMode`` counts every aten op below
+autograd; under a mode the shallow copies autograd makes of a saved output and of the gradient it
+accumulates show as ``detach``, torch's own softmax's included), the kernel launches it makes and
+the Python functions it enters, (b) its host time per call, the median of many calls, against
+torch's eager softmax of the same call; forward alone (no grad) and forward + ``y.backward(dy)``,
+the default call (no fused options).
+
+Each torch op costs a CUDA call ~5 us of host time and each Triton launch ~15-25 us (H100,
+``benchmarks/loss_host.py``); what is left is Python, which this probe times on any machine.
+
+On CPU (the default) the launches are stubbed (a launch returns its plan at once), so that counts
+and times are an accelerator call's Python path; the shape is tiny (4x300 float32). With
+``--device cuda`` (``PROBE_ARGS='--device cuda' bash benchmarks/device.sh probe:softmax_host_ops``)
+nothing is stubbed and the shape is 1823x781 bf16 (the tutorial's, whose autograd ratio NOTES v27
+read), timed one call at a time with a synchronize every 10 calls outside the timing.
+
+    python benchmarks/probes/softmax_host_ops.py [--device cuda] [--calls N] [--shape 4x300] [--dtype float32]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import portable_softmax as ps
+from portable_softmax import launch
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the aten ops dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _launches(stub: bool) -> collections.Counter:
+    """Count every launch by kernel; with ``stub``, each returns its plan at once."""
+    counted: collections.Counter = collections.Counter()
+    real = launch.LaunchRecord._launch
+
+    def counting(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
+        counted[record.kernel.fn.__name__] += len(record.launches)
+        return record.plan if stub else real(record, tensors)
+
+    launch.LaunchRecord._launch = counting
+    return counted
+
+
+def python_calls(step: Callable[[], None]) -> collections.Counter:
+    """The Python functions ``step`` enters (file:function), the step itself and the launch
+    counter (``_launches``) left out."""
+    entered: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            code = frame.f_code
+            entered[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    entered.pop("softmax_host_ops.py:counting", None)
+    for name in [name for name in entered if name.startswith("softmax_host_ops.py:")]:
+        del entered[name]
+    return entered
+
+
+def _median_us(step: Callable[[], None], calls: int, synchronize: Callable[[], None]) -> float:
+    for _ in range(20):
+        step()
+    times = []
+    for call in range(calls):
+        if call % 10 == 0:
+            synchronize()  # the launch queue never fills (GPU); outside the timing
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    synchronize()
+    return statistics.median(times) * 1e6
+
+
+def _steps(fn: Callable, x: torch.Tensor, dy: torch.Tensor) -> dict[str, Callable[[], None]]:
+    def forward() -> None:
+        with torch.no_grad():
+            fn(x, -1)
+
+    def train() -> None:
+        x.grad = None
+        fn(x, -1).backward(dy)
+
+    return {"fwd": forward, "fwd+bwd": train}
+
+
+def _case(log: bool, launches: collections.Counter, args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    shape = tuple(int(n) for n in args.shape.split("x"))
+    dtype = getattr(torch, args.dtype)
+    x = torch.randn(*shape, device=args.device).to(dtype).requires_grad_()
+    dy = torch.randn(*shape, device=args.device).to(dtype)
+    name = "log_softmax" if log else "softmax"
+    ours = _steps(ps.log_softmax if log else ps.softmax, x, dy)
+    theirs = _steps(torch.log_softmax if log else torch.softmax, x, dy)
+    synchronize = getattr(torch, x.device.type).synchronize if x.device.type != "cpu" else lambda: None
+    for path in ours:
+        ours[path]()  # the first call plans and builds its records
+        launches.clear()
+        with _Ops() as counter:
+            ours[path]()
+        launched = dict(launches)
+        with _Ops() as torch_counter:
+            theirs[path]()
+        frames, torch_frames = python_calls(ours[path]), python_calls(theirs[path])
+        ops = sum(counter.ops.values())
+        detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.ops.items()))
+        ours_only = " ".join(f"{f}:{n}" if n > 1 else f for f, n in sorted((frames - torch_frames).items()))
+        print(f"{name:12} {path:8} ops {ops:2d} (torch {sum(torch_counter.ops.values()):2d})  launches "
+              f"{sum(launched.values())}  python calls {sum(frames.values()):3d} (torch {sum(torch_frames.values()):3d})"
+              f"  host {_median_us(ours[path], args.calls, synchronize):6.1f} us (torch "
+              f"{_median_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}\n"
+              f"{'':21} ours beyond torch's: {ours_only}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--shape", default=None, help="rows x columns (4x300 on CPU, 1823x781 elsewhere)")
+    parser.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 elsewhere")
+    args = parser.parse_args()
+    cpu = args.device == "cpu"
+    args.shape = args.shape or ("4x300" if cpu else "1823x781")
+    args.dtype = args.dtype or ("float32" if cpu else "bfloat16")
+    torch.set_num_threads(1)  # torch's intra-op threads wait on each other on a loaded machine
+    launches = _launches(stub=cpu)
+    for log in (False, True):
+        _case(log, launches, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""What a repeated ``softmax`` / ``log_softmax`` through autograd (forward and ``y.backward(dy)``,
+the default call) costs the host: the torch ops it dispatches, its launches, and the Python
+functions it enters beyond those torch's own softmax enters for the same step (``Tensor.backward``
+and the engine's are both's). CPU, the launches stubbed: the host path is the same on every backend
+but the launches. ``benchmarks/probes/softmax_host_ops.py`` prints the same counts and the host
+time against torch's."""
+from __future__ import annotations
+
+import collections
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import portable_softmax as ps
+from portable_softmax import launch
+
+# 2026-11-28, torch 2.13: 16 Python functions beyond torch's (the public function and its routing,
+# the compile check, the autograd Function's forward and backward, the call record's lookup, its
+# forward and backward and their launches, the held gradient call); 26 before the autograd
+# Function's calls went to torch's C apply and its backward node to its backward (17.8 us a step
+# against 20.3, torch's 12.4, probes/softmax_host_ops.py). One or two of slack for another torch's
+# compile check.
+PYTHON_CALLS_BEYOND_TORCHS = 18
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _python_calls(step) -> collections.Counter:
+    entered: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            entered[f"{frame.f_code.co_filename}:{frame.f_code.co_name}"] += 1
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_a_repeated_forward_and_backward_is_torchs_ops_two_launches_and_little_python(monkeypatch, log):
+    launches = []
+    monkeypatch.setattr(launch.LaunchRecord, "_launch", lambda self, tensors: launches.append(self) or self.plan)
+    fn, theirs = (ps.log_softmax, torch.log_softmax) if log else (ps.softmax, torch.softmax)
+    x = torch.randn(4, 300, requires_grad=True)
+    dy = torch.randn(4, 300)
+
+    def step(fn) -> None:
+        x.grad = None
+        fn(x, -1).backward(dy)
+
+    step(fn)
+    step(theirs)
+    launches.clear()
+    with _Ops() as ops:
+        step(fn)
+    with _Ops() as torch_ops:
+        step(theirs)
+    # Two allocations (torch's softmax and its backward allocate as theirs) and the shallow copies
+    # autograd makes of the saved output and of the accumulated gradient (``detach`` under a mode).
+    assert len(ops.names) <= len(torch_ops.names), (ops.names, torch_ops.names)
+    # One launch a direction: the forward's record, and the backward's its forward call holds.
+    assert [record.kernel.fn.__name__ for record in launches] == ["softmax_forward_tile", "softmax_backward_tile"]
+    ours = _python_calls(lambda: step(fn))
+    beyond = ours - _python_calls(lambda: step(theirs))
+    beyond.pop(f"{__file__}:<lambda>", None)
+    assert sum(beyond.values()) <= PYTHON_CALLS_BEYOND_TORCHS, sorted(beyond.items())
