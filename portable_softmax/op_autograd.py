@@ -3,7 +3,6 @@ and backward (``op_calls``), torch operations for double backward and for the ta
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -29,8 +28,7 @@ class _Softmax(torch.autograd.Function):
 
     Written with ``forward(ctx, ...)``: a Function that defines ``setup_context`` has its
     arguments bound through ``inspect.signature`` on every call (tens of microseconds), so the
-    ``torch.func`` form (``_TransformableSoftmax``) is used only where a transform needs it. Called
-    through ``apply_softmax`` and, backward, through its own ``backward`` (``_direct``)."""
+    ``torch.func`` form (``_TransformableSoftmax``) is used only where a transform needs it."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
@@ -100,27 +98,3 @@ class _TransformableSoftmax(torch.autograd.Function):
         x = x.movedim(batch, 0)
         return _TransformableSoftmax.apply(x, dim if dim < 0 else dim + 1, dtype, log), 0
 
-
-def _direct(function: type) -> Callable[..., torch.Tensor]:
-    """``function.apply`` without ``Function.apply``'s Python wrapper, for a call outside any
-    ``torch.func`` transform; its backward node calls ``function.backward`` itself.
-
-    The wrapper (torch/autograd/function.py) binds the arguments where a ``setup_context`` is
-    defined, unwraps dead functorch wrappers and sends a call made under a transform elsewhere;
-    none applies to ``_Softmax`` there (no ``setup_context``; ``ops`` sends functorch tensors and
-    calls under a transform to ``_TransformableSoftmax``). The backward node's ``apply`` (the
-    method the engine calls) looks the user's backward up on every call, to refuse a Function
-    defining both ``backward`` and ``vjp`` and to box gradients for ``boxed_grads_call``; neither
-    applies here either. The two are 11 of the 26 Python calls a repeated forward + backward made
-    beyond torch's own softmax, about 1.5 us of its host time (probes/softmax_host_ops.py).
-    Torch's C apply beneath has been ``_C._FunctionBase.apply`` since 1.x; where it is missing,
-    the wrapper."""
-    base = getattr(torch._C, "_FunctionBase", None)
-    c_apply = None if base is None else base.__dict__.get("apply")
-    if c_apply is None:
-        return function.apply
-    function._backward_cls.apply = function.backward
-    return c_apply.__get__(None, function)
-
-
-apply_softmax = _direct(_Softmax)

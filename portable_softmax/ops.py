@@ -14,7 +14,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 from portable_softmax.op_arguments import _torch_form, _validate
-from portable_softmax.op_autograd import _TransformableSoftmax, apply_softmax
+from portable_softmax.op_autograd import _Softmax, _TransformableSoftmax
 from portable_softmax.op_calls import _forward
 
 
@@ -81,7 +81,7 @@ def _apply(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, n
         if torch._C._are_functorch_transforms_active():
             # A tensor from outside a transform, differentiated inside it: the form transforms take.
             return _TransformableSoftmax.apply(x, dim, dtype, log)
-        return apply_softmax(x, dim, dtype, log)
+        return _Softmax.apply(x, dim, dtype, log)
     return _forward(x, dim, dtype, log)
 
 

@@ -16,13 +16,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import portable_softmax as ps
 from portable_softmax import launch
 
-# 2026-11-28, torch 2.13: 16 Python functions beyond torch's (the public function and its routing,
-# the compile check, the autograd Function's forward and backward, the call record's lookup, its
-# forward and backward and their launches, the held gradient call); 26 before the autograd
-# Function's calls went to torch's C apply and its backward node to its backward (17.8 us a step
-# against 20.3, torch's 12.4, probes/softmax_host_ops.py). One or two of slack for another torch's
-# compile check.
-PYTHON_CALLS_BEYOND_TORCHS = 18
+# 2026-11-28, torch 2.13: 26 Python functions beyond torch's (the public function and its routing,
+# the compile check, the autograd Function's apply wrapper, forward and backward and its backward
+# node's lookup, the call record's lookup, its forward and backward and their launches, the held
+# gradient call). Sending the Function to torch's C apply and its backward node straight to its
+# backward made 16 (17.8 us a step against 20.3, torch's 12.4, probes/softmax_host_ops.py), by
+# patching torch's generated backward class: not taken, for 1.5 us. Two of slack for another
+# torch's compile check.
+PYTHON_CALLS_BEYOND_TORCHS = 28
 
 
 class _Ops(TorchDispatchMode):
