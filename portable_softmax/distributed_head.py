@@ -65,8 +65,10 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, b
     scales = distributed_loss.factors(target, class_weight, options, acc)
     rows = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
     lse = torch.empty_like(rows)
-    grads = head_chunks._new_gradients(hidden, weight, bias, call) if call.grad_in_forward else None
     step = _chunk_rows(hidden, weight, call.chunk_bytes, group)
+    # Tokens in one chunk: the weight's gradient from one matmul in its own dtype (head_chunks).
+    single = step >= hidden.shape[0]
+    grads = head_chunks._new_gradients(hidden, weight, bias, call, single) if call.grad_in_forward else None
     budget_bytes = step * max(weight.shape[0], 1) * hidden.element_size()
     one = torch.ones((), dtype=acc, device=hidden.device)
     parts = []
@@ -90,8 +92,8 @@ def _backward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
               dloss: torch.Tensor, call: HeadCall, group: Optional[dist.ProcessGroup]) -> Gradients:
     """The gradients of reduction='none' recomputed chunk by chunk from the saved per-row values,
     times ``dloss`` (one per token)."""
-    grads = head_chunks._new_gradients(hidden, weight, bias, call)
     step = _chunk_rows(hidden, weight, call.chunk_bytes, group)
+    grads = head_chunks._new_gradients(hidden, weight, bias, call, step >= hidden.shape[0])
     budget_bytes = step * max(weight.shape[0], 1) * hidden.element_size()
     incoming = dloss.reshape(-1)
     for start, chunk, z in head_chunks.chunks(hidden, weight, bias, step):

@@ -274,6 +274,40 @@ def test_the_tensor_parallel_head(device, world):
     _run(world, _check_each, _check_head, [case + (i, device) for i, case in enumerate(HEAD_CASES)], device=device)
 
 
+def _check_head_in_one_chunk(rank: int, world: int) -> None:
+    """A bf16 head whose tokens fit one chunk makes no float32 buffer of its weight slice's shape
+    (one matmul, float32 inside, rounded once), and still matches torch; several chunks make one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from portable_softmax import distributed
+
+    class Wide(TorchDispatchMode):
+        def __init__(self, shape):
+            super().__init__()
+            self.shape, self.count = tuple(shape), 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and tuple(out.shape) == self.shape:
+                self.count += 1
+            return out
+
+    for chunk_bytes, wide_buffers in ((None, 0), (100, 1)):
+        _check_head(rank, world, (5, 16), torch.bfloat16, True,
+                    {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}, 7, "cpu")
+        torch.manual_seed(3)
+        hidden = torch.randn(5, 16).to(torch.bfloat16).requires_grad_()
+        weight = torch.randn(23, 16).to(torch.bfloat16).split(SLICES[world])[rank].clone().requires_grad_()
+        target = torch.randint(0, 23, (5,))
+        with Wide(weight.shape) as wide:
+            distributed.linear_cross_entropy(hidden, weight, target, chunk_bytes=chunk_bytes).backward()
+        assert (wide.count > 0) == bool(wide_buffers), (rank, chunk_bytes, wide.count)
+
+
+def test_the_tensor_parallel_head_in_one_chunk():
+    _run(2, _check_head_in_one_chunk, device="cpu")
+
+
 # The torch ops a repeated call with the default options dispatches on each rank, the launches
 # stubbed (2026-11-28, benchmarks/probes/vocab_parallel_host_ops.py, 2 ranks): 31 in the forward
 # (no grad), 44 forward + backward (the engine's seed and accumulation included), where the path
