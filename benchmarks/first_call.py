@@ -3,7 +3,10 @@ empty Triton cache (``mktemp -d``), the call timed from before it to ``torch.cud
 after it (imports and the inputs' allocation done before the clock starts); then the same with
 the cache the cold run left (a fresh process, a warm disk cache); then ``portable-softmax
 warmup`` into an empty cache, and a fresh process's first call with that cache. Kernels compiled:
-the group files Triton wrote into the cache during the call.
+the group files Triton wrote into the cache during the call. Where a call after the warmup still
+compiles, the full compile keys Triton's JIT reports (``jit_cache_hook``: kernel, signature,
+constexprs, specialisation attrs, options) of the call and of the warmup, each in a fresh process,
+and those of the call the warmup lacks are printed.
 
 Target: every cold first call of ours no slower than Liger's of the same case, or 1.5 s.
 
@@ -78,6 +81,56 @@ def _liger(kind: str, inputs) -> None:
         LigerCrossEntropyFunction.apply(*inputs, None)[0].backward()
 
 
+def _record_compiles() -> list:
+    """Every compile Triton's JIT makes in this process (a disk-cache hit included): its full key as
+    Triton serialises it (kernel, signature, constexprs, specialisation attrs, options). Through
+    ``knobs.runtime.jit_cache_hook``, which returns None: the compile goes on."""
+    from triton import knobs
+
+    found: list = []
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **_):
+        found.append(compile.get("specialization_data") or repr)
+
+    knobs.runtime.jit_cache_hook = hook
+    return found
+
+
+def compile_keys(kind: str, warm_args: str | None) -> list:
+    """The keys of what ``warm_args``' warmup compiles (``warmup.run_call`` of each of its calls,
+    as ``portable-softmax warmup`` makes them), or with None of what our first call of ``kind``
+    compiles."""
+    import torch
+
+    found = _record_compiles()
+    if warm_args is None:
+        inputs = _inputs(kind)
+        _ours(kind, inputs)
+    else:
+        from portable_softmax import cli, warmup
+
+        args = cli.build_parser().parse_args(["warmup", *warm_args.split()])
+        for call in warmup.warmup_calls(args.shape, args.dtype or ["bfloat16"], args.dim or [-1], log=args.log,
+                                        backward=args.backward, loss=args.loss):
+            warmup.run_call(call, torch.device("cuda"))
+    torch.cuda.synchronize()
+    return found
+
+
+def _key_difference(kind: str, warm_args: str) -> list[str]:
+    """The compile keys of the first call that its warmup did not compile (fresh processes, empty
+    caches): what Triton's cache misses after the warmup."""
+    keys = {}
+    for which, extra in (("warmup", [warm_args]), ("call", [])):
+        cache = tempfile.mkdtemp(prefix="first-call-keys-")
+        done = subprocess.run([sys.executable, __file__, "--keys", kind, *extra], capture_output=True, text=True,
+                              env={**os.environ, "TRITON_CACHE_DIR": cache}, timeout=300)
+        if done.returncode != 0:
+            return [f"{which}: {(done.stderr.strip().splitlines() or ['failed'])[-1][:200]}"]
+        keys[which] = json.loads(done.stdout.strip().splitlines()[-1])
+    return [key for key in keys["call"] if key not in keys["warmup"]]
+
+
 def _cache_kernels(folder: str) -> int:
     return sum(name.startswith("__grp__") for _, _, names in os.walk(folder) for name in names)
 
@@ -147,7 +200,11 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--out", help="folder for first_call.json")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--keys", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.keys:
+        print(json.dumps(compile_keys(args.keys[0], args.keys[1] if len(args.keys) > 1 else None)))
+        return 0
     if args.one:
         print(json.dumps(one(*args.one)))
         return 0
@@ -171,6 +228,8 @@ def main() -> int:
                                   capture_output=True, text=True, timeout=300)
             row["warmup"] = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else done.stderr[-300:]
             row["after_warmup"] = _fresh(ours_kind, "ours", cache)
+            if row["after_warmup"].get("compiled"):
+                row["missed_keys"] = _key_difference(ours_kind, warm_args)
         cold = row["ours_cold"].get("seconds", float("inf"))
         bound = max(TARGET_S, row.get("liger_cold", {}).get("seconds", 0.0))
         row["ok"] = cold <= bound
@@ -185,6 +244,9 @@ def main() -> int:
         if "in_compile" in cold:
             print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s in the "
                   f"{cold['compile_requests']} compile(s) planning asked for (Triton's compile and its launcher's)")
+    for row in rows:
+        for key in row.get("missed_keys", []):
+            print(f"  {row['case']}: compiled after the warmup, not by it: {key}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "first_call.json"), "w") as handle:
