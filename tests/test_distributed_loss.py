@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from portable_softmax.selfcheck import relative_error
+from dispatch_counts import DispatchedOps, FloatBuffers
 from test_distributed import _check_each, _run
 from test_loss import TOLERANCE, reference
 
@@ -277,20 +278,7 @@ def test_the_tensor_parallel_head(device, world):
 def _check_head_in_one_chunk(rank: int, world: int) -> None:
     """A bf16 head whose tokens fit one chunk makes no float32 buffer of its weight slice's shape
     (one matmul, float32 inside, rounded once), and still matches torch; several chunks make one."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from portable_softmax import distributed
-
-    class Wide(TorchDispatchMode):
-        def __init__(self, shape):
-            super().__init__()
-            self.shape, self.count = tuple(shape), 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and tuple(out.shape) == self.shape:
-                self.count += 1
-            return out
 
     for chunk_bytes, wide_buffers in ((None, 0), (100, 1)):
         _check_head(rank, world, (5, 16), torch.bfloat16, True,
@@ -299,7 +287,7 @@ def _check_head_in_one_chunk(rank: int, world: int) -> None:
         hidden = torch.randn(5, 16).to(torch.bfloat16).requires_grad_()
         weight = torch.randn(23, 16).to(torch.bfloat16).split(SLICES[world])[rank].clone().requires_grad_()
         target = torch.randint(0, 23, (5,))
-        with Wide(weight.shape) as wide:
+        with FloatBuffers(weight.shape) as wide:
             distributed.linear_cross_entropy(hidden, weight, target, chunk_bytes=chunk_bytes).backward()
         assert (wide.count > 0) == bool(wide_buffers), (rank, chunk_bytes, wide.count)
 
@@ -318,22 +306,7 @@ TRAINING_OPS = 44
 
 
 def _check_op_count(rank: int, world: int) -> None:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from portable_softmax import distributed, distributed_loss, launch
-
-    class Ops(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.names: list[str] = []
-            self.collectives = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "c10d":
-                self.collectives += 1
-            else:
-                self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
 
     launches = []
     launch.LaunchRecord._launch = lambda self, tensors: launches.append(self) or self.plan
@@ -354,7 +327,7 @@ def _check_op_count(rank: int, world: int) -> None:
     for step, most, records in ((forward, FORWARD_OPS, 1), (train, TRAINING_OPS, 2)):
         step()  # the first call plans and keeps its constants
         launches.clear()
-        with Ops() as ops:
+        with DispatchedOps() as ops:
             step()
         assert len(ops.names) <= most, f"rank {rank}: {len(ops.names)} ops, at most {most}: {ops.names}"
         assert ops.collectives == 2 and len(launches) == records, (ops.collectives, launches)

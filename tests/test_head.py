@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-import torch.utils._python_dispatch
 
 import portable_softmax as ps
 from portable_softmax import head_chunks, head_ops
 from portable_softmax.selfcheck import relative_error
+from dispatch_counts import FloatBuffers
 
 # The gradients' tolerance: each is a product of rounded factors (the logits' gradient rounded
 # to the dtype once, then a matmul), a little looser than the loss's own.
@@ -143,26 +143,12 @@ def test_weight_gradient_kept_in_the_weight_dtype(device):
     assert grads[1].dtype == torch.bfloat16
 
 
-class _WideWeightBuffers(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the float32 tensors of a shape made while it is active."""
-
-    def __init__(self, shape):
-        super().__init__()
-        self.shape, self.count = tuple(shape), 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and tuple(out.shape) == self.shape:
-            self.count += 1
-        return out
-
-
 @pytest.mark.parametrize("tokens", [4, 21], ids=["chunks", "one-chunk"])
 def test_one_chunk_needs_no_float32_weight_gradient(device, tokens):
     # All tokens in one chunk: the weight's gradient is one matmul, summed in float32 inside it and
     # rounded once, so no float32 copy of the weight is made (eager); several chunks sum in one.
     hidden, weight, target, extra = make((21,), 16, 120, torch.bfloat16, device, bias=True)
-    with _WideWeightBuffers(weight.shape) as wide:
+    with FloatBuffers(weight.shape) as wide:
         _, grads = check(hidden, weight, target, chunk_bytes=tokens_per_chunk(tokens, 120, torch.bfloat16), **extra)
     assert grads[1].dtype == torch.bfloat16
     assert (wide.count == 0) == (tokens == 21), wide.count

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import portable_softmax as ps
 from portable_softmax import launch, loss_launch, loss_rows
+from dispatch_counts import DispatchedOps
 from regimes import force_regime
 
 # Measured 2026-11-25 on 2 shared cores, torch and ours one thread each: 5.0 times torch before the
@@ -77,16 +77,6 @@ def test_cross_entropy_host_time_does_not_grow_and_stays_near_torchs(monkeypatch
         f"{min(mine) * 1e6:.0f} us a call against torch's {min(torchs) * 1e6:.0f} us"
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_cross_entropy_repeated_call_dispatches_few_ops(monkeypatch):
     force_regime(monkeypatch, "split", "cpu")
     launches = []
@@ -106,7 +96,7 @@ def test_cross_entropy_repeated_call_dispatches_few_ops(monkeypatch):
     for step, most, records in ((lambda: ps.cross_entropy(logits, target), FORWARD_OPS, 1),
                                 (train, TRAINING_OPS, 2)):
         launches.clear()
-        with _Ops() as ops:
+        with DispatchedOps() as ops:
             step()
         assert len(ops.names) <= most, ops.names
         # One record a direction: the forward's, and the held gradient's rescale.

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import portable_softmax as ps
 from portable_softmax import launch
+from dispatch_counts import DispatchedOps
 
 # 2026-11-28, torch 2.13: 26 Python functions beyond torch's (the public function and its routing,
 # the compile check, the autograd Function's apply wrapper, forward and backward and its backward
@@ -24,16 +24,6 @@ from portable_softmax import launch
 # patching torch's generated backward class: not taken, for 1.5 us. Two of slack for another
 # torch's compile check.
 PYTHON_CALLS_BEYOND_TORCHS = 28
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _python_calls(step) -> collections.Counter:
@@ -66,9 +56,9 @@ def test_a_repeated_forward_and_backward_is_torchs_ops_two_launches_and_little_p
     step(fn)
     step(theirs)
     launches.clear()
-    with _Ops() as ops:
+    with DispatchedOps() as ops:
         step(fn)
-    with _Ops() as torch_ops:
+    with DispatchedOps() as torch_ops:
         step(theirs)
     # Two allocations (torch's softmax and its backward allocate as theirs) and the shallow copies
     # autograd makes of the saved output and of the accumulated gradient (``detach`` under a mode).

@@ -33,38 +33,13 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import portable_softmax as ps
-from portable_softmax import launch, loss_launch, loss_rows
+from portable_softmax import loss_launch, loss_rows
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+from dispatch_counts import DispatchedOps, counted_launches  # noqa: E402  (the tests' counters, shared)
 from regimes import force_regime  # noqa: E402  (the tests' regime forcing, shared)
-
-
-class _Ops(TorchDispatchMode):
-    """Counts the aten ops dispatched while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _launches(stub: bool) -> collections.Counter:
-    """Count every launch by kernel; with ``stub``, each returns its plan at once."""
-    counted: collections.Counter = collections.Counter()
-    real = launch.LaunchRecord._launch
-
-    def counting(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
-        counted[record.kernel.fn.__name__] += len(record.launches)
-        return record.plan if stub else real(record, tensors)
-
-    launch.LaunchRecord._launch = counting
-    return counted
 
 
 def _median_us(step: Callable[[], None], calls: int, synchronize: Callable[[], None]) -> float:
@@ -110,14 +85,14 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse
     for path in ours:
         ours[path]()  # the first call plans and builds its records
         launches.clear()
-        with _Ops() as counter:
+        with DispatchedOps() as counter:
             ours[path]()
         launched = dict(launches)
-        with _Ops() as torch_counter:
+        with DispatchedOps() as torch_counter:
             theirs[path]()
-        ops = sum(counter.ops.values())
-        detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.ops.items()))
-        print(f"{name:24} {path:8} ops {ops:3d} (torch {sum(torch_counter.ops.values()):2d})  launches "
+        ops = sum(counter.counts.values())
+        detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.counts.items()))
+        print(f"{name:24} {path:8} ops {ops:3d} (torch {sum(torch_counter.counts.values()):2d})  launches "
               f"{sum(launched.values())}  host {_median_us(ours[path], args.calls, synchronize):6.1f} us (torch "
               f"{_median_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}", flush=True)
 
@@ -135,7 +110,7 @@ def main() -> None:
     torch.set_num_threads(1)  # torch's intra-op threads wait on each other on a loaded machine
     if cpu:
         loss_rows._check_targets = lambda target, options: None
-    launches = _launches(stub=cpu)
+    launches = counted_launches(stub=cpu)
     _case("mean", {}, launches, args)
     if cpu:
         with pytest.MonkeyPatch.context() as patch:

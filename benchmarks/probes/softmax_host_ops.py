@@ -21,46 +21,23 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import portable_softmax as ps
-from portable_softmax import launch
 
-
-class _Ops(TorchDispatchMode):
-    """Counts the aten ops dispatched while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _launches(stub: bool) -> collections.Counter:
-    """Count every launch by kernel; with ``stub``, each returns its plan at once."""
-    counted: collections.Counter = collections.Counter()
-    real = launch.LaunchRecord._launch
-
-    def counting(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
-        counted[record.kernel.fn.__name__] += len(record.launches)
-        return record.plan if stub else real(record, tensors)
-
-    launch.LaunchRecord._launch = counting
-    return counted
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+from dispatch_counts import DispatchedOps, counted_launches  # noqa: E402  (the tests' counters, shared)
 
 
 def python_calls(step: Callable[[], None]) -> collections.Counter:
     """The Python functions ``step`` enters (file:function), the step itself and the launch
-    counter (``_launches``) left out."""
+    counter (``counted_launches``) left out."""
     entered: collections.Counter = collections.Counter()
 
     def profile(frame, event, arg) -> None:
@@ -73,7 +50,7 @@ def python_calls(step: Callable[[], None]) -> collections.Counter:
         step()
     finally:
         sys.setprofile(None)
-    entered.pop("softmax_host_ops.py:counting", None)
+    entered.pop("dispatch_counts.py:counting", None)
     for name in [name for name in entered if name.startswith("softmax_host_ops.py:")]:
         del entered[name]
     return entered
@@ -118,16 +95,16 @@ def _case(log: bool, launches: collections.Counter, args: argparse.Namespace) ->
     for path in ours:
         ours[path]()  # the first call plans and builds its records
         launches.clear()
-        with _Ops() as counter:
+        with DispatchedOps() as counter:
             ours[path]()
         launched = dict(launches)
-        with _Ops() as torch_counter:
+        with DispatchedOps() as torch_counter:
             theirs[path]()
         frames, torch_frames = python_calls(ours[path]), python_calls(theirs[path])
-        ops = sum(counter.ops.values())
-        detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.ops.items()))
+        ops = sum(counter.counts.values())
+        detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.counts.items()))
         ours_only = " ".join(f"{f}:{n}" if n > 1 else f for f, n in sorted((frames - torch_frames).items()))
-        print(f"{name:12} {path:8} ops {ops:2d} (torch {sum(torch_counter.ops.values()):2d})  launches "
+        print(f"{name:12} {path:8} ops {ops:2d} (torch {sum(torch_counter.counts.values()):2d})  launches "
               f"{sum(launched.values())}  python calls {sum(frames.values()):3d} (torch {sum(torch_frames.values()):3d})"
               f"  host {_median_us(ours[path], args.calls, synchronize):6.1f} us (torch "
               f"{_median_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}\n"
@@ -145,7 +122,7 @@ def main() -> None:
     args.shape = args.shape or ("4x300" if cpu else "1823x781")
     args.dtype = args.dtype or ("float32" if cpu else "bfloat16")
     torch.set_num_threads(1)  # torch's intra-op threads wait on each other on a loaded machine
-    launches = _launches(stub=cpu)
+    launches = counted_launches(stub=cpu)
     for log in (False, True):
         _case(log, launches, args)
 

@@ -23,43 +23,17 @@ import collections
 import contextlib
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from portable_softmax import distributed, distributed_loss, launch
+from portable_softmax import distributed, distributed_loss
 
-
-class _Ops(TorchDispatchMode):
-    """Counts the aten ops dispatched while active; the collectives (namespace c10d) apart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter = collections.Counter()
-        self.collectives = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" or func.namespace == "_c10d_functional":
-            self.collectives += 1
-        else:
-            self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _launches(stub: bool) -> collections.Counter:
-    """Count every launch by kernel; with ``stub``, each returns its plan at once."""
-    counted: collections.Counter = collections.Counter()
-    real = launch.LaunchRecord._launch
-
-    def counting(record: launch.LaunchRecord, tensors: tuple) -> launch.LaunchPlan:
-        counted[record.kernel.fn.__name__] += len(record.launches)
-        return record.plan if stub else real(record, tensors)
-
-    launch.LaunchRecord._launch = counting
-    return counted
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+from dispatch_counts import DispatchedOps, counted_launches  # noqa: E402  (the tests' counters, shared)
 
 
 @contextlib.contextmanager
@@ -114,10 +88,10 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse
     for path, step in (("fwd", forward), ("fwd+bwd", train)):
         step()  # the first call plans and builds its records
         launches.clear()
-        with _Ops() as counter:
+        with DispatchedOps() as counter:
             step()
         launched = sum(launches.values())
-        ops = sum(counter.ops.values())
+        ops = sum(counter.counts.values())
         with_collectives = _median_us(step, args.calls, synchronize)
         if cuda:
             alone = float("nan")
@@ -125,7 +99,7 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse
             with _no_collectives():
                 alone = _median_us(step, args.calls, synchronize)
         if rank == 0:
-            detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.ops.items()))
+            detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.counts.items()))
             print(f"{name:22} {path:8} ops {ops:3d}  collectives {counter.collectives}  launches {launched}  "
                   f"host {with_collectives:6.1f} us (alone {alone:6.1f})  [{detail}]", flush=True)
 
@@ -160,7 +134,7 @@ def main() -> None:
         os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-    launches = _launches(stub=cpu)
+    launches = counted_launches(stub=cpu)
     wanted = args.cases.split(",") if args.cases else None
     try:
         for name, kwargs in CASES:
