@@ -111,7 +111,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             if writes_gradient:
                 # Its target's column is stored after a barrier, which Triton's pipeliner does not
                 # cross (sm_90: no stage buffers compiled): the pipeline would cost registers only.
-                config = dataclasses.replace(config, num_stages=1)
+                config = dataclasses.replace(config, num_stages=1,
+                                             reread=input_bytes in tuning.loss_split_reread)
             plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
                               per_thread=per_thread)
             if plan is not None:

@@ -168,6 +168,13 @@ class Tuning:
             of 8192 by ticket: 107 registers at 4 warps, 52 at 8; pipelined 127 and 80, the
             softmax's 128 at 4), and the softmax's 4 warps read higher than 8 (NOTES v11, H200);
             ``benchmarks/loss_sweep.py`` tries both.
+        loss_split_reread: the logits' element sizes (bytes) whose split forward that writes the
+            gradient reads its chunk again after the exchange (``KernelConfig.reread``: from
+            L2, where its first read left it) rather than hold its exponentials across it. Held,
+            a bf16 chunk of 8192 at 4 warps needs 91-95 registers on sm_90 without spilling, as
+            many as a float32 one of twice the bytes; read again, with its maximum taken in
+            bf16, 72-80 (NOTES v31): more programs a unit, more bytes in flight, for a second
+            read from L2. None by default; ``benchmarks/loss_sweep.py``'s ``reread`` tries it.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -272,6 +279,7 @@ class Tuning:
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
     loss_arrival: bool = True
     loss_split_elements_per_thread: int = 0
+    loss_split_reread: frozenset[int] = frozenset()
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -190,6 +190,16 @@ SPLIT_CASES = [
     pytest.param("split", (2, 32001), torch.float32, dict(reduction="none", z_loss=0.01, softcap=30.0,
                                                           label_smoothing=0.05), {"split_chunk": 8192},
                  id="fp32-32001-none"),
+    # 16-bit chunks read again after the exchange rather than held (``loss_split_reread``): the
+    # maximum taken in bf16; with a softcap (the maximum of the capped logits); in windows.
+    pytest.param("split", (3, 300), torch.bfloat16, dict(reduction="sum", weight=True, label_smoothing=0.1,
+                                                         ignored=0.3, z_loss=0.01), {"loss_split_reread": frozenset({2})},
+                 id="bf16-reread"),
+    pytest.param("ticketed", (2, 300), torch.float16, dict(softcap=3.0), {"loss_split_reread": frozenset({2})},
+                 id="fp16-reread-softcap"),
+    pytest.param("split", (2, 50257), torch.bfloat16, dict(ignored=0.3), {"split_chunk": 8192,
+                                                                          "loss_split_reread": frozenset({2})},
+                 id="bf16-50257-reread-windows"),
 ]
 
 
@@ -215,6 +225,9 @@ def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, optio
     alone = options.get("reduction") == "none" and changes.get("loss_arrival", True)
     assert _forward_regimes() == {"arrival" if alone else regime}
     assert _forward_phases() == {(3,) if alone else _waiting_phases(device)}
+    if "loss_split_reread" in changes:
+        rereads = {record.plan.reread for key, record in loss_launch._records.items() if key[0] == "forward"}
+        assert rereads == {x.element_size() in changes["loss_split_reread"]}
 
 
 def test_split_rows_with_every_target_ignored(device, monkeypatch):

@@ -248,10 +248,16 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
         if options["writes_gradient"]:
             primary = dataclasses.replace(primary, num_stages=1)
-        others = [("split", primary)]
-        if "forward" in tuning_for(resident).split_tickets:
-            others += [("ticketed", ticketed) for ticketed in ticketed_forms(resident, primary, case.cols, False,
-                                                                             case.input_bytes, per_thread)]
+        # 16-bit logits' gradient form also with its chunks read again (``Tuning.loss_split_reread``).
+        rereads = options["writes_gradient"] and case.input_bytes == 2
+        others = []
+        for reread in (False, True) if rereads else (False,):
+            held = dataclasses.replace(primary, reread=reread)
+            kind = ", reread" if reread else ""
+            others.append((f"split{kind}", held))
+            if "forward" in tuning_for(resident).split_tickets:
+                others += [(f"ticketed{kind}", ticketed) for ticketed in ticketed_forms(
+                    resident, held, case.cols, False, case.input_bytes, per_thread)]
         if primary.num_stages > 1:
             others.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
         others.append(("loop", plan_loss(record, case.rows, case.cols, case.plan_dtype,
