@@ -69,6 +69,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "reread": {"loss_split_reread": frozenset({2, 4})},
     "reread-w8": {"loss_split_reread": frozenset({2, 4}), "loss_split_elements_per_thread": 32},
     "reread-persistent": {"loss_split_reread": frozenset({2, 4}), "split_tickets": frozenset()},
+    "reread-ticketed": {"loss_split_reread": frozenset({2, 4}), "split_ticket_bytes": 0, "split_ticket_waves": 0},
+    "reread-w8-ticketed": {"loss_split_reread": frozenset({2, 4}), "loss_split_elements_per_thread": 32,
+                           "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "reread-c16k-w4": {"loss_split_reread": frozenset({2, 4}), "split_chunk": 16384,
                        "loss_split_elements_per_thread": 128},
 }
