@@ -52,7 +52,9 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     ticketed grid, and the residency each needs), from the compiled kernel's resources: it
     reads the logits once and, with the gradient, writes it once, as the softmax forward reads x
     and writes y. Its warps may be its own (``Tuning.loss_split_elements_per_thread``); the one
-    that writes the gradient is unpipelined (its kernel holds a barrier). Where that grid cannot
+    that writes the gradient is pipelined as the softmax's (the barrier before its target's
+    column lies in a called function, which Triton's pipeliner does not look into), unless it
+    reads each chunk again (``Tuning.loss_split_reread``). Where that grid cannot
     be resident (no cooperative launch for a persistent grid, a row's chunks beyond one
     residency domain) the row streams instead. The forward alone (no gradient: nothing held
     across the exchange) exchanges by arrival where ``Tuning.loss_arrival`` asks
@@ -108,11 +110,9 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
                 plan = _size(target, config, kernel, n_rows, rows_per_group, None, False)
                 assert plan is not None  # no program waits: every grid fits
                 return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
-            if writes_gradient:
-                # Its target's column is stored after a barrier, which Triton's pipeliner does not
-                # cross (sm_90: no stage buffers compiled): the pipeline would cost registers only.
-                config = dataclasses.replace(config, num_stages=1,
-                                             reread=input_bytes in tuning.loss_split_reread)
+            if writes_gradient and input_bytes in tuning.loss_split_reread:
+                # Each chunk read again after the exchange: nothing held, nothing to pipeline.
+                config = dataclasses.replace(config, num_stages=1, reread=True)
             plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
                               per_thread=per_thread)
             if plan is not None:

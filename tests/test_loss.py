@@ -190,6 +190,12 @@ SPLIT_CASES = [
     pytest.param("split", (2, 32001), torch.float32, dict(reduction="none", z_loss=0.01, softcap=30.0,
                                                           label_smoothing=0.05), {"split_chunk": 8192},
                  id="fp32-32001-none"),
+    # The gradient form pipelined (a persistent grid whose next chunks load while it waits; its
+    # target's column stored behind a called barrier), every option, in windows.
+    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(weight=True, label_smoothing=0.1, ignored=0.3, z_loss=0.01,
+                                                            softcap=3.0), {}, id="pipelined-bf16-grad"),
+    pytest.param("pipelined", (2, 50257), torch.float32, dict(reduction="sum"), {"split_chunk": 8192},
+                 id="pipelined-fp32-50257-grad"),
     # 16-bit chunks read again after the exchange rather than held (``loss_split_reread``): the
     # maximum taken in bf16; with a softcap (the maximum of the capped logits); in windows.
     pytest.param("split", (3, 300), torch.bfloat16, dict(reduction="sum", weight=True, label_smoothing=0.1,

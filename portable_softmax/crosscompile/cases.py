@@ -246,13 +246,12 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
             continue
         per_thread = tuning_for(resident).loss_split_elements_per_thread or None
         primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
-        if options["writes_gradient"]:
-            primary = dataclasses.replace(primary, num_stages=1)
-        # 16-bit logits' gradient form also with its chunks read again (``Tuning.loss_split_reread``).
+        # 16-bit logits' gradient form also with its chunks read again (``Tuning.loss_split_reread``),
+        # unpipelined.
         rereads = options["writes_gradient"] and case.input_bytes == 2
         others = []
         for reread in (False, True) if rereads else (False,):
-            held = dataclasses.replace(primary, reread=reread)
+            held = dataclasses.replace(primary, reread=True, num_stages=1) if reread else primary
             kind = ", reread" if reread else ""
             others.append((f"split{kind}", held))
             if "forward" in tuning_for(resident).split_tickets:

@@ -30,7 +30,7 @@ Class targets only: a probability target's loss needs its own sums over the row,
 kernel does not exchange (the planner keeps them on tiles and loops). float32 accumulation only:
 the exchange packs float32 partials (the planner keeps float64 rows off the split path).
 """
-from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
+from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _cast, _load, _row_starts
 from .exchange import EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, _arrive, _empty_last, _empty_previous, _exchange, _float_bits
 from .loss import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
@@ -182,7 +182,7 @@ def cross_entropy_forward_split(
                                 row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
                                 rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
                                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
-                                Z_LOSS, SOFTCAP, ALIGN, SHIFTED)
+                                Z_LOSS, SOFTCAP, ALIGN, SHIFTED, STAGES)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
@@ -193,7 +193,8 @@ def _write_gradient(p, scale, t, e_edge, t_edge, edge, edge_mask, edge_cols, col
                     lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer, rows, row_mask,
                     grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk, ce_scale, z_scale, weight_sum,
                     smoothing, z_loss, softcap, BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr,
-                    Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
+                    Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr,
+                    STAGES: tl.constexpr):
     """Write a chunk's columns of the gradient (``loss._grad_of``) from their probabilities ``p``
     (its window's edges' from their exponentials, times ``scale`` = exp(the chunk's maximum -
     lse)); then, where the chunk ``holds`` the target, the target's column again, with its
@@ -205,8 +206,10 @@ def _write_gradient(p, scale, t, e_edge, t_edge, edge, edge_mask, edge_cols, col
     against 52 at 8), and occupancy with them. The target's value, from its logit (one load) in float32 as the rest, is
     stored after a barrier, which orders it behind the program's other stores of that column
     (PTX: the barrier performs the threads' prior accesses relative to every thread of the
-    program). Triton does not software-pipeline a loop that holds a barrier: the planner gives
-    this form one stage (``loss_planner.plan_loss``)."""
+    program). Triton does not software-pipeline a loop that holds a barrier, but one that calls a
+    function holding it: pipelined (``STAGES`` > 1), the barrier and the store are called, with
+    the row's scalars (sm_90, bf16 chunks of 8192 at 4 warps and 3 stages: 96 registers without a
+    spill under the launch's cap, 33 KB of stage buffers)."""
     w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
     g = _grad_of(p, t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
                  weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
@@ -220,13 +223,32 @@ def _write_gradient(p, scale, t, e_edge, t_edge, edge, edge_mask, edge_cols, col
                           w_edge, w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
                           n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
         _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
-    tl.debug_barrier()
     # The target's tanh from its capped logit (z = softcap tanh): the derivative's 1 - tanh^2.
     p_t = tl.exp2((z_t - lse) * LOG2E)[:, None]
     g_t = _grad_of(p_t, (z_t / softcap)[:, None], lse, holds[:, None], w_t, w_t[:, None], w_t[:, None], w_t, ignored,
                    valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
-    tl.store(grad_ptr + grad_row + tl.where(holds, target, 0) * grad_col_stride,
-             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds)
+    at = grad_row + tl.where(holds, target, 0) * grad_col_stride
+    value = _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty)
+    if STAGES > 1:
+        # Behind a call: Triton pipelines a loop whose barrier lies in a function it calls (as the
+        # exchange's wait loop, ``exchange._exchange``), not one that holds it. Its arguments are
+        # scalars: the row's one target.
+        _target_stored_called(grad_ptr, tl.sum(at, 0), tl.sum(value, 0), tl.sum(holds.to(tl.int32), 0) > 0)
+    else:
+        _target_stored(grad_ptr, at, value, holds)
+
+
+def _target_store(ptr, at, value, holds):
+    """Store ``value`` at ``ptr + at`` where ``holds``, behind a barrier: after every store of the
+    program's threads before it, the bulk store of that column among them."""
+    tl.debug_barrier()
+    tl.store(ptr + at, value, mask=holds)
+
+
+_target_stored = _jit(_target_store)
+
+
+_target_stored_called = _jit_call(_target_store)
 
 
 @_jit
