@@ -66,6 +66,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # The gradient form's chunks read again after the exchange (from L2) rather than held
     # (``Tuning.loss_split_reread``), both dtypes: fewer registers, more programs an SM; at 8
     # warps (32 elements a thread); persistent; and bf16 chunks of 16384 at 4 warps.
+    # The pipeline's depth (3 by default on CUDA).
+    "stages2": {"split_stages": 2},
+    "stages4": {"split_stages": 4},
     "reread": {"loss_split_reread": frozenset({2, 4})},
     "reread-w8": {"loss_split_reread": frozenset({2, 4}), "loss_split_elements_per_thread": 32},
     "reread-persistent": {"loss_split_reread": frozenset({2, 4}), "split_tickets": frozenset()},
