@@ -104,9 +104,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             per_thread = tuning.loss_split_elements_per_thread or None
             config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
             if arrival:
-                # Nothing held across the exchange: none waits, one launch; a program per item, or
-                # where the loop pipelines, a persistent grid whose next chunks load while it counts.
-                config = dataclasses.replace(config, arrival=True, phased=False)
+                # Nothing held across the exchange: a program per item, none waiting, one launch.
+                config = dataclasses.replace(config, arrival=True, phased=False, num_stages=1)
                 kernel = _resources(resources, target, config, False, input_bytes)
                 plan = _size(target, config, kernel, n_rows, rows_per_group, None, False)
                 assert plan is not None  # no program waits: every grid fits

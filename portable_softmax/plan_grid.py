@@ -189,15 +189,11 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
                   f"two launches (partials, then normalize), no program waits on another")
     elif config.regime == "split" and config.arrival:
         # No program waits on another: a program per item (up to the grid's limit, beyond which
-        # programs step through the rest), resident or not, in one launch; pipelined, the programs
-        # resident at once, each stepping through its items.
-        pipelined = config.num_stages > 1
-        programs = min(items, record.compute_units * max(per_unit, 1) if pipelined else items, cap)
-        if forced is not None:
-            programs = min(forced, cap)
-        grid = f"{per_unit} programs/unit, each stepping through its items" if pipelined else "a program per item"
-        reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; {grid}, exchanged by arrival (the "
-                  f"row's last chunk reads its partials and writes its terms), no program waits on another")
+        # programs step through the rest), resident or not, in one launch.
+        programs = min(items if forced is None else forced, cap)
+        reason = (f"{note}split: rows of {config.chunks} chunks x {config.block_n}; a program per item, exchanged by "
+                  f"arrival (the row's last chunk reads its partials and writes its terms), no program waits on "
+                  f"another")
     elif config.regime == "split" and config.phased:
         # No program waits on another: any grid will do, as for the loop regime's.
         programs = min(items if forced is None else forced, cap)

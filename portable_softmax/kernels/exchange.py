@@ -87,8 +87,7 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
 
 
 @_jit
-def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
-            STAGES: tl.constexpr = 1, ATOMIC: tl.constexpr = True):
+def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr):
     """Publish this chunk's packed (maximum, sum) partials of its one row (``packed``, [1]; as
     ``_exchange`` packs them) and count its arrival at the row's counter (``done_ptr + tile``);
     return whether this chunk is the row's last to arrive and, for that one, the row's maximum
@@ -116,22 +115,16 @@ def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.conste
     first_slot = slot_ptr + tile * CHUNKS
     tl.atomic_xchg(_row_slots(slot_ptr, tile, 1, CHUNKS) + chunk, packed, mask=row_mask, sem="relaxed")
     # One thread counts for the program: the barrier first makes every thread's stores its own.
-    _program_barrier(STAGES)
+    tl.debug_barrier()
     last = tl.atomic_add(counter, 1, sem="acq_rel") == CHUNKS - 1
-    _program_barrier(STAGES)
+    tl.debug_barrier()
     exists = tl.sum(row_mask.to(tl.int32), 0) > 0
-    if STAGES > 1:
-        # Pipelined: read behind a call, as the waiting form's (``_exchange``), once (every slot is
-        # full by now), PEER_GROUP at a time.
-        row_max, total = _gathered_row_called(first_slot, exists & last, CHUNKS, CHUNKS_P2, True, PEER_GROUP, ATOMIC,
-                                              False)
-    else:
-        peers = tl.arange(0, CHUNKS_P2)
-        present = (peers < CHUNKS) & exists & last
-        v = tl.load(first_slot + peers, mask=present, other=EMPTY_SLOT, cache_modifier=".cg")
-        peer_max, peer_sum = _peer_values(v)
-        row_max = tl.max(peer_max, 0)
-        total = _peer_total(peer_max, peer_sum, row_max, True)
+    peers = tl.arange(0, CHUNKS_P2)
+    present = (peers < CHUNKS) & exists & last
+    v = tl.load(first_slot + peers, mask=present, other=EMPTY_SLOT, cache_modifier=".cg")
+    peer_max, peer_sum = _peer_values(v)
+    row_max = tl.max(peer_max, 0)
+    total = _peer_total(peer_max, peer_sum, row_max, True)
     tl.store(counter, 0, mask=last)
     return last, row_max, total
 
@@ -173,24 +166,6 @@ _gathered_row = _jit(_gather_row)
 
 
 _gathered_row_called = _jit_call(_gather_row)
-
-
-def _barrier():
-    tl.debug_barrier()
-
-
-# Triton does not software-pipeline a loop that holds a barrier, but one that calls a function
-# holding it; called, it takes no shared memory (none overlaps the caller's pipeline buffers).
-_barrier_called = _jit_call(_barrier)
-
-
-@_jit
-def _program_barrier(STAGES: tl.constexpr):
-    """A barrier across the program's threads; behind a call in a pipelined loop (``STAGES`` > 1)."""
-    if STAGES > 1:
-        _barrier_called()
-    else:
-        tl.debug_barrier()
 
 
 @_jit

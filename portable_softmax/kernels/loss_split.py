@@ -131,9 +131,9 @@ def cross_entropy_forward_split(
             # No chunk waits: the row's last to arrive learns its lse, and its share takes the row's
             # terms, the target's logit loaded there (from L2 where another chunk's columns hold it).
             tl.static_assert(not WRITE_GRAD, "the gradient needs every chunk's lse: the arrival form has none")
+            tl.static_assert(STAGES == 1, "a program per item: nothing to pipeline")
             packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
-            last, row_max, row_total = _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2,
-                                               STAGES, WAIT_ATOMIC)
+            last, row_max, row_total = _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS, CHUNKS_P2)
             owns = row_mask & last
             holds = owns & valid
             z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
