@@ -66,6 +66,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # The gradient form's chunks read again after the exchange (from L2) rather than held
     # (``Tuning.loss_split_reread``), both dtypes: fewer registers, more programs an SM; at 8
     # warps (32 elements a thread); persistent; and bf16 chunks of 16384 at 4 warps.
+    # Programs a unit for the split forms (the register cap fitted to them).
+    "ppu3": {"split_programs_per_unit": 3},
+    "ppu4": {"split_programs_per_unit": 4},
+    "ppu5": {"split_programs_per_unit": 5},
     # The pipeline's depth (3 by default on CUDA).
     "stages2": {"split_stages": 2},
     "stages4": {"split_stages": 4},

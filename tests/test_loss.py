@@ -231,6 +231,10 @@ def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, optio
     alone = options.get("reduction") == "none" and changes.get("loss_arrival", True)
     assert _forward_regimes() == {"arrival" if alone else regime}
     assert _forward_phases() == {(3,) if alone else _waiting_phases(device)}
+    if regime == "pipelined":
+        # Pipelined, waiting or writing the gradient; by arrival a program an item, unpipelined.
+        pipelined = {record.plan.num_stages > 1 for key, record in loss_launch._records.items() if key[0] == "forward"}
+        assert pipelined == {not alone}
     if "loss_split_reread" in changes:
         rereads = {record.plan.reread for key, record in loss_launch._records.items() if key[0] == "forward"}
         assert rereads == {x.element_size() in changes["loss_split_reread"]}
