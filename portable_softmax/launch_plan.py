@@ -304,7 +304,12 @@ def loss_variant(target: Target, call: LossCall, config: KernelConfig, lookup: L
     variant = Variant.of(variants.loss_kernel_name(call.direction, config.regime), arguments,
                          variants.loss_constexprs(call.direction, config, call.facts),
                          variants.options(config, config.num_warps, call.cooperative), config)
-    caps = split_fit(target, config, call.input_bytes)
+    fit = target
+    limit = target.tuning.loss_gradient_programs_per_unit
+    if limit and call.writes_gradient and config.num_stages > 1:
+        fit = dataclasses.replace(target, tuning=dataclasses.replace(
+            target.tuning, split_programs_per_unit=min(limit, target.tuning.split_programs_per_unit)))
+    caps = split_fit(fit, config, call.input_bytes)
     return _fitted(target, variant, caps, lookup, reach=False) if caps else variant
 
 

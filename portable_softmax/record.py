@@ -168,6 +168,11 @@ class Tuning:
             of 8192 by ticket: 107 registers at 4 warps, 52 at 8; pipelined 127 and 80, the
             softmax's 128 at 4), and the softmax's 4 warps read higher than 8 (NOTES v11, H200);
             ``benchmarks/loss_sweep.py`` tries both.
+        loss_gradient_programs_per_unit: the most programs a unit that the register cap fitted to
+            the loss's pipelined split forward that writes the gradient asks for (``split_fit``);
+            0: as many as ``split_fit_bytes`` asks. On the H200 (NOTES v31, bf16 rows of 16
+            chunks, 3 stages) 4 a unit read 0.77-0.78 of the floor forward + backward and 5 (a
+            cap of 102 registers) 0.68-0.69.
         loss_split_reread: the logits' element sizes (bytes) whose split forward that writes the
             gradient reads its chunk again after the exchange (``KernelConfig.reread``: from
             L2, where its first read left it) rather than hold its exponentials across it. Held,
@@ -280,6 +285,7 @@ class Tuning:
     loss_arrival: bool = True
     loss_split_elements_per_thread: int = 0
     loss_split_reread: frozenset[int] = frozenset()
+    loss_gradient_programs_per_unit: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -409,8 +409,11 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 # forward (above). The bf16 forward from 4096 (run 8): the transposed (4096, 8192) input's
 # 0.46 -> 0.51 (four slices; its backward holds whole rows); slices of 256 lost there (0.31).
 _H200_STRIDED_SLICES = {("forward", 2): 4096, ("backward", 2): 16384}
+# The loss's pipelined forward that writes the gradient at 4 programs a unit (NOTES v31, same
+# plans otherwise, one run): bf16 rows of 16 chunks 0.77-0.78 of the floor forward + backward
+# against 0.68-0.69 at the 5 that the register cap fits (102 registers), 0.69-0.70 at 3.
 H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
-                      strided_slices=_H200_STRIDED_SLICES)
+                      strided_slices=_H200_STRIDED_SLICES, loss_gradient_programs_per_unit=4)
 
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
                                        cooperative_launch=True,

@@ -654,7 +654,7 @@ def test_plans_for_recorded_chips(profile):
 def test_split_plans_are_the_softmax_forwards(profile):
     # A forward of class targets over rows longer than a tile that writes the gradient splits
     # where the chip promises residency, sized as the softmax forward of the same rows (chunks,
-    # windows, grid; unpipelined: its kernel holds a barrier); the forward alone splits on every
+    # windows, grid, pipeline: its barrier lies behind a call); the forward alone splits on every
     # chip, by arrival (``split_config``'s chunks, a program per item, one launch), or with
     # ``loss_arrival`` off as the softmax forward where residency is promised; elsewhere, for
     # probability targets, the backward, or with the tuning's loss_split empty, it streams.
@@ -676,9 +676,9 @@ def test_split_plans_are_the_softmax_forwards(profile):
             if target.record.residency_guaranteed:
                 assert plan.regime == "split" and plan.align == align, plan.reason
                 if writes:
-                    assert plan.num_stages == 1
-                    assert (plan.chunks, plan.block_n, plan.num_warps) == (softmax.chunks, softmax.block_n,
-                                                                           softmax.num_warps)
+                    assert (plan.chunks, plan.block_n, plan.num_warps, plan.num_stages) == (
+                        softmax.chunks, softmax.block_n, softmax.num_warps, softmax.num_stages), (plan.reason,
+                                                                                                  softmax.reason)
                 else:
                     waiting = loss_planner.plan_loss(no_arrival, n_rows, n_cols, "float32", writes_gradient=False,
                                                      input_bytes=2, splittable=True, align=align)
@@ -782,3 +782,32 @@ def test_ignore_index_inside_the_classes(device):
     target = torch.tensor([3, 0, 3, 32, 5, 3], device=device)
     check(x, target, ignore_index=3, weight=torch.rand(33, device=device) + 0.5, label_smoothing=0.1)
     check(x, target, ignore_index=3, reduction="none", z_loss=0.01)
+
+
+@pytest.mark.parametrize("writes", [True, False], ids=["gradient", "alone"])
+def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypatch, writes):
+    # NOTES v31: on the H200 the loss's pipelined forward that writes the gradient read 0.77-0.78
+    # of the floor at 4 programs a unit and 0.68-0.69 at the 5 a register cap fits: its register
+    # caps are asked for at most 4 (``Tuning.loss_gradient_programs_per_unit``); the softmax's
+    # limit elsewhere, and for the forward alone.
+    from portable_softmax import launch_plan, profiles, split_planner, targets, variants
+    from portable_softmax.launch import RowView
+    from portable_softmax.record import KernelResources
+
+    target = targets.target_for(profiles.profile_record("h200"))
+    asked = []
+
+    def split_fit(fit, config, input_bytes):
+        caps = split_planner.split_fit(fit, config, input_bytes)
+        asked.append(max(programs for programs, _ in caps))
+        return caps
+
+    monkeypatch.setattr(launch_plan, "split_fit", split_fit)
+    strides = tuple((0, 128256, 1) if name in ("x", "grad") else (0, 1, 0) for name in variants.loss_row_tensors("forward"))
+    call = launch_plan.LossCall("forward", RowView(1, 8192, 128256, strides), variants.LossFacts(write_grad=writes),
+                                (-100,), 2, True, 1, True)
+    config = split_planner.split_config(target, 8192, 128256)
+    assert config.num_stages > 1
+    launch_plan.loss_variant(target, call, config, lambda variant: KernelResources(registers=138, shared_memory=32912,
+                                                                                   num_warps=4))
+    assert asked == [4] if writes else asked[0] > 4
