@@ -66,6 +66,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # The gradient form's chunks read again after the exchange (from L2) rather than held
     # (``Tuning.loss_split_reread``), both dtypes: fewer registers, more programs an SM; at 8
     # warps (32 elements a thread); persistent; and bf16 chunks of 16384 at 4 warps.
+    # The forward alone streamed (the loop regime: each program its rows, no exchange), pipelined.
+    "alone-loop": {"loss_split": frozenset({"gradient"})},
+    "alone-loop-s3": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3},
+    "alone-loop-s4": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 4},
+    "alone-loop-s3-c8k": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loop_chunk": 8192},
+    "alone-loop-s3-w8": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loss_loop_warps": 8},
     # Programs a unit for the split forms (the register cap fitted to them).
     "ppu3": {"split_programs_per_unit": 3},
     "ppu4": {"split_programs_per_unit": 4},
