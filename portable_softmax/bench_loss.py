@@ -45,6 +45,9 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def implementations(peers: set[str]) -> dict[str, Loss]:
     """Ours and the importable peers among ``peers``, each as ``loss(x, target)`` ('mean')."""
     found: dict[str, Loss] = {"ours": lambda x, t: portable_softmax.cross_entropy(x, t)}
+    if "inplace" in peers:
+        # The gradient written over the logits (as Liger writes it): no memory for it beyond them.
+        found["ours-inplace"] = lambda x, t: portable_softmax.cross_entropy(x, t, inplace_backward=True)
     if "torch" in peers:
         found["torch"] = lambda x, t: F.cross_entropy(x, t)
     if "compile" in peers:
@@ -182,14 +185,14 @@ def table(results: dict[str, Any]) -> str:
     """One line per shape, dtype and implementation."""
     lines = [f"cross_entropy on {results['device_name']} (torch {results['torch']}): forward + backward and forward "
              f"alone, fraction of the copy floor; peak memory beyond the inputs",
-             f"{'impl':9s} {'dtype':9s} {'N x V':>15s} {'fwd+bwd ms':>11s} {'of floor':>9s} {'fwd ms':>8s} "
+             f"{'impl':12s} {'dtype':9s} {'N x V':>15s} {'fwd+bwd ms':>11s} {'of floor':>9s} {'fwd ms':>8s} "
              f"{'of floor':>9s} {'extra MB':>9s} {'loss err':>9s}"]
     for row in results["rows"]:
         if "error" in row:
-            lines.append(f"{row['impl']:9s} {row['dtype']:9s} {row['N']:>7d}x{row['V']:<7d} {row['error']}")
+            lines.append(f"{row['impl']:12s} {row['dtype']:9s} {row['N']:>7d}x{row['V']:<7d} {row['error']}")
             continue
         extra = row.get("peak_extra_MB")
-        lines.append(f"{row['impl']:9s} {row['dtype']:9s} {row['N']:>7d}x{row['V']:<7d} {row['fwdbwd_ms']:11.3f} "
+        lines.append(f"{row['impl']:12s} {row['dtype']:9s} {row['N']:>7d}x{row['V']:<7d} {row['fwdbwd_ms']:11.3f} "
                      f"{row['of_floor']:9.2f} {row['fwd_ms']:8.3f} {row['fwd_of_floor']:9.2f} "
                      f"{'' if extra is None else f'{extra:9.0f}':>9s} {row['loss_relerr']:9.1e}")
     return "\n".join(lines)
