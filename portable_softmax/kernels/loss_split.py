@@ -75,7 +75,7 @@ def cross_entropy_forward_split(
             cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
             x = tl.where(mask, x, -float("inf"))
-        elif STAGES == 1 and not SOFTCAP and x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        elif (STAGES == 1 and not SOFTCAP) and x_ptr.dtype.element_ty.primitive_bitwidth == 16:
             # The maximum in the logits' own 16 bits (exact: it is one of them), so that only they,
             # two to a register, live until the exponentials are summed; a float32 copy for the
             # maximum would live as long (``tl.max`` widens first): sm_90, bf16 chunks of 8192 at 4
@@ -88,7 +88,7 @@ def cross_entropy_forward_split(
         # The row's own columns (a window's less its lead: 0 without windows).
         row_cols = cols - lead[:, None]
         z, t = _capped(x, mask, softcap, SOFTCAP)
-        if STAGES == 1 and not SOFTCAP and x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        if (STAGES == 1 and not SOFTCAP) and x_ptr.dtype.element_ty.primitive_bitwidth == 16:
             chunk_max = narrow_max.to(tl.float32)
         else:
             chunk_max = tl.max(z, 1)
