@@ -20,6 +20,7 @@ that module within the unified buffer, and that it runs correctly and fast: that
 Exits non-zero if any lowering fails; ``--out`` keeps every ``.ttir`` / ``.ttadapter.mlir``.
 """
 import argparse
+import hashlib
 import importlib.util
 import itertools
 import re
@@ -241,8 +242,11 @@ def lower(backend, fn, kernel, dtype, constexprs, options, out_dir):
         reached.append(ext)
         sizes[ext] = len(text.encode())
         if out_dir:
-            shape = "_".join(f"{k}{v}" for k, v in constexprs.items())
-            name = f"{fn.__name__}.{dtype}.{shape}.{ext}" + (".mlir" if ext == "ttadapter" else "")
+            # The constexprs that differ from False, with a digest of all of them: every name unique,
+            # short enough for the file system (the split loss kernel has 19).
+            shape = "_".join(f"{k}{v}" for k, v in constexprs.items() if v is not False)
+            digest = hashlib.sha1(repr(sorted(constexprs.items())).encode()).hexdigest()[:8]
+            name = f"{fn.__name__}.{dtype}.{shape}.{digest}.{ext}" + (".mlir" if ext == "ttadapter" else "")
             (out_dir / name).write_text(text)
     return reached, sizes, module, list(stages)
 

@@ -119,6 +119,12 @@ import triton  # noqa: E402  (present: checked above)
 # resident all at once, instead of letting waiting programs hang.
 COOPERATIVE_LAUNCH = TRITON_VERSION >= Version("3.3")
 
+# The loss's split forward that writes the gradient, pipelined (its target's column stored behind
+# a called barrier): Triton 3.2's pipeliner fails on it (an 'arith.select' of mismatched layouts
+# at the target's load); 3.6 (the H200, 2026-11-28) and 3.9 (cross-compiled) build it; 3.3-3.5
+# were not tried, so they keep the unpipelined form.
+LOSS_GRADIENT_PIPELINES = TRITON_VERSION >= Version("3.6")
+
 # triton.compiler.ASTSource took ``constants=`` before it took ``constexprs=``.
 AST_SOURCE_CONSTEXPRS = TRITON_VERSION >= Version("3.3")
 

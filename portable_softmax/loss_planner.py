@@ -113,6 +113,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             if writes_gradient and input_bytes in tuning.loss_split_reread:
                 # Each chunk read again after the exchange: nothing held, nothing to pipeline.
                 config = dataclasses.replace(config, num_stages=1, reread=True)
+            elif writes_gradient and not tuning.loss_gradient_pipelined:
+                config = dataclasses.replace(config, num_stages=1)
             plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
                               per_thread=per_thread)
             if plan is not None:

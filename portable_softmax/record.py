@@ -168,6 +168,10 @@ class Tuning:
             of 8192 by ticket: 107 registers at 4 warps, 52 at 8; pipelined 127 and 80, the
             softmax's 128 at 4), and the softmax's 4 warps read higher than 8 (NOTES v11, H200);
             ``benchmarks/loss_sweep.py`` tries both.
+        loss_gradient_pipelined: whether the loss's split forward that writes the gradient is
+            pipelined where ``split_pipelined`` holds "forward" (NOTES v31, H200: bf16 0.59-0.67
+            -> 0.65-0.78 of the floor forward + backward); the Triton in use must build it
+            (``compat.LOSS_GRADIENT_PIPELINES``).
         loss_gradient_programs_per_unit: the most programs a unit that the register cap fitted to
             the loss's pipelined split forward that writes the gradient asks for (``split_fit``);
             0: as many as ``split_fit_bytes`` asks. On the H200 (NOTES v31, bf16 rows of 16
@@ -285,6 +289,7 @@ class Tuning:
     loss_arrival: bool = True
     loss_split_elements_per_thread: int = 0
     loss_split_reread: frozenset[int] = frozenset()
+    loss_gradient_pipelined: bool = True
     loss_gradient_programs_per_unit: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})

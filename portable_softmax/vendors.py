@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from portable_softmax import compat
 from portable_softmax.backend import Backend, register_backend
 from portable_softmax.record import DeviceRecord, KernelResources, Tuning, both_directions
 
@@ -378,7 +379,8 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
                       split_wait_atomic=_CUDA_WAIT_ATOMIC, tile_fit_bytes=_CUDA_TILE_FIT_BYTES,
                       strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512,
-                      strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES)
+                      strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES,
+                      loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split
 # kernel by arrival (PHASE 3: `triton-adapter-opt` exits 1 at the reduction's linalg.yield,

@@ -246,6 +246,8 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
             continue
         per_thread = tuning_for(resident).loss_split_elements_per_thread or None
         primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
+        if options["writes_gradient"] and not tuning_for(resident).loss_gradient_pipelined:
+            primary = dataclasses.replace(primary, num_stages=1)
         # 16-bit logits' gradient form also with its chunks read again (``Tuning.loss_split_reread``),
         # unpipelined.
         rereads = options["writes_gradient"] and case.input_bytes == 2

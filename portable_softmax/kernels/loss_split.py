@@ -59,6 +59,8 @@ def cross_entropy_forward_split(
     tl.static_assert(not PROB_TARGET, "probability targets have no split kernel")
     tl.static_assert(not ACC_FP64, "the exchange packs float32 partials")
     tl.static_assert(not REREAD or (WRITE_GRAD and STAGES == 1), "only the gradient form holds a chunk, unpipelined")
+    # 16-bit logits (a constexpr: Triton 3.2 cannot join a constexpr and a bool with ``and``).
+    NARROW: tl.constexpr = tl.constexpr(x_ptr.dtype.element_ty.primitive_bitwidth) == tl.constexpr(16)
     chunk_cols = tl.arange(0, BLOCK_N)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)
     # A row's shares of its loss lie a slab of one value per row apart (a tile is one row).
@@ -75,7 +77,7 @@ def cross_entropy_forward_split(
             cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
             x = tl.where(mask, x, -float("inf"))
-        elif (STAGES == 1 and not SOFTCAP) and x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        elif (STAGES == 1 and not SOFTCAP) and NARROW:
             # The maximum in the logits' own 16 bits (exact: it is one of them), so that only they,
             # two to a register, live until the exponentials are summed; a float32 copy for the
             # maximum would live as long (``tl.max`` widens first): sm_90, bf16 chunks of 8192 at 4
@@ -88,7 +90,7 @@ def cross_entropy_forward_split(
         # The row's own columns (a window's less its lead: 0 without windows).
         row_cols = cols - lead[:, None]
         z, t = _capped(x, mask, softcap, SOFTCAP)
-        if (STAGES == 1 and not SOFTCAP) and x_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        if (STAGES == 1 and not SOFTCAP) and NARROW:
             chunk_max = narrow_max.to(tl.float32)
         else:
             chunk_max = tl.max(z, 1)
