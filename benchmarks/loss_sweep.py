@@ -63,9 +63,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-w4": {"split_chunk": 16384, "loss_split_elements_per_thread": 128},
     "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
-    # The gradient form's chunks read again after the exchange (from L2) rather than held
-    # (``Tuning.loss_split_reread``), both dtypes: fewer registers, more programs an SM; at 8
-    # warps (32 elements a thread); persistent; and bf16 chunks of 16384 at 4 warps.
     # The forward alone streamed (the loop regime: each program its rows, no exchange), pipelined.
     "alone-loop": {"loss_split": frozenset({"gradient"})},
     "alone-loop-s3": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3},
@@ -79,14 +76,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # The pipeline's depth (3 by default on CUDA).
     "stages2": {"split_stages": 2},
     "stages4": {"split_stages": 4},
-    "reread": {"loss_split_reread": frozenset({2, 4})},
-    "reread-w8": {"loss_split_reread": frozenset({2, 4}), "loss_split_elements_per_thread": 32},
-    "reread-persistent": {"loss_split_reread": frozenset({2, 4}), "split_tickets": frozenset()},
-    "reread-ticketed": {"loss_split_reread": frozenset({2, 4}), "split_ticket_bytes": 0, "split_ticket_waves": 0},
-    "reread-w8-ticketed": {"loss_split_reread": frozenset({2, 4}), "loss_split_elements_per_thread": 32,
-                           "split_ticket_bytes": 0, "split_ticket_waves": 0},
-    "reread-c16k-w4": {"loss_split_reread": frozenset({2, 4}), "split_chunk": 16384,
-                       "loss_split_elements_per_thread": 128},
 }
 DEFAULT_SETTINGS = ["base", "loop", "no-arrival"]
 # Compiles dominate the run (the split kernels are specialised on their rows' chunk count, and

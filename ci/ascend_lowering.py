@@ -125,7 +125,7 @@ def lowering_jobs():
                    variants.loss_constexprs(direction, config, facts))
     split = types.SimpleNamespace(regime="split", block_m=1, block_n=8192, chunks=LOSS_SPLIT_CHUNKS,
                                   chunks_p2=LOSS_SPLIT_CHUNKS, num_stages=1, align=1, ticketed=False, phased=True,
-                                  arrival=False, reread=False)
+                                  arrival=False)
     for write_grad, (form, flags) in itertools.product((False, True), list(LOSS_FORMS.items())[:2]):
         facts = variants.LossFacts(write_grad=write_grad, **flags)
         for phase in variants.launch_phases(split):

@@ -167,8 +167,8 @@ MUTANTS = [
            "            ce = tl.where(owns, ce, 0.0)\n",
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
     Mutant("split_loss_target_column_not_rewritten", f"{KERNELS}/loss_split.py",
-           "             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds)\n",
-           "             _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty), mask=holds & False)\n",
+           "    tl.store(ptr + at, value, mask=holds)\n",
+           "    tl.store(ptr + at, value, mask=holds & False)\n",
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).

@@ -53,8 +53,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     reads the logits once and, with the gradient, writes it once, as the softmax forward reads x
     and writes y. Its warps may be its own (``Tuning.loss_split_elements_per_thread``); the one
     that writes the gradient is pipelined as the softmax's (the barrier before its target's
-    column lies in a called function, which Triton's pipeliner does not look into), unless it
-    reads each chunk again (``Tuning.loss_split_reread``). Where that grid cannot
+    column lies in a called function, which Triton's pipeliner does not look into) where the
+    Triton in use builds it (``Tuning.loss_gradient_pipelined``). Where that grid cannot
     be resident (no cooperative launch for a persistent grid, a row's chunks beyond one
     residency domain) the row streams instead. The forward alone (no gradient: nothing held
     across the exchange) exchanges by arrival where ``Tuning.loss_arrival`` asks
@@ -110,10 +110,7 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
                 plan = _size(target, config, kernel, n_rows, rows_per_group, None, False)
                 assert plan is not None  # no program waits: every grid fits
                 return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
-            if writes_gradient and input_bytes in tuning.loss_split_reread:
-                # Each chunk read again after the exchange: nothing held, nothing to pipeline.
-                config = dataclasses.replace(config, num_stages=1, reread=True)
-            elif writes_gradient and not tuning.loss_gradient_pipelined:
+            if writes_gradient and not tuning.loss_gradient_pipelined:
                 config = dataclasses.replace(config, num_stages=1)
             plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
                               per_thread=per_thread)

@@ -44,8 +44,7 @@ class KernelConfig:
     align: int = 1
     # The split kernels' TICKETED: a program per item, items taken by ticket (kernels.split._split_items).
     ticketed: bool = False
-    # The tile kernels' REREAD: the inputs read twice rather than held; the loss's split kernel's:
-    # the chunk read again after the exchange rather than its exponentials held across it.
+    # The tile kernels' REREAD: the inputs read twice rather than held.
     reread: bool = False
     # The tile kernels' PER_TILE: a grid of a program per tile, so no loop over tiles.
     per_tile: bool = False
@@ -236,8 +235,6 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     if config.regime == "split" and config.num_stages > 1:
         reason += f"; pipelined, {config.num_stages} stages"
-    if config.regime == "split" and config.reread:
-        reason += "; each chunk read again after the exchange"
     if config.phased:
         reason += "; exchanged in two launches (partials published, then read), no program waits on another"
     if config.align > 1:

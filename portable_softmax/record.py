@@ -177,13 +177,6 @@ class Tuning:
             0: as many as ``split_fit_bytes`` asks. On the H200 (NOTES v31, bf16 rows of 16
             chunks, 3 stages) 4 a unit read 0.77-0.78 of the floor forward + backward and 5 (a
             cap of 102 registers) 0.68-0.69.
-        loss_split_reread: the logits' element sizes (bytes) whose split forward that writes the
-            gradient reads its chunk again after the exchange (``KernelConfig.reread``: from
-            L2, where its first read left it) rather than hold its exponentials across it. Held,
-            a bf16 chunk of 8192 at 4 warps needs 91-95 registers on sm_90 without spilling, as
-            many as a float32 one of twice the bytes; read again, with its maximum taken in
-            bf16, 72-80 (NOTES v31): more programs a unit, more bytes in flight, for a second
-            read from L2. None by default; ``benchmarks/loss_sweep.py``'s ``reread`` tries it.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -288,7 +281,6 @@ class Tuning:
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
     loss_arrival: bool = True
     loss_split_elements_per_thread: int = 0
-    loss_split_reread: frozenset[int] = frozenset()
     loss_gradient_pipelined: bool = True
     loss_gradient_programs_per_unit: int = 0
     max_programs: int = 2**31 - 1

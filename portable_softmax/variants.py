@@ -344,8 +344,6 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
         values["WRITE_GRAD"] = facts.write_grad
     if config.regime == "split":
         values.update(split_constexprs(config, facts.wait_atomic, facts.shifted, phase))
-        # The chunk read again after the exchange rather than held (``KernelConfig.reread``).
-        values["REREAD"] = config.reread
     return values
 
 

@@ -248,17 +248,10 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
         if options["writes_gradient"] and not tuning_for(resident).loss_gradient_pipelined:
             primary = dataclasses.replace(primary, num_stages=1)
-        # 16-bit logits' gradient form also with its chunks read again (``Tuning.loss_split_reread``),
-        # unpipelined.
-        rereads = options["writes_gradient"] and case.input_bytes == 2
-        others = []
-        for reread in (False, True) if rereads else (False,):
-            held = dataclasses.replace(primary, reread=True, num_stages=1) if reread else primary
-            kind = ", reread" if reread else ""
-            others.append((f"split{kind}", held))
-            if "forward" in tuning_for(resident).split_tickets:
-                others += [(f"ticketed{kind}", ticketed) for ticketed in ticketed_forms(
-                    resident, held, case.cols, False, case.input_bytes, per_thread)]
+        others = [("split", primary)]
+        if "forward" in tuning_for(resident).split_tickets:
+            others += [("ticketed", ticketed) for ticketed in ticketed_forms(resident, primary, case.cols, False,
+                                                                             case.input_bytes, per_thread)]
         if primary.num_stages > 1:
             others.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
         others.append(("loop", plan_loss(record, case.rows, case.cols, case.plan_dtype,

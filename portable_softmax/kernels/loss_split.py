@@ -51,14 +51,13 @@ def cross_entropy_forward_split(
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
     TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
-    PHASE: tl.constexpr, REREAD: tl.constexpr,
+    PHASE: tl.constexpr,
 ):
     # Rows of classes are taken one at a time (a tile of several would need them adjacent in
     # memory); class targets, float32 (module docstring).
     tl.static_assert(BLOCK_M == 1, "split cross-entropy rows are taken one at a time")
     tl.static_assert(not PROB_TARGET, "probability targets have no split kernel")
     tl.static_assert(not ACC_FP64, "the exchange packs float32 partials")
-    tl.static_assert(not REREAD or (WRITE_GRAD and STAGES == 1), "only the gradient form holds a chunk, unpipelined")
     # 16-bit logits (a constexpr: Triton 3.2 cannot join a constexpr and a bool with ``and``).
     NARROW: tl.constexpr = tl.constexpr(x_ptr.dtype.element_ty.primitive_bitwidth) == tl.constexpr(16)
     chunk_cols = tl.arange(0, BLOCK_N)
@@ -81,7 +80,7 @@ def cross_entropy_forward_split(
             # The maximum in the logits' own 16 bits (exact: it is one of them), so that only they,
             # two to a register, live until the exponentials are summed; a float32 copy for the
             # maximum would live as long (``tl.max`` widens first): sm_90, bf16 chunks of 8192 at 4
-            # warps by ticket, 64 registers without a spill against 80 with 8.
+            # warps, the forward alone by arrival, 64 registers against 107 (NOTES v31).
             narrow = tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask, other=-float("inf"))
             narrow_max = _narrow_max(narrow)
             x = narrow.to(tl.float32)
@@ -165,22 +164,7 @@ def cross_entropy_forward_split(
             _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride,
                         lse_outer_stride, lse_row_stride, share, lse, row_mask & owns)
             if WRITE_GRAD:
-                # The chunk's probabilities p = exp(z - lse): from the exponentials it summed, held
-                # across the exchange, or (``REREAD``) from its logits read again, from L2, where
-                # this program's loads a few microseconds before left them: nothing held, so more
-                # programs share a unit, more bytes in flight (its logits are this program's
-                # alone: ``inplace_backward`` writes them only below).
-                # A chunk of -inf only scales its zeros by exp(row maximum - lse): 0, or NaN for a
-                # row of -inf only, as the tile kernel's p (and p read again: -inf - -inf).
-                scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
-                if REREAD:
-                    again = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty,
-                                  False, "evict_first")
-                    z, t = _capped(again, mask, softcap, SOFTCAP)
-                    p = tl.exp2((z - lse[:, None]) * LOG2E)
-                else:
-                    p = e * scale[:, None]
-                _write_gradient(p, scale, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
+                _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
                                 row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
                                 rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
                                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
@@ -191,16 +175,15 @@ def cross_entropy_forward_split(
 
 
 @_jit
-def _write_gradient(p, scale, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max, row_max,
+def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max, row_max,
                     lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer, rows, row_mask,
                     grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk, ce_scale, z_scale, weight_sum,
                     smoothing, z_loss, softcap, BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr,
                     Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr,
                     STAGES: tl.constexpr):
-    """Write a chunk's columns of the gradient (``loss._grad_of``) from their probabilities ``p``
-    (its window's edges' from their exponentials, times ``scale`` = exp(the chunk's maximum -
-    lse)); then, where the chunk ``holds`` the target, the target's column again, with its
-    one-hot term.
+    """Write a chunk's columns of the gradient (``loss._grad_of``) from its exponentials ``e``
+    (and its window's edges'), p = e exp(its maximum - lse); then, where the chunk ``holds`` the
+    target, the target's column again, with its one-hot term.
 
     Every column is first written without the one-hot term: telling the target's column apart at
     every column would hold a compare (a register an element) across the exchange: on sm_90 the
@@ -212,8 +195,11 @@ def _write_gradient(p, scale, t, e_edge, t_edge, edge, edge_mask, edge_cols, col
     function holding it: pipelined (``STAGES`` > 1), the barrier and the store are called, with
     the row's scalars (sm_90, bf16 chunks of 8192 at 4 warps and 3 stages: 96 registers without a
     spill under the launch's cap, 33 KB of stage buffers)."""
+    # A chunk of -inf only scales its zeros by exp(row maximum - lse): 0, or NaN for a row of
+    # -inf only, as the tile kernel's p.
+    scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
     w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
-    g = _grad_of(p, t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
+    g = _grad_of(e * scale[:, None], t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
                  weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
     grad_row = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
     grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
