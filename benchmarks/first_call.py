@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 TARGET_S = 1.5
 
@@ -90,12 +91,12 @@ def _liger(kind: str, inputs) -> None:
         LigerCrossEntropyFunction.apply(*inputs, None)[0].backward()
 
 
-def compile_key(fn, compile: dict, repr: str) -> dict:
+def compile_key(fn: Any, compile: dict, described: str) -> dict:
     """A compile's key as Triton's disk cache sees it, but for what every process of one machine
     and Triton shares (Triton's own hash, the backend's, the environment): the JIT's key as Triton
     serialises it (kernel, signature, constexprs, specialisation attrs, options) and the
     function's (``JITFunction.cache_key``, which the JIT's leaves out)."""
-    return {"jit": compile.get("specialization_data") or repr, "function": fn.jit_function.cache_key}
+    return {"jit": compile.get("specialization_data") or described, "function": fn.jit_function.cache_key}
 
 
 def _record_compiles() -> list:
