@@ -4,9 +4,18 @@ after it (imports and the inputs' allocation done before the clock starts); then
 the cache the cold run left (a fresh process, a warm disk cache); then ``portable-softmax
 warmup`` into an empty cache, and a fresh process's first call with that cache. Kernels compiled:
 the group files Triton wrote into the cache during the call. Where a call after the warmup still
-compiles, the full compile keys Triton's JIT reports (``jit_cache_hook``: kernel, signature,
-constexprs, specialisation attrs, options) of the call and of the warmup, each in a fresh process,
-and those of the call the warmup lacks are printed.
+compiles, the compile keys of the call and of the warmup, each in a fresh process, and those of
+the call the warmup lacks are printed: what Triton's JIT reports (``jit_cache_hook``: kernel,
+signature, constexprs, specialisation attrs, options) and the function's own key, which Triton's
+disk cache keys on beside them and the JIT's report leaves out (its source and its callees', and
+their constexpr globals: under Triton 3.6 it depended on the kernels hashed before it, which is
+why the report once came back empty while a compile happened).
+
+Every timed process, ours and Liger's, imports torch's ``torch.fx.experimental.symbolic_shapes``
+before its timer (``_TORCH_FIRST_USE``): torch's first ``backward(gradient)`` imports it (sympy,
+about 2 s), which a training step's ``loss.backward()`` does not, and which importing Liger had
+already done. The timer holds the first call's own cost, in a process that has imported its
+libraries, as a training process has before its first step.
 
 Target: every cold first call of ours no slower than Liger's of the same case, or 1.5 s.
 
@@ -21,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 TARGET_S = 1.5
 
@@ -81,19 +91,43 @@ def _liger(kind: str, inputs) -> None:
         LigerCrossEntropyFunction.apply(*inputs, None)[0].backward()
 
 
+def compile_key(fn: Any, compile: dict, described: str) -> dict:
+    """A compile's key as Triton's disk cache sees it, but for what every process of one machine
+    and Triton shares (Triton's own hash, the backend's, the environment): the JIT's key as Triton
+    serialises it (kernel, signature, constexprs, specialisation attrs, options) and the
+    function's (``JITFunction.cache_key``, which the JIT's leaves out)."""
+    return {"jit": compile.get("specialization_data") or described, "function": fn.jit_function.cache_key}
+
+
 def _record_compiles() -> list:
-    """Every compile Triton's JIT makes in this process (a disk-cache hit included): its full key as
-    Triton serialises it (kernel, signature, constexprs, specialisation attrs, options). Through
-    ``knobs.runtime.jit_cache_hook``, which returns None: the compile goes on."""
+    """Every compile Triton's JIT makes in this process (a disk-cache hit included), by
+    ``compile_key``. Through ``knobs.runtime.jit_cache_hook``, which returns None: the compile
+    goes on."""
     from triton import knobs
 
     found: list = []
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **_):
-        found.append(compile.get("specialization_data") or repr)
+        found.append(compile_key(fn, compile, repr))
 
     knobs.runtime.jit_cache_hook = hook
     return found
+
+
+def missed(call: list[dict], warmup: list[dict]) -> list[str]:
+    """The keys of ``call`` that ``warmup`` lacks, each said in a line: where the warmup compiled
+    the same JIT key, only the function's key differs (its source or its callees' as hashed)."""
+    lines = []
+    for key in call:
+        if key in warmup:
+            continue
+        twins = [other["function"] for other in warmup if other["jit"] == key["jit"]]
+        if twins:
+            lines.append(f"the same JIT key, the function keyed {key['function'][:12]} here, {twins[0][:12]} by the "
+                         f"warmup: {key['jit']}")
+        else:
+            lines.append(f"a JIT key the warmup did not compile: {key['jit']}")
+    return lines
 
 
 def compile_keys(kind: str, warm_args: str | None) -> list:
@@ -128,17 +162,24 @@ def _key_difference(kind: str, warm_args: str) -> list[str]:
         if done.returncode != 0:
             return [f"{which}: {(done.stderr.strip().splitlines() or ['failed'])[-1][:200]}"]
         keys[which] = json.loads(done.stdout.strip().splitlines()[-1])
-    return [key for key in keys["call"] if key not in keys["warmup"]]
+    return missed(keys["call"], keys["warmup"])
 
 
 def _cache_kernels(folder: str) -> int:
     return sum(name.startswith("__grp__") for _, _, names in os.walk(folder) for name in names)
 
 
+# Imported by every timed process before its timer (the module docstring says why).
+_TORCH_FIRST_USE = "torch.fx.experimental.symbolic_shapes"
+
+
 def one(kind: str, impl: str) -> dict:
     """Time the first call of ``kind`` by ``impl`` in this process."""
+    import importlib
+
     import torch
 
+    importlib.import_module(_TORCH_FIRST_USE)
     inside = [0.0, 0]
     if impl == "liger":
         import liger_kernel.ops.cross_entropy  # noqa: F401
@@ -239,14 +280,17 @@ def main() -> int:
               f"  {'ok' if row['ok'] else 'SLOWER'} (bound {bound:.2f} s)", flush=True)
     print(f"cold: a fresh process, an empty Triton cache; warm: a fresh process, the cache the cold run left; "
           f"(n): kernels compiled in the call. Liger: {'from .whl' if liger else 'not importable'}")
+    print(f"each timed process imported its library and {_TORCH_FIRST_USE} before its timer: torch's first "
+          f"backward(gradient) imports it (sympy, ~2 s) and a training step's loss.backward() does not; Liger's "
+          f"import had loaded it")
     for row in rows:
         cold = row["ours_cold"]
         if "in_compile" in cold:
             print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s in the "
                   f"{cold['compile_requests']} compile(s) planning asked for (Triton's compile and its launcher's)")
     for row in rows:
-        for key in row.get("missed_keys", []):
-            print(f"  {row['case']}: compiled after the warmup, not by it: {key}")
+        for line in row.get("missed_keys", []):
+            print(f"  {row['case']}: compiled after the warmup, not by it: {line}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "first_call.json"), "w") as handle:

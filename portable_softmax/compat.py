@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Optional
 
@@ -208,6 +209,44 @@ def direct_launcher(kernel, args: tuple, programs: int, constexprs: dict, option
         run(programs, 1, 1, stream, function, metadata, None, None, None, *tensors, *tail)
 
     return launch
+
+
+# Triton 3.6 keys a jit function by the order this process hashed functions in
+# (``settle_jit_hashes``); 3.2 holds no globals in a key, 3.9 computes a callee's key first. The
+# versions between are untested: settled too.
+JIT_HASH_BY_ORDER = Version("3.3") <= TRITON_VERSION < Version("3.9")
+
+
+def settle_jit_hashes(package: types.ModuleType) -> int:
+    """Give every Triton jit function defined in ``package``'s loaded modules the cache key of its
+    whole call tree, whatever this process hashed before; returns the passes it took.
+
+    A function's key holds the constexpr globals of the functions it calls. Triton 3.6 (before
+    triton-lang/triton#10494) read a callee's globals before computing the callee's key, so a
+    callee not yet hashed in the process gave none: a kernel's key, and its entry in Triton's
+    disk cache, depended on the kernels hashed before it. On an H200 the cross-entropy's split
+    forward, which shares the exchange with the softmax's split kernels, was keyed one way after a
+    softmax and another alone: a first loss call after ``portable-softmax warmup`` (which warms the
+    softmax first) compiled it again. Hashed anew until no key changes (each pass brings the
+    globals one call deeper; clearing ``.hash`` is how Triton itself invalidates a key), every key
+    is the same in every process, and later Triton's. Call it before anything is compiled."""
+    from triton.runtime.jit import JITFunction
+
+    prefix = package.__name__ + "."
+    found = {id(value): value for name, module in list(sys.modules.items())
+             if module is not None and (name == package.__name__ or name.startswith(prefix))
+             for value in list(vars(module).values())
+             if isinstance(value, JITFunction) and getattr(value.fn, "__module__", "").startswith(prefix)}
+    functions = sorted(found.values(), key=lambda f: (f.fn.__module__, f.fn.__qualname__))
+    keys: Optional[list[str]] = None
+    for passes in range(1, len(functions) + 2):
+        for function in functions:
+            function.hash = None
+        now = [function.cache_key for function in functions]
+        if now == keys:
+            return passes
+        keys = now
+    return len(functions) + 1
 
 
 # Triton 3.2 to 3.4 link AMD code with an external ld.lld. 3.2 writes code objects v4

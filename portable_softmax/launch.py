@@ -42,13 +42,26 @@ logger = logging.getLogger(__name__)
 PROGRAMS_ENV = "PORTABLE_SOFTMAX_PROGRAMS"
 
 
+_settle_lock = threading.Lock()
+_settled = False
+
+
 def _kernel_module(backend: Backend) -> Any:
+    global _settled
     if backend.interpreted:
         from portable_softmax.interpreter import interpreted_kernels
 
         return interpreted_kernels()
     from portable_softmax import kernels
 
+    if not _settled:
+        with _settle_lock:
+            if not _settled and compat.JIT_HASH_BY_ORDER:
+                # Before the first compile: keys (and Triton's disk cache entries) that do not
+                # depend on which kernel this process compiles first, so that what `warmup`
+                # compiled is what a call finds.
+                compat.settle_jit_hashes(kernels)
+            _settled = True
     return kernels
 
 

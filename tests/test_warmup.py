@@ -3,11 +3,16 @@ call and lists what would compile, compiling nothing; on a GPU it makes each cal
 later process finds the kernels in Triton's cache (``benchmarks/device.sh firstcall`` shows it)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
+from triton.runtime import jit
 
-from portable_softmax import cli, launch, warmup
+from portable_softmax import cli, compat, launch, warmup
+from portable_softmax.backend import get_backend
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
@@ -62,3 +67,91 @@ def test_the_calls_it_warms(capsys):
 def test_mistakes_are_one_line(argv, needle, capsys):
     code, _, err = _run(["warmup", "--device", "cpu", "--no-progress", *argv], capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+# A process's kernel keys as Triton 3.6 computes them (H200 and H100, 2026-11): a function's key
+# holds the constexpr globals of its callees as far as the process had hashed them, since
+# DependenciesFinder._update_hash merged a callee's globals before computing its key.
+def _update_hash_of_triton_3_6(self, func) -> None:
+    self.used_global_vals.update(func.used_global_vals)
+    self.hasher.update((func.cache_key + str(getattr(func, "noinline", False))).encode("utf-8"))
+
+
+def _kernel_functions() -> list:
+    return [value for name, module in list(sys.modules.items()) if name.startswith("portable_softmax.kernels.")
+            for value in vars(module).values()
+            if isinstance(value, jit.JITFunction) and value.fn.__module__.startswith("portable_softmax.kernels.")]
+
+
+def _forget_keys() -> None:
+    """Every kernel function's key as in a fresh process: not yet computed."""
+    for function in _kernel_functions():
+        function.hash, function.used_global_vals = None, {}
+
+
+def _loss_key(softmax_first: bool, launched: bool, monkeypatch) -> str:
+    """The cross-entropy split forward's key in a fresh process (``launched``: through the launch
+    layer, which compiles nothing before it hands out the kernels) that compiles the softmax's
+    split kernels first, as ``portable-softmax warmup --backward --loss`` does, or the loss alone,
+    as a training process's first loss call."""
+    _forget_keys()
+    monkeypatch.setattr(launch, "_settled", False)
+    from portable_softmax import kernels
+
+    if launched:
+        kernels = launch._kernel_module(get_backend("cuda"))
+    if softmax_first:
+        kernels.softmax_forward_split.cache_key, kernels.softmax_backward_split.cache_key
+    return kernels.cross_entropy_forward_split.cache_key
+
+
+def test_a_warmup_keys_the_kernels_as_the_later_call_does(monkeypatch):
+    """Triton's disk cache keys a binary by its function's key too: under Triton 3.6 the warmup,
+    which compiled the softmax first, left the loss's split forward keyed otherwise than a process
+    calling the loss alone keys it, and the H200's first loss call after the warmup compiled it
+    (1.2 s, v31). The launch layer settles every key before the first compile."""
+    monkeypatch.setattr(jit.DependenciesFinder, "_update_hash", _update_hash_of_triton_3_6)
+    monkeypatch.setattr(compat, "JIT_HASH_BY_ORDER", True)
+    try:
+        unsettled = {_loss_key(first, False, monkeypatch) for first in (True, False)}
+        if len(unsettled) == 1:
+            pytest.skip("this Triton's keys hold no globals of the callees (3.2): nothing depends on the order")
+        settled = {_loss_key(first, True, monkeypatch) for first in (True, False)}
+        assert len(settled) == 1
+    finally:
+        _forget_keys()  # computed again, by this Triton's own hashing, where next asked
+
+
+def _first_call_script():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "first_call.py"
+    spec = importlib.util.spec_from_file_location("first_call_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_call_names_a_kernel_keyed_otherwise_after_the_warmup(monkeypatch):
+    """``benchmarks/first_call.py``'s missed keys: the JIT's key alone (what Triton's
+    jit_cache_hook reports) was the same for the warmup's and the call's loss kernel, so the report
+    came back empty while the call compiled; the function's key tells them apart."""
+    script = _first_call_script()
+    monkeypatch.setattr(jit.DependenciesFinder, "_update_hash", _update_hash_of_triton_3_6)
+    from portable_softmax import kernels
+
+    split = kernels.cross_entropy_forward_split
+    info = jit.JitFunctionInfo(split.fn.__module__, split.fn.__name__, split)
+    jit_key = {"specialization_data": '{"name": "cross_entropy_forward_split"}'}
+    try:
+        keys = {}
+        for which, softmax_first in (("warmup", True), ("call", False)):
+            _forget_keys()
+            if softmax_first:
+                kernels.softmax_forward_split.cache_key
+            keys[which] = [script.compile_key(info, jit_key, "repr")]
+        if keys["warmup"] == keys["call"]:
+            pytest.skip("this Triton's keys hold no globals of the callees (3.2): nothing depends on the order")
+        (line,) = script.missed(keys["call"], keys["warmup"])
+        assert line.startswith("the same JIT key, the function keyed") and "cross_entropy_forward_split" in line
+        assert script.missed(keys["warmup"], keys["warmup"]) == []
+    finally:
+        _forget_keys()

@@ -77,9 +77,10 @@ def _short(values: dict) -> str:
                                                                    "PER_TILE", "DENSE"))
 
 
-def install(counter: Counter) -> None:
-    """Point the launch layer at an H100 that compiles through ``counter``; stub the launches."""
-    record = profile_record("h100")
+def install(counter: Counter, profile: str = "h100") -> None:
+    """Point the launch layer at a recorded chip (``profile``, an sm_90 one: the compiles are for
+    sm_90) that compiles through ``counter``; stub the launches."""
+    record = profile_record(profile)
     backend = get_backend("cuda")
     keys: dict[tuple, KernelResources] = {}
 

@@ -1,13 +1,16 @@
 """The compile keys of ``portable-softmax warmup``'s cross-entropy call against a first
 ``ps.cross_entropy(logits, target).backward()`` of the same shape (issue 34 item 4), on a machine
-without a GPU: the H100's record, launches stubbed as ``first_call_compiles.py`` stubs them. Each
-variant planning compiles or a first launch would compile is printed with its constexprs, options
-and arguments (dtype, 16-byte alignment, ints as Triton specialises them; shape, strides, offset).
-``--real``: planning's compiles are real sm_90 cross-compiles (its resources as on the GPU), else
-every compile reports 128 registers. Run as ``warmup``, ``warmup_all`` (the softmax call first,
-as the command makes them) and ``call``, and diff the outputs.
+without a GPU: a recorded sm_90 chip's record (``--profile``, default h100), launches stubbed as
+``first_call_compiles.py`` stubs them. Each variant planning compiles or a first launch would
+compile is printed with its constexprs, options and arguments (dtype, 16-byte alignment, ints as
+Triton specialises them; shape, strides, offset). ``--real``: planning's compiles are real sm_90
+cross-compiles (its resources as on the GPU) into ``TRITON_CACHE_DIR``, else every compile reports
+128 registers. Run as ``warmup``, ``warmup_all`` (the softmax call first, as the command makes
+them) and ``call``, and diff the outputs; with ``--real`` and one ``TRITON_CACHE_DIR`` for
+``warmup_all`` then ``call``, the group files the call adds are what it would compile after the
+warmup (Triton's disk keys: NOTES, "Why it compiled").
 
-    PYTHONPATH=. python benchmarks/probes/warmup_keys.py {warmup,warmup_all,call} [--real]
+    PYTHONPATH=. python benchmarks/probes/warmup_keys.py {warmup,warmup_all,call} [--real] [--profile h200]
 """
 from __future__ import annotations
 
@@ -45,9 +48,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=("warmup", "warmup_all", "call"))
     parser.add_argument("--real", action="store_true")
+    parser.add_argument("--profile", default="h100", help="a recorded sm_90 chip (h100, h200)")
     args = parser.parse_args()
     keys = Keys(args.real)
-    found.install(keys)
+    found.install(keys, args.profile)
     cpu = torch.device("cpu")
     if args.mode == "call":  # as benchmarks/first_call.py's "loss" case
         logits = torch.randn(4096, 50257, dtype=torch.bfloat16, requires_grad=True)
