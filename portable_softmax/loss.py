@@ -72,7 +72,7 @@ def _gradient(ctx: Any, dloss: torch.Tensor) -> tuple[Optional[torch.Tensor], ..
                                f"backward through the same loss is not supported (call the loss again)")
         # Let autograd take the buffer (x.grad can be it, not a copy).
         ctx.held = None
-        return loss_rows.rescale(grad, dloss), None, None, None
+        return _own(loss_rows.rescale(grad, dloss), ctx.inplace), None, None, None
     x, target, weight, stats, lse = ctx.saved_tensors
     options = ctx.options
     target_grad = None
@@ -83,7 +83,16 @@ def _gradient(ctx: Any, dloss: torch.Tensor) -> tuple[Optional[torch.Tensor], ..
         grad = loss_rows.backward(x, target, weight, stats, lse, dloss, options, ctx.inplace)
         if ctx.inplace:
             torch.autograd.graph.increment_version(x)
+        grad = _own(grad, ctx.inplace)
     return grad, target_grad, None, None
+
+
+def _own(grad: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """The gradient as a tensor no one else holds, so that autograd's accumulation into a leaf
+    takes it as the leaf's ``.grad``. Written over the logits (``inplace``), it is the logits
+    tensor itself: returned as is, a leaf's accumulation would copy it (H200: twice the time and
+    the whole gradient's memory again, NOTES v31); an alias of the same storage is taken."""
+    return grad.detach() if inplace else grad
 
 
 _gradient_once = torch.autograd.function.once_differentiable(_gradient)

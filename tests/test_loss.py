@@ -804,3 +804,17 @@ def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypat
     launch_plan.loss_variant(target, call, config, lambda variant: KernelResources(registers=138, shared_memory=32912,
                                                                                    num_warps=4))
     assert asked == [4] if writes else asked[0] > 4
+
+
+@pytest.mark.parametrize("regime", ["tile", "split"])
+def test_inplace_backward_into_leaf_logits_allocates_no_gradient(device, monkeypatch, regime):
+    # Leaf logits (as a benchmark holds them): their .grad is their own storage, not a copy of it
+    # (autograd copies a gradient that another tensor holds: the logits themselves).
+    if regime == "split":
+        _split(monkeypatch, device)
+    x = torch.randn(4, 300, device=device, requires_grad=True)
+    target = class_targets((4,), 300, device, 0.25)
+    expected = torch.autograd.grad(F.cross_entropy(x.double(), target), x)[0]
+    ps.cross_entropy(x, target, inplace_backward=True).backward()
+    assert x.grad.data_ptr() == x.data_ptr()
+    assert relative_error(x.grad, expected) <= TOLERANCE[torch.float32]
