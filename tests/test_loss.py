@@ -818,3 +818,13 @@ def test_inplace_backward_into_leaf_logits_allocates_no_gradient(device, monkeyp
     ps.cross_entropy(x, target, inplace_backward=True).backward()
     assert x.grad.data_ptr() == x.data_ptr()
     assert relative_error(x.grad, expected) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_split_rows_of_negative_16bit_logits(device, monkeypatch, dtype):
+    # The 16-bit maximum (``loss_split._narrow_max``) orders negative floats through its keys: taken
+    # the other way, the least logit would be the reference, and exp(100) overflows float32's sum.
+    _split(monkeypatch, device)
+    x = (-100.0 - 100.0 * torch.rand(3, 300, device=device)).to(dtype)
+    check(x, class_targets((3,), 300, device, 0.0), with_lse=True)
+    assert _forward_regimes() == {"split"}
