@@ -170,12 +170,6 @@ MUTANTS = [
            "    tl.store(ptr + at, value, mask=holds)\n",
            "    tl.store(ptr + at, value, mask=holds & False)\n",
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
-    # The 16-bit maximum (kernels/loss_split.py's _narrow_max): keys that order negative floats as
-    # the floats do; the raw bits take the least of a negative row, whose exponentials overflow.
-    Mutant("split_loss_narrow_max_keys_unflipped", f"{KERNELS}/loss_split.py",
-           "    keys = bits ^ ((bits >> 15) & 0x7FFF)\n",
-           "    keys = bits\n",
-           ("tests/test_loss.py::test_split_rows_of_negative_16bit_logits[cpu-bf16]",)),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",

@@ -196,8 +196,7 @@ SPLIT_CASES = [
                                                             softcap=3.0), {}, id="pipelined-bf16-grad"),
     pytest.param("pipelined", (2, 50257), torch.float32, dict(reduction="sum"), {"split_chunk": 8192},
                  id="pipelined-fp32-50257-grad"),
-    # 16-bit logits: the maximum taken in their own width (``loss_split._narrow_max``) but with
-    # a softcap; negative rows (the keys of negative floats); fp16; in windows.
+    # 16-bit logits: negative rows, fp16 with a softcap, in windows.
     pytest.param("split", (3, 300), torch.bfloat16, dict(reduction="sum", weight=True, label_smoothing=0.1,
                                                          ignored=0.3, z_loss=0.01, shift=-50.0), {}, id="bf16-negative"),
     pytest.param("ticketed", (2, 300), torch.float16, dict(softcap=3.0), {}, id="fp16-softcap"),
@@ -822,8 +821,8 @@ def test_inplace_backward_into_leaf_logits_allocates_no_gradient(device, monkeyp
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_split_rows_of_negative_16bit_logits(device, monkeypatch, dtype):
-    # The 16-bit maximum (``loss_split._narrow_max``) orders negative floats through its keys: taken
-    # the other way, the least logit would be the reference, and exp(100) overflows float32's sum.
+    # Rows of negative 16-bit logits spread over 100: a reference other than the row's maximum
+    # (the least, as a maximum over the raw bits of negative floats would take) overflows exp.
     _split(monkeypatch, device)
     x = (-100.0 - 100.0 * torch.rand(3, 300, device=device)).to(dtype)
     check(x, class_targets((3,), 300, device, 0.0), with_lse=True)

@@ -58,8 +58,6 @@ def cross_entropy_forward_split(
     tl.static_assert(BLOCK_M == 1, "split cross-entropy rows are taken one at a time")
     tl.static_assert(not PROB_TARGET, "probability targets have no split kernel")
     tl.static_assert(not ACC_FP64, "the exchange packs float32 partials")
-    # 16-bit logits (a constexpr: Triton 3.2 cannot join a constexpr and a bool with ``and``).
-    NARROW: tl.constexpr = tl.constexpr(x_ptr.dtype.element_ty.primitive_bitwidth) == tl.constexpr(16)
     chunk_cols = tl.arange(0, BLOCK_N)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)
     # A row's shares of its loss lie a slab of one value per row apart (a tile is one row).
@@ -76,23 +74,12 @@ def cross_entropy_forward_split(
             cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
             x = tl.where(mask, x, -float("inf"))
-        elif (STAGES == 1 and not SOFTCAP) and NARROW:
-            # The maximum in the logits' own 16 bits (exact: it is one of them), so that only they,
-            # two to a register, live until the exponentials are summed; a float32 copy for the
-            # maximum would live as long (``tl.max`` widens first): sm_90, bf16 chunks of 8192 at 4
-            # warps, the forward alone by arrival, 64 registers against 107 (NOTES v31).
-            narrow = tl.load(x_ptr + x_base[:, None] + cols * x_col_stride, mask=mask, other=-float("inf"))
-            narrow_max = _narrow_max(narrow)
-            x = narrow.to(tl.float32)
         else:
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, False, "")
         # The row's own columns (a window's less its lead: 0 without windows).
         row_cols = cols - lead[:, None]
         z, t = _capped(x, mask, softcap, SOFTCAP)
-        if (STAGES == 1 and not SOFTCAP) and NARROW:
-            chunk_max = narrow_max.to(tl.float32)
-        else:
-            chunk_max = tl.max(z, 1)
+        chunk_max = tl.max(z, 1)
         if ALIGN > 1:
             edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             edge_cols = edge - tl.sum(lead, 0)
@@ -238,21 +225,3 @@ _target_stored = _jit(_target_store)
 
 _target_stored_called = _jit_call(_target_store)
 
-
-@_jit
-def _narrow_max(x):
-    """The maximum of each row of ``x`` (16-bit floats, [1, N]) in 16 bits, through integer keys
-    that order as the floats do (sign and magnitude to two's complement: a negative one's
-    magnitude bits flipped). Triton's interpreter holds bfloat16 as its bits, whose
-    ``tl.maximum`` compares them as unsigned integers; the keys compare alike everywhere. -inf
-    stays the least, -0 orders below +0; a NaN's key may win or lose, and its exponential makes
-    the sum NaN either way."""
-    bits = x.to(tl.int16, bitcast=True)
-    keys = bits ^ ((bits >> 15) & 0x7FFF)
-    top = tl.reduce(keys, 1, _maximum)
-    return (top ^ ((top >> 15) & 0x7FFF)).to(x.dtype, bitcast=True)
-
-
-@_jit
-def _maximum(a, b):
-    return tl.maximum(a, b)
