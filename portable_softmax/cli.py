@@ -185,8 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "fused calls: a padding mask with a scale, causal attention, a per-row temperature), "
                             "forward, backward op and backward through autograd; fused: those fused calls alone; "
                             "loss: cross_entropy forward+backward and forward of (tokens, vocabulary) logits (add "
-                            "quack to --peers where it runs, and inplace for ours with inplace_backward); head: linear_cross_entropy, the LLM head and its loss "
-                            "forward+backward, bfloat16 (peers: torch compile liger cce quack); all: rows, then real. "
+                            "quack to --peers where it runs, and inplace for ours with inplace_backward); head: "
+                            "linear_cross_entropy, the LLM head and its loss forward+backward, bfloat16 (peers: torch "
+                            "compile liger cce quack); all: rows, then real. "
                             "--dtype picks the real cases "
                             "of those dtypes")
     bench.add_argument("--small", action="store_true",

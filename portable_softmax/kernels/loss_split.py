@@ -224,4 +224,3 @@ _target_stored = _jit(_target_store)
 
 
 _target_stored_called = _jit_call(_target_store)
-
