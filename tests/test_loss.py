@@ -246,6 +246,27 @@ def test_split_rows_with_every_target_ignored(device, monkeypatch):
     assert _forward_regimes() == {"split"}
 
 
+@pytest.mark.parametrize("regime", ["tile", "loop", "split", "pipelined"])
+def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatch, regime):
+    # Ignored rows whose exponentials are NaN (a +inf logit, a NaN, a row of -inf only): their
+    # gradient is 0, exactly, in every regime (the loop's was NaN where a logit was +inf).
+    if regime in SPLIT_REGIMES:
+        _split(monkeypatch, device, regime)
+    else:
+        force_regime(monkeypatch, regime, device)
+    x = logits((4, 300), torch.float32, device)
+    x[1, 7] = float("inf")
+    x[2] = -float("inf")
+    x[3, 250] = float("nan")
+    target = torch.tensor([299, -100, -100, -100], device=device)
+    x.requires_grad_()
+    (grad,) = torch.autograd.grad(ps.cross_entropy(x, target, reduction="sum"), x)
+    assert torch.equal(grad[1:], torch.zeros_like(grad[1:]))
+    leaf = x.detach()[:1].double().requires_grad_()
+    F.cross_entropy(leaf, target[:1], reduction="sum").backward()
+    assert relative_error(grad[:1], leaf.grad) <= TOLERANCE[torch.float32]
+
+
 def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
     # A confident row (p = 0.999 on the true class: its gradient p - 1 formed in float32, rounded
     # once), a row far below zero (exp underflows against 0), and a row whose first chunk is -inf

@@ -417,9 +417,11 @@ def cross_entropy_forward_loop(
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
                              grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
-                             prob_sum, ignored, valid, lse * 0.0 + 1.0, ce_scale, z_scale, weight_sum, smoothing,
-                             z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP,
-                             "evict_first")
+                             # A constant 1 (lse * 0 + 1 is NaN where a logit is +inf, and an ignored
+                             # row's zeros with it).
+                             prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64),
+                             ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT,
+                             PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
 
 
 @_jit
