@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any, Optional
@@ -82,6 +83,23 @@ def per_call_us(step: Callable[[], Any], calls: int, synchronize: Callable[[], N
         step()
     synchronize()
     return (time.perf_counter() - started) / calls * 1e6
+
+
+def median_call_us(step: Callable[[], Any], calls: int, synchronize: Callable[[], None], warmup: int = 20) -> float:
+    """Median wall microseconds of one call of ``step`` over ``calls`` (a synchronize every tenth,
+    outside the timing, so that a GPU's launch queue never fills): the host's own time per call,
+    robust to a busy machine's outliers (the host-path probes)."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for call in range(calls):
+        if call % 10 == 0:
+            synchronize()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    synchronize()
+    return statistics.median(times) * 1e6
 
 
 def run(shapes: list[tuple[int, ...]], dtypes: list[torch.dtype], peers: set[str], calls: int = 300,

@@ -1,9 +1,11 @@
 """What a call dispatches, counted: the aten ops (below autograd, views and the autograd engine's
-own included), the collectives apart, the float32 buffers of a shape, and the kernel launches.
+own included), the collectives apart, the float32 buffers of a shape, the kernel launches, and
+the Python functions it enters.
 Shared by the host-path tests and the probes that measure the same (``benchmarks/probes/*_host_ops.py``)."""
 from __future__ import annotations
 
 import collections
+import sys
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -61,3 +63,19 @@ def counted_launches(stub: bool) -> collections.Counter:
 
     launch.LaunchRecord._launch = counting
     return counted
+
+
+def python_calls(step) -> collections.Counter:
+    """The Python functions ``step()`` enters, counted by "file path:function"."""
+    entered: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            entered[f"{frame.f_code.co_filename}:{frame.f_code.co_name}"] += 1
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return entered

@@ -6,15 +6,13 @@ but the launches. ``benchmarks/probes/softmax_host_ops.py`` prints the same coun
 time against torch's."""
 from __future__ import annotations
 
-import collections
-import sys
 
 import pytest
 import torch
 
 import portable_softmax as ps
 from portable_softmax import launch
-from dispatch_counts import DispatchedOps
+from dispatch_counts import DispatchedOps, python_calls
 
 # 2026-11-28, torch 2.13: 26 Python functions beyond torch's (the public function and its routing,
 # the compile check, the autograd Function's apply wrapper, forward and backward and its backward
@@ -24,21 +22,6 @@ from dispatch_counts import DispatchedOps
 # patching torch's generated backward class: not taken, for 1.5 us. Two of slack for another
 # torch's compile check.
 PYTHON_CALLS_BEYOND_TORCHS = 28
-
-
-def _python_calls(step) -> collections.Counter:
-    entered: collections.Counter = collections.Counter()
-
-    def profile(frame, event, arg) -> None:
-        if event == "call":
-            entered[f"{frame.f_code.co_filename}:{frame.f_code.co_name}"] += 1
-
-    sys.setprofile(profile)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
-    return entered
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
@@ -65,7 +48,7 @@ def test_a_repeated_forward_and_backward_is_torchs_ops_two_launches_and_little_p
     assert len(ops.names) <= len(torch_ops.names), (ops.names, torch_ops.names)
     # One launch a direction: the forward's record, and the backward's its forward call holds.
     assert [record.kernel.fn.__name__ for record in launches] == ["softmax_forward_tile", "softmax_backward_tile"]
-    ours = _python_calls(lambda: step(fn))
-    beyond = ours - _python_calls(lambda: step(theirs))
+    ours = python_calls(lambda: step(fn))
+    beyond = ours - python_calls(lambda: step(theirs))
     beyond.pop(f"{__file__}:<lambda>", None)
     assert sum(beyond.values()) <= PYTHON_CALLS_BEYOND_TORCHS, sorted(beyond.items())

@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import pytest
@@ -36,24 +34,11 @@ import torch.nn.functional as F
 
 import portable_softmax as ps
 from portable_softmax import loss_launch, loss_rows
+from portable_softmax.host_time import median_call_us
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 from dispatch_counts import DispatchedOps, counted_launches  # noqa: E402  (the tests' counters, shared)
 from regimes import force_regime  # noqa: E402  (the tests' regime forcing, shared)
-
-
-def _median_us(step: Callable[[], None], calls: int, synchronize: Callable[[], None]) -> float:
-    for _ in range(20):
-        step()
-    times = []
-    for call in range(calls):
-        if call % 10 == 0:
-            synchronize()  # the launch queue never fills (GPU); outside the timing
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    synchronize()
-    return statistics.median(times) * 1e6
 
 
 def _steps(fn: Callable, x: torch.Tensor, target: torch.Tensor, kwargs: dict) -> dict[str, Callable[[], None]]:
@@ -93,8 +78,8 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse
         ops = sum(counter.counts.values())
         detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.counts.items()))
         print(f"{name:24} {path:8} ops {ops:3d} (torch {sum(torch_counter.counts.values()):2d})  launches "
-              f"{sum(launched.values())}  host {_median_us(ours[path], args.calls, synchronize):6.1f} us (torch "
-              f"{_median_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}", flush=True)
+              f"{sum(launched.values())}  host {median_call_us(ours[path], args.calls, synchronize):6.1f} us (torch "
+              f"{median_call_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}", flush=True)
 
 
 def main() -> None:

@@ -22,52 +22,26 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 
 import portable_softmax as ps
+from portable_softmax.host_time import median_call_us
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-from dispatch_counts import DispatchedOps, counted_launches  # noqa: E402  (the tests' counters, shared)
+from dispatch_counts import DispatchedOps, counted_launches, python_calls  # noqa: E402  (the tests' counters, shared)
 
 
-def python_calls(step: Callable[[], None]) -> collections.Counter:
+def _entered(step: Callable[[], None]) -> collections.Counter:
     """The Python functions ``step`` enters (file:function), the step itself and the launch
     counter (``counted_launches``) left out."""
-    entered: collections.Counter = collections.Counter()
-
-    def profile(frame, event, arg) -> None:
-        if event == "call":
-            code = frame.f_code
-            entered[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
-
-    sys.setprofile(profile)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
+    entered = collections.Counter({key.rsplit("/", 1)[-1]: n for key, n in python_calls(step).items()})
     entered.pop("dispatch_counts.py:counting", None)
     for name in [name for name in entered if name.startswith("softmax_host_ops.py:")]:
         del entered[name]
     return entered
-
-
-def _median_us(step: Callable[[], None], calls: int, synchronize: Callable[[], None]) -> float:
-    for _ in range(20):
-        step()
-    times = []
-    for call in range(calls):
-        if call % 10 == 0:
-            synchronize()  # the launch queue never fills (GPU); outside the timing
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    synchronize()
-    return statistics.median(times) * 1e6
 
 
 def _steps(fn: Callable, x: torch.Tensor, dy: torch.Tensor) -> dict[str, Callable[[], None]]:
@@ -100,14 +74,14 @@ def _case(log: bool, launches: collections.Counter, args: argparse.Namespace) ->
         launched = dict(launches)
         with DispatchedOps() as torch_counter:
             theirs[path]()
-        frames, torch_frames = python_calls(ours[path]), python_calls(theirs[path])
+        frames, torch_frames = _entered(ours[path]), _entered(theirs[path])
         ops = sum(counter.counts.values())
         detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.counts.items()))
         ours_only = " ".join(f"{f}:{n}" if n > 1 else f for f, n in sorted((frames - torch_frames).items()))
         print(f"{name:12} {path:8} ops {ops:2d} (torch {sum(torch_counter.counts.values()):2d})  launches "
               f"{sum(launched.values())}  python calls {sum(frames.values()):3d} (torch {sum(torch_frames.values()):3d})"
-              f"  host {_median_us(ours[path], args.calls, synchronize):6.1f} us (torch "
-              f"{_median_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}\n"
+              f"  host {median_call_us(ours[path], args.calls, synchronize):6.1f} us (torch "
+              f"{median_call_us(theirs[path], args.calls, synchronize):5.1f})  [{detail}] {launched}\n"
               f"{'':21} ours beyond torch's: {ours_only}", flush=True)
 
 

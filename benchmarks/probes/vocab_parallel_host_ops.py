@@ -22,15 +22,14 @@ import argparse
 import collections
 import contextlib
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
 from portable_softmax import distributed, distributed_loss
+from portable_softmax.host_time import median_call_us
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 from dispatch_counts import DispatchedOps, counted_launches  # noqa: E402  (the tests' counters, shared)
@@ -45,20 +44,6 @@ def _no_collectives() -> Iterator[None]:
         yield
     finally:
         dist.all_reduce = real
-
-
-def _median_us(step: Callable[[], None], calls: int, synchronize: Callable[[], None]) -> float:
-    for _ in range(20):
-        step()
-    times = []
-    for call in range(calls):
-        if call % 10 == 0:
-            synchronize()  # the launch queue never fills (GPU); outside the timing
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    synchronize()
-    return statistics.median(times) * 1e6
 
 
 def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse.Namespace) -> None:
@@ -92,12 +77,12 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse
             step()
         launched = sum(launches.values())
         ops = sum(counter.counts.values())
-        with_collectives = _median_us(step, args.calls, synchronize)
+        with_collectives = median_call_us(step, args.calls, synchronize)
         if cuda:
             alone = float("nan")
         else:
             with _no_collectives():
-                alone = _median_us(step, args.calls, synchronize)
+                alone = median_call_us(step, args.calls, synchronize)
         if rank == 0:
             detail = " ".join(f"{op}:{n}" for op, n in sorted(counter.counts.items()))
             print(f"{name:22} {path:8} ops {ops:3d}  collectives {counter.collectives}  launches {launched}  "
