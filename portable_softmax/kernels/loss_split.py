@@ -192,8 +192,8 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     # An ignored row's zeros are stored on a branch of their own (the row is one: its flag a
     # scalar), so that the bulk's elements need no select (``loss._grad_of``).
     if tl.sum(ignored.to(tl.int32), 0) > 0:
-        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, tl.zeros(e.shape, e.dtype), lead, n_cols, row_mask,
-                      chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
+        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, tl.zeros(e.shape, e.dtype), lead, n_cols,
+                      row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
     else:
         g = _grad_of(e, scale, t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
                      smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, False)
