@@ -260,7 +260,11 @@ def cross_entropy_forward_tile(
         z, t = _capped(x, mask, softcap, SOFTCAP)
         row_max = tl.max(z, 1)
         ref = tl.where(row_max == -float("inf"), 0.0, row_max)
-        lse = _row_lse(row_max, tl.sum(tl.exp2((z - ref[:, None]) * LOG2E), 1))
+        # One exponential an element, its argument one fused multiply-add (``_grad``): summed, and
+        # with the gradient, the probabilities e / total.
+        e = tl.exp2(z * LOG2E - (ref * LOG2E)[:, None])
+        total = tl.sum(e, 1)
+        lse = _row_lse(row_max, total)
         # Padding is -inf: kept out of every sum that multiplies it.
         finite_z = tl.where(mask, z, 0.0)
         if PROB_TARGET:
@@ -287,8 +291,9 @@ def cross_entropy_forward_tile(
         _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
                     lse_row_stride, loss, lse, row_mask)
         if WRITE_GRAD:
-            g = _grad(z, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing,
-                      z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+            # A row of -inf only: 0 / 0, NaN, as exp(z - lse) there.
+            g = _grad_of(e, 1.0 / total, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
+                         weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, True)
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g)
 
@@ -431,14 +436,14 @@ def cross_entropy_forward_loop(
         _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
                     lse_row_stride, loss, lse, row_mask)
         if WRITE_GRAD:
+            # The factor 1, a constant (the multiply folds away; a factor made from lse, NaN for a
+            # row with a +inf logit, would turn an ignored row's zeros into NaN).
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
                              grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
-                             # A constant 1 (lse * 0 + 1 is NaN where a logit is +inf, and an ignored
-                             # row's zeros with it).
-                             prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64),
-                             ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT,
-                             PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
+                             prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64), ce_scale,
+                             z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET,
+                             SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
 
 
 @_jit
