@@ -170,6 +170,13 @@ MUTANTS = [
            "    tl.store(ptr + at, value, mask=holds)\n",
            "    tl.store(ptr + at, value, mask=holds & False)\n",
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
+    # An ignored row's zeros, selected after its one coefficient: without the select the row's
+    # gradient is that coefficient times its exponentials (the z-loss's term, NaN for a +inf logit).
+    Mutant("loss_ignored_row_not_zeroed", f"{KERNELS}/loss.py",
+           "        g = tl.where(ignored[:, None], 0.0, g)\n",
+           "        g = g\n",
+           _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split",
+                "cpu-pipelined", "cpu-tile") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",

@@ -249,7 +249,9 @@ def test_split_rows_with_every_target_ignored(device, monkeypatch):
 @pytest.mark.parametrize("regime", ["tile", "loop", "split", "pipelined"])
 def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatch, regime):
     # Ignored rows whose exponentials are NaN (a +inf logit, a NaN, a row of -inf only): their
-    # gradient is 0, exactly, in every regime (the loop's was NaN where a logit was +inf).
+    # gradient is 0, exactly, in every regime. The split kernels store an ignored row's zeros on a
+    # branch of their own and fold everything else into one coefficient a row (loss._grad_of),
+    # which a NaN exponential would turn into NaN.
     if regime in SPLIT_REGIMES:
         _split(monkeypatch, device, regime)
     else:

@@ -186,36 +186,53 @@ def _row_lse(row_max, total):
 def _grad(z, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
           n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr):
     """d loss row / d x of a block ([rows, cols]; module docstring) from its logits z (padding
-    -inf), in the accumulation type."""
-    return _grad_of(tl.exp2((z - lse[:, None]) * LOG2E), t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale,
-                    z_scale, weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+    -inf), in the accumulation type. exp2's argument z log2(e) - lse log2(e): one fused
+    multiply-add an element (its rounding of lse log2(e) is of the order of lse's own)."""
+    return _grad_of(tl.exp2(z * LOG2E - (lse * LOG2E)[:, None]), 1.0, t, lse, hit, w_t, w, q, prob_sum, ignored,
+                    valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS,
+                    SOFTCAP, True)
 
 
 @_jit
-def _grad_of(p, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
-             n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr,
-             SOFTCAP: tl.constexpr):
-    """``_grad`` from the block's probabilities p = exp(z - lse) (0 past the row), which a split
-    chunk forms from the exponentials it summed (``loss_split``)."""
+def _grad_of(e, e_scale, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing,
+             z_loss, n_cols, PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr,
+             SOFTCAP: tl.constexpr, ZERO_IGNORED: tl.constexpr):
+    """``_grad`` from the block's exponentials e (0 past the row) and each row's ``e_scale``, its
+    probabilities p = e * e_scale: p = exp(z - lse) itself with ``e_scale`` 1, or a split chunk's
+    exponentials against its own maximum (``loss_split``).
+
+    Every factor of a row (p's scale, the true class's weight or A, the reduction's scale, the
+    z-loss term, and NaN where the target names no class) is folded into one coefficient a row,
+    so that an element costs one multiply, e * a, where it cost three and a select (sm_90, the bf16
+    split gradient: issue-bound on the H200, NOTES v31). An ignored row's gradient is 0 whatever
+    its logits (a +inf or NaN logit makes its exponentials NaN, which no coefficient zeroes): with
+    ``ZERO_IGNORED`` selected here, else the caller stores its zeros apart."""
     if PROB_TARGET:
-        g = (p * prob_sum[:, None] - w * q) * ce_scale
+        a = prob_sum * ce_scale
     else:
         true = w_t
         coef = w_t
         if SMOOTHING:
             true = (1.0 - smoothing) * w_t
             coef = true + smoothing / n_cols * weight_sum
-        # p_t - 1 of a confident true class: formed here, once, in the accumulation type.
-        g = p * coef[:, None] - tl.where(hit, true[:, None], 0.0)
-        if SMOOTHING:
-            g -= smoothing / n_cols * w
-        g = g * ce_scale
+        a = coef * ce_scale
     if Z_LOSS:
-        g += (2.0 * z_loss * lse * z_scale)[:, None] * p
+        a += 2.0 * z_loss * lse * z_scale
+    a = tl.where(valid | ignored, a, float("nan")) * e_scale
+    g = e * a[:, None]
+    if PROB_TARGET:
+        g -= w * q * ce_scale
+    else:
+        # p_t - 1 of a confident true class: p_t a - true ce_scale, formed here, once, in the
+        # accumulation type.
+        g -= tl.where(hit, (true * ce_scale)[:, None], 0.0)
+        if SMOOTHING:
+            g -= (smoothing / n_cols * ce_scale) * w
     if SOFTCAP:
         g = g * (1.0 - t * t)
-    g = tl.where(ignored[:, None], 0.0, g)
-    return tl.where((valid | ignored)[:, None], g, float("nan"))
+    if ZERO_IGNORED:
+        g = tl.where(ignored[:, None], 0.0, g)
+    return g
 
 
 @_jit
@@ -243,7 +260,11 @@ def cross_entropy_forward_tile(
         z, t = _capped(x, mask, softcap, SOFTCAP)
         row_max = tl.max(z, 1)
         ref = tl.where(row_max == -float("inf"), 0.0, row_max)
-        lse = _row_lse(row_max, tl.sum(tl.exp2((z - ref[:, None]) * LOG2E), 1))
+        # One exponential an element, its argument one fused multiply-add (``_grad``): summed, and
+        # with the gradient, the probabilities e / total.
+        e = tl.exp2(z * LOG2E - (ref * LOG2E)[:, None])
+        total = tl.sum(e, 1)
+        lse = _row_lse(row_max, total)
         # Padding is -inf: kept out of every sum that multiplies it.
         finite_z = tl.where(mask, z, 0.0)
         if PROB_TARGET:
@@ -270,8 +291,9 @@ def cross_entropy_forward_tile(
         _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
                     lse_row_stride, loss, lse, row_mask)
         if WRITE_GRAD:
-            g = _grad(z, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing,
-                      z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+            # A row of -inf only: 0 / 0, NaN, as exp(z - lse) there.
+            g = _grad_of(e, 1.0 / total, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
+                         weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, True)
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g)
 
@@ -414,14 +436,14 @@ def cross_entropy_forward_loop(
         _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride, lse_outer_stride,
                     lse_row_stride, loss, lse, row_mask)
         if WRITE_GRAD:
+            # The factor 1, a constant (the multiply folds away; a factor made from lse, NaN for a
+            # row with a +inf logit, would turn an ignored row's zeros into NaN).
             grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
                              grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
-                             # A constant 1 (lse * 0 + 1 is NaN where a logit is +inf, and an ignored
-                             # row's zeros with it).
-                             prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64),
-                             ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT,
-                             PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
+                             prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64), ce_scale,
+                             z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET,
+                             SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
 
 
 @_jit

@@ -91,12 +91,13 @@ def cross_entropy_forward_split(
             edge, edge_mask, edge_cols, z_edge, t_edge = lead, row_mask, lead, chunk_max, chunk_max
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
         ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-        # One exponential per element: summed now, and once lse is known, the probabilities.
-        e = tl.exp2((z - ref[:, None]) * LOG2E)
+        # One exponential per element: summed now, and once lse is known, the probabilities. Its
+        # argument z log2(e) - ref log2(e): one fused multiply-add an element (``loss._grad``).
+        e = tl.exp2(z * LOG2E - (ref * LOG2E)[:, None])
         total = tl.sum(e, 1)
         e_edge = z_edge
         if ALIGN > 1:
-            e_edge = tl.exp2((z_edge - tl.sum(ref, 0)) * LOG2E)
+            e_edge = tl.exp2(z_edge * LOG2E - tl.sum(ref, 0) * LOG2E)
             total += tl.sum(e_edge, 0)
         if SMOOTHING:
             # This chunk's sum_c w_c z_c (padding is -inf: kept out of the product).
@@ -186,22 +187,25 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     # -inf only, as the tile kernel's p.
     scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
     w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
-    g = _grad_of(e * scale[:, None], t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale,
-                 weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
     grad_row = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
     grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
+    # An ignored row's zeros are selected in ``_grad_of``: stored on a branch of their own, the
+    # pipelined form's gradient came out wrong on an H200 (Triton 3.6, NOTES v32).
+    g = _grad_of(e, scale, t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
+                 smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, True)
     _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
                   BLOCK_N, ALIGN, SHIFTED)
     if ALIGN > 1:
         w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
-        g_edge = _grad_of((e_edge * tl.sum(scale, 0))[None, :], t_edge[None, :], lse, edge_mask[None, :] & False, w_t,
-                          w_edge, w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss,
-                          n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+        g_edge = _grad_of(e_edge[None, :], scale, t_edge[None, :], lse, edge_mask[None, :] & False, w_t, w_edge,
+                          w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False,
+                          SMOOTHING, Z_LOSS, SOFTCAP, True)
         _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
     # The target's tanh from its capped logit (z = softcap tanh): the derivative's 1 - tanh^2.
     p_t = tl.exp2((z_t - lse) * LOG2E)[:, None]
-    g_t = _grad_of(p_t, (z_t / softcap)[:, None], lse, holds[:, None], w_t, w_t[:, None], w_t[:, None], w_t, ignored,
-                   valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP)
+    g_t = _grad_of(p_t, 1.0, (z_t / softcap)[:, None], lse, holds[:, None], w_t, w_t[:, None], w_t[:, None], w_t,
+                   ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS,
+                   SOFTCAP, True)
     at = grad_row + tl.where(holds, target, 0) * grad_col_stride
     value = _cast(tl.sum(g_t, 1), grad_ptr.dtype.element_ty)
     if STAGES > 1:
