@@ -254,10 +254,11 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       for c in ${NCU_CASES:-ours_fwd_bf16_4096x262144 ours_fwd_fp32_4096x262144 clone_bf16_4096x262144 \
                  ours_fwd_bf16_16384x32768 ours_bwd_bf16_16384x16384 compile_bwd_bf16_16384x16384}; do
         timeout -k 5 "${NCU_TIMEOUT:-120}" ncu --clock-control none --nvtx --nvtx-include "measure/" \
-          --section SpeedOfLight --section Occupancy --section WarpStateStats --metrics "$metrics" --csv \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+          --section ComputeWorkloadAnalysis --metrics "$metrics" --csv \
           python3 benchmarks/probes/ncu_cases.py "$c" > "$OUT/ncu-$c.csv" 2> "$OUT/ncu-$c.err"
         echo "== $c rc=$?"
-        grep -E 'Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|L2 Hit|lts__t_sector|dram__bytes|lts__t_sectors|Registers Per|Warp Cycles Per Issued|inst_executed|Stall' "$OUT/ncu-$c.csv" \
+        grep -E 'Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|L2 Hit|lts__t_sector|dram__bytes|lts__t_sectors|Registers Per|Warp Cycles Per Issued|inst_executed|Stall|Issue Slots Busy|Issued Warp Per|No Eligible|Eligible Warps' "$OUT/ncu-$c.csv" \
           | awk -F'","' '{k=$5; sub(/\(.*/, "", k); print substr(k, 1, 40) " | " $(NF-2) " | " $(NF-1) " | " $NF}' | tr -d '"'
       done ;;
     probe:*)

@@ -8,7 +8,8 @@ so that ncu profiles only the second call:
 
 Cases: our forward (bf16 and fp32, the split path), x.clone(), and the backward of ours and of
 torch.compile at a row length where torch.compile leads (NOTES v10); reductions along a strided
-dimension (a column, channels of NCHW; NOTES v20).
+dimension (a column, channels of NCHW; NOTES v20); the loss's forward that writes the gradient, bf16
+against fp32, where bf16 reads below fp32 on the H200 (NOTES v31-v32: issue-bound or not).
 """
 import sys
 
@@ -45,6 +46,12 @@ def cases():
             return lambda: op_calls._backward(y, dy, dim, y.dtype, False)
         return lambda: ps.softmax(x, dim)
 
+    def loss_with_gradient(m, n, dtype):
+        # cross_entropy's forward on logits that require grad: the split kernel writing the gradient.
+        x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
+        target = torch.randint(0, n, (m,), device="cuda")
+        return lambda: ps.cross_entropy(x, target)
+
     def clone_of(shape, dtype):
         x = torch.randn(shape, device="cuda", dtype=dtype)
         return lambda: x.clone()
@@ -62,6 +69,9 @@ def cases():
         "ours_fwd_bf16_16384x32768": lambda: forward(16384, 32768, torch.bfloat16),
         "ours_bwd_bf16_16384x16384": lambda: backward(16384, 16384, torch.bfloat16, False),
         "compile_bwd_bf16_16384x16384": lambda: backward(16384, 16384, torch.bfloat16, True),
+        "ours_loss_grad_bf16_8192x128256": lambda: loss_with_gradient(8192, 128256, torch.bfloat16),
+        "ours_loss_grad_fp32_8192x128256": lambda: loss_with_gradient(8192, 128256, torch.float32),
+        "clone_bf16_8192x128256": lambda: clone(8192, 128256, torch.bfloat16),
     }
 
 
