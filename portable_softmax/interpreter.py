@@ -40,7 +40,7 @@ class _LanguageLock:
     """Who may see ``triton.language`` now. An interpreted launch patches it for its duration, and
     the first load of the interpreted kernels rewrites them against it: each holds it alone
     (``alone``). A GPU compile only reads it: compiles share it (``shared``), so that a call's
-    compile and one started ahead of its backward (``launch.compile_ahead``) run at once. Both
+    compile and one started ahead of its backward (``launch_compile.compile_ahead``) run at once. Both
     holds are reentrant in the thread that has them (a launch may load the kernels, a first launch
     compile), and a thread holding it alone may also take it shared; a thread holding it shared
     must not ask for it alone (no path does: a compile launches nothing interpreted)."""
