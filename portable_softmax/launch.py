@@ -177,7 +177,6 @@ class LaunchRecord:
             self._direct = None if None in direct else direct
         return self.plan
 
-
     def compile(self, tensors: tuple[torch.Tensor, ...]) -> None:
         """Compile the binaries a first launch on tensors like ``tensors`` (their dtypes and
         16-byte alignment) runs, as that launch would, without launching (``compile_ahead``)."""

@@ -147,10 +147,10 @@ def test_an_interpreted_launch_waits_for_a_compile_and_a_compile_for_it():
 
 def test_the_language_lock_is_reentrant_for_its_holder():
     lock = _LanguageLock()
-    with lock.alone(), lock.alone(), lock.shared(), lock.shared():
+    with lock.alone, lock.alone, lock.shared, lock.shared:
         pass
     order: list = []
-    with lock.shared(), lock.shared():
-        thread, outcome = _in_thread(lambda: _holding(lock.shared(), order, "another compile"))
+    with lock.shared, lock.shared:
+        thread, outcome = _in_thread(lambda: _holding(lock.shared, order, "another compile"))
         thread.join(10)
     assert outcome == ["another compile"]
