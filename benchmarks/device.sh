@@ -44,7 +44,8 @@
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 #   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
-#                  call after `portable-softmax warmup` (issue 34)
+#                  call after `portable-softmax warmup`; the forward + backward cases also cold with
+#                  each backward compiled at the backward, not beside its forward (issue 34)
 #   shortbwd       shortbwd.py (issue 34 item 9): the backward of short rows, op and through autograd,
 #                  ours against torch eager and FlagGems from .whl/ (do_bench, the kernels alone, wall
 #                  per call), the host's share per layer, and our backward under SHORTBWD_VARIANTS

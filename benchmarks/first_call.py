@@ -17,6 +17,10 @@ about 2 s), which a training step's ``loss.backward()`` does not, and which impo
 already done. The timer holds the first call's own cost, in a process that has imported its
 libraries, as a training process has before its first step.
 
+The forward + backward cases are also timed cold with each backward compiled at the backward
+(``ours-serial``) instead of beside its forward (``launch_compile.compile_ahead``): what the
+overlap saves on the host at hand.
+
 Target: every cold first call of ours no slower than Liger's of the same case, or 1.5 s.
 
     python benchmarks/first_call.py [--out DIR] [--case NAME ...]     (a GPU; Liger where importable)
@@ -174,31 +178,38 @@ _TORCH_FIRST_USE = "torch.fx.experimental.symbolic_shapes"
 
 
 def one(kind: str, impl: str) -> dict:
-    """Time the first call of ``kind`` by ``impl`` in this process."""
+    """Time the first call of ``kind`` by ``impl`` in this process (``ours-serial``: ours with each
+    backward compiled at the backward, not beside its forward)."""
     import importlib
+    import threading
 
     import torch
 
     importlib.import_module(_TORCH_FIRST_USE)
     inside = [0.0, 0]
+    ahead = [0.0, 0]
     if impl == "liger":
         import liger_kernel.ops.cross_entropy  # noqa: F401
         import liger_kernel.ops.softmax  # noqa: F401
         call = _liger
     else:
-        from portable_softmax import launch, loss_launch
+        from portable_softmax import launch, launch_compile, loss_launch, op_calls
 
         compiled = launch._compiled_resources
 
         def timed(*args):
-            # The compiles planning asks for (the launched variant's, through Triton's warmup).
+            # The compile door (planning's, a first launch's; a hit or a wait included): by the call,
+            # or by the thread that compiles a backward beside its forward.
             started = time.perf_counter()
             try:
                 return compiled(*args)
             finally:
-                inside[0] += time.perf_counter() - started
-                inside[1] += 1
+                which = ahead if threading.current_thread().name == launch_compile.AHEAD_THREAD else inside
+                which[0] += time.perf_counter() - started
+                which[1] += 1
         launch._compiled_resources = loss_launch._compiled_resources = timed
+        if impl == "ours-serial":
+            op_calls.compile_ahead = loss_launch.compile_ahead = lambda device, work: None
         call = _ours
     inputs = _inputs(kind)
     torch.cuda.synchronize()
@@ -208,7 +219,8 @@ def one(kind: str, impl: str) -> dict:
     call(kind, inputs)
     torch.cuda.synchronize()
     return {"seconds": round(time.perf_counter() - started, 3), "compiled": _cache_kernels(folder) - before,
-            "in_compile": round(inside[0], 3), "compile_requests": inside[1]}
+            "in_compile": round(inside[0], 3), "compile_requests": inside[1], "ahead_compile": round(ahead[0], 3),
+            "ahead_requests": ahead[1]}
 
 
 def _fresh(kind: str, impl: str, cache: str) -> dict:
@@ -262,6 +274,10 @@ def main() -> int:
             cache = tempfile.mkdtemp(prefix=f"first-call-{impl}-")
             row[f"{impl}_cold"] = _fresh(kind, impl, cache)
             row[f"{impl}_warm"] = _fresh(kind, impl, cache)
+        if ours_kind in ("backward", "loss"):
+            # The same cold call with its backward compiled at the backward: what the compile
+            # beside the forward saves.
+            row["ours_cold_serial"] = _fresh(ours_kind, "ours-serial", tempfile.mkdtemp(prefix="first-call-serial-"))
         if warm_args is not None:
             cache = tempfile.mkdtemp(prefix="first-call-warmup-")
             done = subprocess.run([sys.executable, "-m", "portable_softmax", "warmup", "--no-progress",
@@ -286,8 +302,14 @@ def main() -> int:
     for row in rows:
         cold = row["ours_cold"]
         if "in_compile" in cold:
-            print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s in the "
-                  f"{cold['compile_requests']} compile(s) planning asked for (Triton's compile and its launcher's)")
+            print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s waiting at "
+                  f"the compile door ({cold['compile_requests']} requests: planning's and first launches'; Triton's "
+                  f"compile and its launcher's), beside it {cold.get('ahead_compile', 0.0):.2f} s of backward "
+                  f"compiles started with the forward ({cold.get('ahead_requests', 0)} requests)")
+        serial = row.get("ours_cold_serial", {})
+        if "seconds" in serial:
+            print(f"  {row['case']}: ours cold with the backward compiled at the backward (not beside the forward): "
+                  f"{serial['seconds']:.2f} s, {serial['in_compile']:.2f} s at the compile door")
     for row in rows:
         for line in row.get("missed_keys", []):
             print(f"  {row['case']}: compiled after the warmup, not by it: {line}")

@@ -14,7 +14,7 @@ user setting anything, and GPU tensors keep working in the same process:
 
 The interpreter keeps a launch's state in globals: those patches, and the program index and grid
 of its one builder. Two launches at once (from two threads) see each other's, so interpreted
-launches take turns (:data:`_LAUNCH_LOCK`).
+launches take turns, and no GPU compile runs during one (:class:`_LanguageLock`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 import numpy
 import triton.language as _tl
@@ -36,9 +36,83 @@ from triton.runtime.jit import JITFunction
 
 kernel_decorator = InterpretedFunction
 
-# Held by every interpreted launch and by the first load of the interpreted kernels (whose
-# rewriting must see the unpatched language). Reentrant, so that a launch may load them.
-_LAUNCH_LOCK = threading.RLock()
+
+class _Hold:
+    """A ``with`` block that calls ``take`` on entry and ``drop`` on exit; one object serves every
+    thread (the lock keeps each thread's holds)."""
+
+    __slots__ = ("_take", "_drop")
+
+    def __init__(self, take: Any, drop: Any) -> None:
+        self._take, self._drop = take, drop
+
+    def __enter__(self) -> None:
+        self._take()
+
+    def __exit__(self, *_: Any) -> None:
+        self._drop()
+
+
+class _LanguageLock:
+    """Who may see ``triton.language`` now. An interpreted launch patches it for its duration, and
+    the first load of the interpreted kernels rewrites them against it: each holds it alone
+    (``alone``). A GPU compile only reads it: compiles share it (``shared``), so that a call's
+    compile and one started ahead of its backward (``launch_compile.compile_ahead``) run at once.
+    Both holds are reentrant in the thread that has them (a launch may load the kernels, a first
+    launch compile), and a thread holding it alone may also take it shared; a thread holding it
+    shared must not ask for it alone (no path does: a compile launches nothing interpreted)."""
+
+    def __init__(self) -> None:
+        # Taken directly (``with self._mutex``: no Python frame) on the uncontended path, a hold
+        # of every compile's first launch and of every sharded launch; waited on through the
+        # condition, notified only where a thread waits.
+        self._mutex = threading.Lock()
+        self._changed = threading.Condition(self._mutex)
+        self._waiting = 0
+        self._shared: dict[int, int] = {}  # thread -> depth of its shared holds
+        self._owner: Optional[int] = None  # the thread holding it alone
+        self._depth = 0
+        self.shared = _Hold(self._take_shared, self._drop_shared)
+        self.alone = _Hold(self._take_alone, self._drop_alone)
+
+    def _wait(self) -> None:
+        self._waiting += 1
+        self._changed.wait()
+        self._waiting -= 1
+
+    def _take_shared(self) -> None:
+        me = threading.get_ident()
+        with self._mutex:
+            while self._owner is not None and self._owner != me:
+                self._wait()
+            self._shared[me] = self._shared.get(me, 0) + 1
+
+    def _drop_shared(self) -> None:
+        me = threading.get_ident()
+        with self._mutex:
+            depth = self._shared.pop(me) - 1
+            if depth:
+                self._shared[me] = depth
+            elif self._waiting:
+                self._changed.notify_all()
+
+    def _take_alone(self) -> None:
+        me = threading.get_ident()
+        with self._mutex:
+            while self._owner not in (None, me) or any(thread != me for thread in self._shared):
+                self._wait()
+            self._owner, self._depth = me, self._depth + 1
+
+    def _drop_alone(self) -> None:
+        with self._mutex:
+            self._depth -= 1
+            if not self._depth:
+                self._owner = None
+                if self._waiting:
+                    self._changed.notify_all()
+
+
+_LANGUAGE = _LanguageLock()
 
 
 class _InterpretedLanguage(types.ModuleType):
@@ -92,7 +166,7 @@ _kernels: Any = None
 def interpreted_kernels() -> types.ModuleType:
     """The kernel package, decorated for the interpreter (loaded once, on first CPU use)."""
     global _kernels
-    with _LAUNCH_LOCK:
+    with _LANGUAGE.alone:
         if _kernels is None:
             # The package's files, found without importing the compiled package (which imports
             # nothing from here); registered first, so that its modules' relative imports load
@@ -190,18 +264,18 @@ def _patching_once(original: Any) -> Any:
     return patch
 
 
-def language_unpatched() -> threading.RLock:
+def language_unpatched() -> _Hold:
     """Held while a GPU kernel compiles: an interpreted launch in another thread patches
-    ``triton.language`` for its duration, which a compile must not see."""
-    return _LAUNCH_LOCK
+    ``triton.language`` for its duration, which a compile must not see. Compiles share it."""
+    return _LANGUAGE.shared
 
 
 @contextlib.contextmanager
 def restored_language() -> Iterator[None]:
-    """Run one interpreted launch: alone (see :data:`_LAUNCH_LOCK`), with bfloat16 rounded as on a
+    """Run one interpreted launch: alone (see :class:`_LanguageLock`), with bfloat16 rounded as on a
     GPU and comparisons typed as bools (``_builder_patches``), and with every attribute of the
     interpreter-patched namespaces put back as it was on entry."""
-    with _LAUNCH_LOCK:
+    with _LANGUAGE.alone:
         saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
         builder = getattr(_interpreter, "interpreter_builder", None)
         patches = _builder_patches(builder) if builder is not None else {}

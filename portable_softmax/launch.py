@@ -10,6 +10,9 @@ calls with the same signature find the record in a dictionary and launch through
 kernel's own launcher (``compat.direct_launcher``): no planning, compiling, argument binding or
 device query.
 
+Compiles go through ``launch_compile`` (planning's, and a first launch's), which also starts a
+backward's compile beside its forward's.
+
 The key must hold everything the binary was specialised on: keying on the block size alone once
 served a kernel specialised for aligned rows to a 781-wide bf16 row ("misaligned address").
 """
@@ -24,11 +27,12 @@ from typing import Any, Optional, Union
 import torch
 import triton
 
-from portable_softmax import amdgcn, compat, variants
+from portable_softmax import compat, variants
 from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
 from portable_softmax.kernel_resources import table_for
+from portable_softmax.launch_compile import _compiled_resources, _kernel_module, _specialization
 from portable_softmax.launch_plan import (Fusion, Lookup, RowView, Variant, known_resources, plan_softmax,
                                           softmax_call)
 from portable_softmax.plan_grid import LaunchPlan, Target
@@ -42,29 +46,6 @@ logger = logging.getLogger(__name__)
 PROGRAMS_ENV = "PORTABLE_SOFTMAX_PROGRAMS"
 
 
-_settle_lock = threading.Lock()
-_settled = False
-
-
-def _kernel_module(backend: Backend) -> Any:
-    global _settled
-    if backend.interpreted:
-        from portable_softmax.interpreter import interpreted_kernels
-
-        return interpreted_kernels()
-    from portable_softmax import kernels
-
-    if not _settled:
-        with _settle_lock:
-            if not _settled and compat.JIT_HASH_BY_ORDER:
-                # Before the first compile: keys (and Triton's disk cache entries) that do not
-                # depend on which kernel this process compiles first, so that what `warmup`
-                # compiled is what a call finds.
-                compat.settle_jit_hashes(kernels)
-            _settled = True
-    return kernels
-
-
 def _forced_programs() -> Optional[int]:
     value = os.environ.get(PROGRAMS_ENV, "").strip()
     if not value:
@@ -72,42 +53,6 @@ def _forced_programs() -> Optional[int]:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{PROGRAMS_ENV}={value!r}: expected a positive integer")
     return int(value)
-
-
-def _specialization(args: tuple) -> tuple:
-    """What Triton specialises a launch on, besides constexprs."""
-    key = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            key.append((arg.dtype, arg.data_ptr() % 16 == 0))
-        elif isinstance(arg, int):
-            key.append((arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31))
-        else:
-            key.append(arg)
-    return tuple(key)
-
-
-_resources_cache: dict[tuple, KernelResources] = {}
-
-
-def _compiled_resources(kernel: Any, backend: Backend, device: torch.device, args: tuple, constexprs: dict,
-                        options: dict) -> KernelResources:
-    if backend.interpreted:
-        return KernelResources(registers=0, shared_memory=0, num_warps=options["num_warps"])
-    key = (backend.name, device.index, kernel.fn.__name__, tuple(sorted(constexprs.items())),
-           tuple(sorted(options.items())), _specialization(args))
-    found = _resources_cache.get(key)
-    if found is None:
-        with language_unpatched():
-            compiled = kernel.warmup(*args, grid=(1,), **constexprs, **options)
-        compiled._init_handles()
-        found = KernelResources(registers=compiled.n_regs, shared_memory=compiled.metadata.shared,
-                                num_warps=options["num_warps"], spills=getattr(compiled, "n_spills", 0))
-        if "amdgcn" in compiled.asm:  # the driver reports no SGPRs, which bound occupancy on gfx9
-            found = amdgcn.kernel_resources(amdgcn.amdgcn_resources(compiled.asm["amdgcn"]), options["num_warps"],
-                                            compiled.metadata.shared)
-        _resources_cache[key] = found
-    return found
 
 
 class _Scratch:
@@ -219,15 +164,28 @@ class LaunchRecord:
             for constexprs in self.launches:
                 _run(self.kernel, self.backend, self.plan, args, constexprs, self.options)
             return self.plan
-        # The first launch compiles (and so may every launch where the launcher is not known).
+        # The first launch compiles (and so may every launch where the launcher is not known):
+        # through ``_compiled_resources``, which finds a binary planning or ``compile_ahead``
+        # compiled (or is compiling in another thread), then the launch finds it in Triton's cache.
         with language_unpatched():
             direct = []
             for constexprs in self.launches:
+                _compiled_resources(self.kernel, self.backend, self.device, args, constexprs, self.options)
                 programs = _run(self.kernel, self.backend, self.plan, args, constexprs, self.options)
                 direct.append(compat.direct_launcher(self.kernel, args, programs, constexprs, self.options,
                                                      len(tensors)))
             self._direct = None if None in direct else direct
         return self.plan
+
+    def compile(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Compile the binaries a first launch on tensors like ``tensors`` (their dtypes and
+        16-byte alignment) runs, as that launch would, without launching (``compile_ahead``)."""
+        if self._pad and len(tensors) == self._arity:
+            tensors = (*tensors, tensors[0], tensors[0])
+        # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
+        args = (*tensors, *((torch.int64, torch.int32) if self._slots else ()), *self.scalars)
+        for constexprs in self.launches:
+            _compiled_resources(self.kernel, self.backend, self.device, args, constexprs, self.options)
 
 
 class SlicedRecord:

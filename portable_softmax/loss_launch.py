@@ -22,6 +22,7 @@ from portable_softmax import variants
 from portable_softmax.backend import on_registry_change
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
+from portable_softmax.launch_compile import compile_ahead
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
 from portable_softmax.loss_planner import plan_elementwise
 from portable_softmax.planner import call_windows
@@ -128,6 +129,21 @@ def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView,
 def run_grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> None:
     """``grad *= dloss`` (one value, read through a pointer: any shape of one element) unless
     dloss is 1, decided on the device; ``grad`` is dense."""
+    _grad_scale(grad, dloss)((grad, dloss))
+
+
+def grad_scale_ahead(grad: torch.Tensor, dloss_dtype: torch.dtype) -> None:
+    """Compile, beside the forward that writes ``grad`` (``launch_compile.compile_ahead``), the
+    rescale ``run_grad_scale`` will launch on it for an incoming gradient of ``dloss_dtype`` in a
+    buffer of its own (as ``loss.backward()`` brings it); its first launch waits for it."""
+    # An empty tensor stands for dloss: its dtype, and aligned (a null pointer, as a fresh buffer).
+    dloss = grad.new_empty(0, dtype=dloss_dtype)
+    record = _grad_scale(grad, dloss)
+    compile_ahead(grad.device, lambda: record.compile((grad, dloss)))
+
+
+def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
+    """The record of ``run_grad_scale`` on these tensors: found by their signature, built on a miss."""
     device = grad.device
     # The signature (``_signature``) written out: this is every held gradient's backward.
     key = ("scale", grad.numel(), device, grad.dtype, grad.data_ptr() % 16 == 0, dloss.dtype,
@@ -143,4 +159,4 @@ def run_grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> None:
         found = _records[key] = LaunchRecord(kernel, backend, device, plan, (grad.numel(),),
                                              ({"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64},),
                                              {"num_warps": plan.num_warps, "num_stages": 1}, None)
-    found((grad, dloss))
+    return found

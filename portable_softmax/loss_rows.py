@@ -266,6 +266,10 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if found is None:
         if len(loss_launch.calls) >= _CALLS_LIMIT:
             loss_launch.calls.clear()
+        if grad is not None:
+            # The backward rescales this gradient (``rescale``, by the loss's gradient, of the
+            # loss's dtype): its kernel compiles beside this forward's.
+            loss_launch.grad_scale_ahead(grad, x.dtype)
         shaped = rows if rows is not None else stats.new_empty(_positions(x.shape))
         found = loss_launch.calls[key] = _Launch.build(x, target, weight, stats, shaped, lse, grad, options)
     if found.record is None:

@@ -32,7 +32,7 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
-        call = _forward_lookup(x, dim, dtype, log)
+        call = _forward_lookup(x, dim, dtype, log, x.requires_grad)
         y = call(x)
         _Softmax._save(ctx, x, dim, log, y, forward_ad._current_level >= 0, getattr(call, "__self__", None))
         return y

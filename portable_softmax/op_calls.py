@@ -11,13 +11,14 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from portable_softmax import launch, op_arguments
 from portable_softmax.backend import BACKEND_ENV, on_registry_change
-from portable_softmax.launch import PROGRAMS_ENV
+from portable_softmax.launch import PROGRAMS_ENV, RowView
+from portable_softmax.launch_compile import compile_ahead
 from portable_softmax.row_layout import _output, row_view
 from portable_softmax.tuning import TUNING
 
@@ -142,7 +143,7 @@ def _autocast_policy(device: torch.device, dtype: torch.dtype, autocast: torch.d
 
 
 def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool,
-                  autocast: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+                  autocast: bool, backward: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     name = "log_softmax" if log else "softmax"
     if x.device.type == "meta":
         _, out_dtype = op_arguments._validate_meta(x, dim, dtype, name)
@@ -163,8 +164,30 @@ def _forward_call(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: 
         # Rows that no two strides walk in both x and the contiguous output (channels-last over
         # H or W, three strided groups): a contiguous copy of x, which any dim walks in place.
         return lambda x: _forward(x.contiguous(), dim, out_dtype, log)
+    if backward:
+        _backward_ahead(template, dim, x.dtype, log)
     record = launch.build_record("forward", (x, template), view, log, out_dtype == torch.float64)
     return _Call(template, record).forward
+
+
+def _backward_ahead(y: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool) -> None:
+    """Start compiling, beside the forward's compile (``launch_compile.compile_ahead``), the
+    backward of the output ``y`` (laid out as a forward call's) for the gradient autograd usually
+    brings: laid out as y and of its dtype (``_Call.gradient``), into a dx that ``_backward_call``
+    lays out as y. The backward's own build asks for the same binary and waits for it."""
+    view = row_view(tuple(y.shape), dim, y, y, y)
+    if view is None:
+        return
+    # Empty tensors stand for y, dy and dx: their dtypes, and aligned (a null pointer, as the
+    # fresh buffers they stand for are): nothing held or allocated for the thread.
+    y_like, dx_like = y.new_empty(0), y.new_empty(0, dtype=grad_dtype)
+    compile_ahead(y.device, lambda: _backward_record(y_like, y_like, dx_like, view, log))
+
+
+def _backward_record(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, view: RowView,
+                     log: bool) -> Union[launch.LaunchRecord, launch.SlicedRecord]:
+    """The launch record of the backward into ``dx`` from ``y`` and ``dy`` over ``view``."""
+    return launch.build_record("backward", (y, dy, dx), view, log, torch.float64 in (y.dtype, dy.dtype, dx.dtype))
 
 
 def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool) -> torch.Tensor:
@@ -172,9 +195,10 @@ def _forward(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool)
     return _forward_lookup(x, dim, dtype, log)(x)
 
 
-def _forward_lookup(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool
+def _forward_lookup(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log: bool, backward: bool = False
                     ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The call ``_forward`` makes for ``x``: found by its key, built where it is new."""
+    """The call ``_forward`` makes for ``x``: found by its key, built where it is new; with
+    ``backward`` (the input requires grad), the backward's compile started beside it."""
     autocast = _any_autocast() and _autocast_on(x.device.type)
     try:
         key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, log, x.data_ptr() % 16 == 0, autocast, _overrides())
@@ -182,7 +206,8 @@ def _forward_lookup(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], log
         # Sparse, nested and MKL-DNN tensors have no strides or data pointer: one line for them.
         op_arguments._check_served(x, "log_softmax" if log else "softmax")
         raise
-    return _forward_calls.get(key) or _remember(_forward_calls, key, lambda: _forward_call(x, dim, dtype, log, autocast))
+    return _forward_calls.get(key) or _remember(_forward_calls, key,
+                                                lambda: _forward_call(x, dim, dtype, log, autocast, backward))
 
 
 def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype,
@@ -197,9 +222,7 @@ def _backward_call(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torc
     view = row_view(tuple(y.shape), dim, y, dy, template)
     if view is None:
         return lambda y, dy: _backward(y.contiguous(), dy.contiguous(), dim, grad_dtype, log)
-    acc_fp64 = torch.float64 in (y.dtype, dy.dtype, grad_dtype)
-    record = launch.build_record("backward", (y, dy, template), view, log, acc_fp64)
-    return _Call(template, record).backward
+    return _Call(template, _backward_record(y, dy, template, view, log)).backward
 
 
 def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, grad_dtype: torch.dtype, log: bool,

@@ -10,18 +10,21 @@ attention call 5.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from importlib import resources
+from typing import Optional
 
 import pytest
 import torch
 
-from portable_softmax import launch, launch_plan, loss_launch, variants
+import portable_softmax as ps
+from portable_softmax import launch, launch_compile, launch_plan, loss_launch, op_calls, variants
 from portable_softmax.backend import get_backend
 from portable_softmax.crosscompile.cases import FUSED_FORM, LOSS_FORMS, Case, _fused_scalars, loss_plan_options
 from portable_softmax.crosscompile.targets import parse_target, target_record
 from portable_softmax.kernel_resources import FOLDER, ResourceTable, argument_signature, table_from_json, variant_key
 from portable_softmax.launch_plan import Fusion, RowView, Variant, plan_checked
-from portable_softmax.plan_grid import KernelConfig
+from portable_softmax.plan_grid import KernelConfig, LaunchPlan
 from portable_softmax.planner import DTYPE_BYTES
 from portable_softmax.profiles import profile_record
 from portable_softmax.record import KernelResources
@@ -75,8 +78,17 @@ class Launched:
 
     def __init__(self, kernel, backend, device, plan, scalars, launches, options, fallback) -> None:
         self.plan, self.kernel, self.scalars = plan, kernel.fn.__name__, scalars
-        self.launches, self.options = launches, options
+        self.launches, self.options, self._kernel, self.calls = launches, options, kernel, 0
         Launched.records.append(self)
+
+    def __call__(self, tensors) -> LaunchPlan:
+        self.calls += 1
+        return self.plan
+
+    def compile(self, tensors) -> None:
+        # As ``LaunchRecord.compile``: each launch's binary asked for at the compile door.
+        for constexprs in self.launches:
+            launch._compiled_resources(self._kernel, None, None, (*tensors, *self.scalars), constexprs, self.options)
 
 
 @pytest.fixture
@@ -155,6 +167,89 @@ def test_a_launch_whose_binary_differs_from_the_table_is_planned_again(h100):
     # The plan's occupancy is that of the binary it launches.
     launched = h100.changed.get(h100.asked[-1]) or h100.table.nearest(h100.asked[-1])
     assert second.plan.occupancy == target_for(H100).occupancy(H100, launched)
+
+
+class Beside:
+    """The fake compiler, noting each request's thread and key, and holding the first compile of
+    a kernel named ``held`` (the forward's, in the calling thread) until a kernel named ``other``
+    has been asked for from a compile-ahead thread, at most 10 s: compiled one after the other, it
+    would wait in vain (``overlapped`` False)."""
+
+    def __init__(self, fake: FakeCompiler, held: str, other: str) -> None:
+        self.fake, self.held, self.other = fake, held, other
+        self.asked: list[tuple[str, str, str]] = []  # (thread, kernel, key)
+        self.other_asked = threading.Event()
+        self.overlapped: Optional[bool] = None
+
+    def __call__(self, kernel, backend, device, args, constexprs, options) -> KernelResources:
+        name, thread = kernel.fn.__name__, threading.current_thread().name
+        key = self.fake.key(kernel, args, constexprs, options)
+        self.asked.append((thread, name, key))
+        if name.startswith(self.other) and thread == launch_compile.AHEAD_THREAD:
+            self.other_asked.set()
+        if name.startswith(self.held) and self.overlapped is None:
+            self.overlapped = self.other_asked.wait(10)
+        # The grad scale is in no table: it plans without resources.
+        return self.fake.table.nearest(key) or KernelResources(32, 0, options["num_warps"])
+
+    def keys(self, ahead: bool, kernel: str) -> list[str]:
+        """The keys of ``kernel`` asked for from a compile-ahead thread (or from the others)."""
+        for thread in threading.enumerate():
+            if thread.name == launch_compile.AHEAD_THREAD:
+                thread.join(10)
+        return [key for thread, name, key in self.asked
+                if name.startswith(kernel) and (thread == launch_compile.AHEAD_THREAD) == ahead]
+
+
+@pytest.fixture
+def beside(h100, monkeypatch):
+    """The recorded H100 of ``h100`` through the public functions, whose call tables are emptied
+    before and after; returns a factory of ``Beside`` compilers, installed."""
+    monkeypatch.setattr(launch_compile, "backend_for", lambda device: get_backend("cuda"))
+    monkeypatch.setattr(launch_compile, "device_record", lambda device: H100)
+
+    def install(held: str, other: str) -> Beside:
+        compiler = Beside(h100, held, other)
+        for module in (launch, loss_launch):
+            monkeypatch.setattr(module, "_compiled_resources", compiler)
+        return compiler
+    op_calls._forget_calls()
+    loss_launch._forget()
+    yield install
+    op_calls._forget_calls()
+    loss_launch._forget()
+
+
+def test_a_forward_that_requires_grad_compiles_its_backward_beside_its_own(beside):
+    """The cold forward + backward: the backward's binary is asked for from a thread of its own
+    while the forward's compiles, and it is the one the backward's own build asks for (which the
+    compile door then finds, or waits for)."""
+    compiler = beside("softmax_forward", "softmax_backward")
+    x = torch.empty(64, 50257, dtype=torch.bfloat16, requires_grad=True)
+    ps.softmax(x, -1).backward(torch.empty(64, 50257, dtype=torch.bfloat16))
+    ahead = compiler.keys(True, "softmax_backward")
+    assert compiler.overlapped and ahead and ahead == compiler.keys(False, "softmax_backward")
+    assert not compiler.keys(True, "softmax_forward")
+
+
+def test_a_forward_without_grad_compiles_no_backward(beside):
+    compiler = beside("nothing held", "softmax_backward")
+    ps.softmax(torch.empty(64, 50257, dtype=torch.bfloat16), -1)
+    with torch.no_grad():
+        ps.softmax(torch.empty(64, 50257, dtype=torch.bfloat16, requires_grad=True), -1)
+    assert compiler.keys(True, "") == [] and compiler.keys(False, "softmax_")
+
+
+def test_a_cross_entropy_that_writes_its_gradient_compiles_its_rescale_beside_its_forward(beside):
+    """The loss's forward writes the gradient; its backward rescales it by the loss's gradient
+    (one value of the loss's dtype): that kernel is compiled ahead, and the backward launches
+    through the record it was compiled for."""
+    compiler = beside("cross_entropy_forward", variants.GRAD_SCALE_KERNEL)
+    logits = torch.empty(64, 50257, dtype=torch.bfloat16, requires_grad=True)
+    ps.cross_entropy(logits, torch.zeros(64, dtype=torch.int64)).backward()
+    assert compiler.overlapped and len(compiler.keys(True, variants.GRAD_SCALE_KERNEL)) == 1
+    (scale,) = [r for r in Launched.records if r.kernel == variants.GRAD_SCALE_KERNEL]
+    assert scale.calls == 1
 
 
 def _config(name: str) -> KernelConfig:

@@ -14,7 +14,7 @@ LAYERS = [
     ("device and backends", {"backend", "vendors", "device", "profiles", "amdgcn", "compat"}),
     ("planning", {"tuning", "planner", "plan_grid", "split_planner", "strided_planner", "loss_planner", "targets",
                   "kernel_resources"}),
-    ("runtime", {"variants", "kernels", "interpreter", "launch_plan", "launch", "loss_launch"}),
+    ("runtime", {"variants", "kernels", "interpreter", "launch_plan", "launch_compile", "launch", "loss_launch"}),
     ("public API and torch integration", {"ops", "op_arguments", "row_layout", "op_calls", "op_autograd", "torch_ops",
                                           "distributed", "distributed_loss", "distributed_dtensor", "distributed_head", "fused", "enable",
                                           "__init__", "loss", "loss_rows", "loss_ops", "nn", "head", "head_chunks",

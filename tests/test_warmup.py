@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from triton.runtime import jit
 
-from portable_softmax import cli, compat, launch, warmup
+from portable_softmax import cli, compat, launch, launch_compile, warmup
 from portable_softmax.backend import get_backend
 
 
@@ -95,7 +95,7 @@ def _loss_key(softmax_first: bool, launched: bool, monkeypatch) -> str:
     split kernels first, as ``portable-softmax warmup --backward --loss`` does, or the loss alone,
     as a training process's first loss call."""
     _forget_keys()
-    monkeypatch.setattr(launch, "_settled", False)
+    monkeypatch.setattr(launch_compile, "_settled", False)
     from portable_softmax import kernels
 
     if launched:

@@ -30,7 +30,7 @@ import torch
 from triton.testing import do_bench
 
 from kernel_variant import KERNELS, edited_kernels
-from portable_softmax import launch, row_layout
+from portable_softmax import launch, launch_compile, row_layout
 
 SHAPES = [(16384, 32768), (16384, 65536), (4096, 262144), (4096, 50257), (4096, 151936), (32, 128256)]
 if os.environ.get("SWEEP_SHAPES"):
@@ -120,7 +120,7 @@ def main():
             for name, module in modules.items():
                 launch._kernel_module = lambda backend, module=module: module
                 launch._prepared.clear()
-                launch._resources_cache.clear()
+                launch_compile._resources_cache.clear()
                 # Fresh exchange slots: a variant that does not wait may leave them full.
                 launch._scratch = launch._Scratch()
                 launch._ticket_scratch = launch._Scratch()
