@@ -50,7 +50,11 @@ TINY = (8, 781)
 # Our backward's tuning, as rows over the backend's own (``Tuning``): short rows get 2 warps for a
 # 1024-element tile (16 elements a thread, 32 values with y and dy); more warps each holding less
 # (ept8, ept4), taller tiles (tile2k, tile4k), rows of 1024 read twice (rr1024: 4 warps, the second
-# read from L2), no wave filling (nofill), held tiles not in the dense form (nodense).
+# read from L2), no wave filling (nofill), held tiles not in the dense form (nodense). NOTES v33:
+# masked tiles of one group without the group's integer division and 64-bit offsets (flat);
+# FlagGems' tile shapes (fgshape: 4 warps a 1024-element tile, neither the register cap nor the
+# taller tiles that ept8 took on the H100 from an estimate of the uncapped binary's registers, 48
+# where it compiles to 32), and those in the flat form (fgshape_flat).
 VARIANTS = {
     "base": {},
     "ept8": dict(elements_per_thread=8),
@@ -62,6 +66,10 @@ VARIANTS = {
                                 ("backward", 8): frozenset({1024})}),
     "nofill": dict(tile_wave_fill=0.0),
     "nodense": dict(dense_tiles=frozenset({"forward"})),
+    "flat": dict(flat_tiles=frozenset({"backward"})),
+    "fgshape": dict(elements_per_thread=8, tile_fit_bytes=0, tile_wave_fill=0.0),
+    "fgshape_flat": dict(elements_per_thread=8, tile_fit_bytes=0, tile_wave_fill=0.0,
+                         flat_tiles=frozenset({"backward"})),
 }
 DEFAULT_VARIANTS = "base,ept8,ept4,rr1024"
 
@@ -153,13 +161,16 @@ def _flaggems() -> Optional[Any]:
         return None
 
 
-def _gems_config(gems: Any) -> str:
-    """The configuration FlagGems' autotuner chose for its backward, as far as its wrappers show it."""
+def _gems_config(gems: Any, case: Optional[Case] = None) -> str:
+    """The configuration FlagGems' autotuner chose for its backward (for ``case``'s shape and dtype;
+    else the latest), as far as its wrappers show it."""
     found = getattr(gems, "softmax_backward_kernel_inner", None)
     for _ in range(4):
         cache = getattr(found, "cache", None)
         if isinstance(cache, dict) and cache:
-            key, config = list(cache.items())[-1]
+            entries = [(key, config) for key, config in cache.items()
+                       if case is None or (tuple(key[:2]) == case.shape and str(case.dtype) in key)]
+            key, config = (entries or list(cache.items()))[-1]
             return f"{key}: {config}"[:120]
         found = getattr(found, "fn", None)
     return "?"
@@ -180,7 +191,8 @@ def _plan(y: torch.Tensor, dy: torch.Tensor) -> str:
         return "?"
     cap = getattr(record, "options", {}).get("maxnreg")
     return (f"{plan.regime} {plan.block_m}x{plan.block_n} w{plan.num_warps} P{plan.programs} occ{plan.occupancy}"
-            + (" dense" if plan.dense else "") + (" reread" if plan.reread else "") + (f" cap{cap}" if cap else ""))
+            + (" dense" if plan.dense else "") + (" flat" if plan.flat else "") + (" reread" if plan.reread else "")
+            + (f" cap{cap}" if cap else ""))
 
 
 class Case:
@@ -276,12 +288,12 @@ def _autograd_row(case: Case, name: str, forward: Callable[[torch.Tensor], torch
     return row
 
 
-def gems_autograd(cases: list[Case], results: dict[str, Any]) -> None:
+def gems_autograd(cases: list[Case], results: dict[str, Any], gems: Optional[Any] = None) -> None:
     """FlagGems through autograd: torch's softmax with FlagGems' kernels registered for aten
     (``flag_gems.use_gems``), for every case and on the host table's tensor. Run last, in one
     context: FlagGems 5.0.2 destroys its registrations on leaving only where ``torch.__version__
     >= "2.5"`` as strings ("2.11" is not), so they may outlive it, and every torch path after
-    would time FlagGems."""
+    would time FlagGems. ``gems``: its softmax module, whose autotuner's choice each row names."""
     try:
         context = _Gems()
         context.__enter__()
@@ -292,6 +304,8 @@ def gems_autograd(cases: list[Case], results: dict[str, Any]) -> None:
         for case, entry in zip(cases, results["cases"]):
             row = _autograd_row(case, "flaggems", lambda t: torch.softmax(t, -1))
             row["dev_frac"] = case.fraction(row.get("dev_us"))
+            if gems is not None:
+                row["plan"] = _gems_config(gems, case)
             entry["rows"].append(row)
         x = torch.randn(TINY, device=DEVICE).to(torch.bfloat16)
         leaf, dy = x.detach().requires_grad_(), torch.randn(TINY, device=DEVICE).to(torch.bfloat16)
@@ -321,15 +335,18 @@ def run_case(case: Case, gems: Optional[Any]) -> list[dict[str, Any]]:
             if name == "ours":
                 row["plan"] = _plan(case.y, case.dy)
             if name == "flaggems":
-                row["plan"] = _gems_config(gems)
+                row["plan"] = _gems_config(gems, case)
         except Exception as error:  # noqa: BLE001 (a peer failing on a case is a result)
             row["error"] = f"{type(error).__name__}: {str(error)[:160]}"
-    # A second round of do_bench in the opposite order: the issue saw one case read 0.48 and 1.18
-    # in two runs; a figure that moves with the order (clocks, the allocator) shows here.
+    # A second round of do_bench and of the profiler in the opposite order: the issue saw one case
+    # read 0.48 and 1.18 in two runs, and FlagGems' kernel read 14.9 us as an op and 16.4 through
+    # autograd (32768x256 bf16, NOTES v33); a figure that moves with the order (clocks, the
+    # allocator, what L2 holds) shows here.
     for row in reversed(rows):
         if "dev_us" in row:
             op = paths[row["impl"]]
             row["dev2_us"] = dev_us(lambda: op(case.y, case.dy))
+            row["kernel2_us"], _ = kernel_us(lambda: op(case.y, case.dy))
     for name, forward in autograd_paths().items():
         rows.append(_autograd_row(case, name, forward))
     return rows
@@ -425,10 +442,10 @@ def tables(results: dict[str, Any]) -> str:
     lines += ["", f"{results['device']} | torch {results['torch']} | triton {results['triton']} | copy "
               f"{results['copy_GBs']:.0f} GB/s (1 GiB clone)",
               "us per call. dev: do_bench, cache flushed (frac: of a same-size clone, 3 passes over 2, as bench), "
-              "dev2: again, reversed order; kernel: the kernels alone (profiler, back to back, L2 warm); wall: back "
-              "to back; bwd(train): fwd+bwd - fwd",
+              "dev2: again, reversed order; kernel: the kernels alone (profiler, back to back, L2 warm), kern2: again, "
+              "reversed order; wall: back to back; bwd(train): fwd+bwd - fwd",
               f"{'case':>17} {'floor':>5} {'copy':>5} | {'path':>8} {'impl':>14} | {'dev':>7} {'frac':>5} {'dev2':>7} | "
-              f"{'kernel':>7} | {'wall':>7} {'train':>7} | plan / kernels"]
+              f"{'kernel':>7} {'kern2':>7} | {'wall':>7} {'train':>7} | plan / kernels"]
     for case in results["cases"]:
         head = f"{case['case']:>17} {case['floor_us']:5.1f} {min(case['copy_us']):5.1f}"
         for row in case["rows"]:
@@ -437,7 +454,8 @@ def tables(results: dict[str, Any]) -> str:
             else:
                 lines.append(
                     f"{head} | {row['path']:>8} {row['impl']:>14} | {_us(row.get('dev_us'))} {_frac(row.get('dev_frac'))}"
-                    f" {_us(row.get('dev2_us'))} | {_us(row.get('kernel_us'))} | {_us(row.get('wall_us'))} "
+                    f" {_us(row.get('dev2_us'))} | {_us(row.get('kernel_us'))} {_us(row.get('kernel2_us'))} | "
+                    f"{_us(row.get('wall_us'))} "
                     f"{_us(row.get('bwd_of_train_us'))} | {(row.get('plan') or row.get('kernels', ''))[:44]}")
             head = " " * len(head)
     lines.append(f"clocks (sm, mem, temperature, power) before: {results['clocks_before']}; after the cases: "
@@ -487,7 +505,7 @@ def main() -> None:
     results["clocks_after_cases"] = clocks() if GPU else ""
     results["host"] = host_layers(gems)
     if gems is not None:
-        gems_autograd(cases, results)
+        gems_autograd(cases, results, gems)
     _dump(results, out)
     results["sweep"] = sweep(cases, _env_list("SHORTBWD_VARIANTS", DEFAULT_VARIANTS))
     by_label = {_label(case): case for case in cases}

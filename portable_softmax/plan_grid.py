@@ -57,6 +57,9 @@ class KernelConfig:
     # writes no gradient): one launch in which no program waits; each chunk publishes and counts,
     # and its row's last reads them all (``kernels.exchange._arrive``).
     arrival: bool = False
+    # The tile kernels' DENSE=2 (``variants.dense_level``): one group, int32 offsets, masks kept,
+    # for tiles that cannot be dense (``planner.flat_form``).
+    flat: bool = False
 
     @property
     def chunks_p2(self) -> int:
@@ -87,12 +90,13 @@ class LaunchPlan:
     dense: bool = False
     phased: bool = False
     arrival: bool = False
+    flat: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
                             self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.phased,
-                            self.arrival)
+                            self.arrival, self.flat)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -231,6 +235,8 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
             reason += "; inputs read twice"
         if config.dense:
             reason += "; dense (int32 offsets, no masks)"
+        if config.flat:
+            reason += "; flat (one group, int32 offsets, masked)"
     programs = max(1, programs)
     rows_per_program = _cdiv(n_rows, max(1, programs // config.chunks))
     if config.regime == "split" and config.num_stages > 1:
@@ -241,4 +247,5 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         reason += f"; rows read in aligned windows of {config.align}"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
-                      config.ticketed, config.reread, config.per_tile, config.dense, config.phased, config.arrival)
+                      config.ticketed, config.reread, config.per_tile, config.dense, config.phased, config.arrival,
+                      config.flat)

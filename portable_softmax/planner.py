@@ -18,7 +18,7 @@ Four regimes (see ``kernels``):
   kernels of sharded rows, ``variants.phases``); no program waits on another either.
 
 This module is the entry (``plan_launch``, ``select_config``, ``plan_sharded``) and holds the
-tiles' choices (windows, dense form, register caps, wave fill). The records and the grid sizing
+tiles' choices (windows, dense and flat forms, register caps, wave fill). The records and the grid sizing
 every regime shares are ``plan_grid``'s, split rows ``split_planner``'s, rows reduced along a
 strided dimension ``strided_planner``'s.
 """
@@ -252,6 +252,10 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         config = dataclasses.replace(plan.config, dense=True)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
+    elif flat_form(target, plan, n_rows, rows_per_group, narrow, backward):
+        config = dataclasses.replace(plan.config, flat=True)
+        kernel = _resources(resources, target, config, backward, input_bytes)
+        plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
     if (programs is None and plan.regime == "tile" and not plan.reread
             and plan.tiles > record.compute_units * plan.occupancy
             and wave_fill(target, plan) < target.tuning.tile_wave_fill):
@@ -275,6 +279,15 @@ def dense_form(target: Target, plan: Union[LaunchPlan, KernelConfig], n_rows: in
     return plan.regime == "tile" and eligible and fits
 
 
+def flat_form(target: Target, plan: Union[LaunchPlan, KernelConfig], n_rows: int, rows_per_group: int, narrow: bool,
+              backward: bool) -> bool:
+    """Whether a tile plan that is not dense takes the kernels' flat form (``DENSE`` 2: no group
+    division, int32 offsets, masks kept), in the directions ``Tuning.flat_tiles`` names, where the
+    call has one group of rows whose offsets fit in int32 (``narrow``)."""
+    eligible = _direction(backward) in target.tuning.flat_tiles and not plan.dense
+    return plan.regime == "tile" and eligible and narrow and rows_per_group == n_rows
+
+
 def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n_rows: int, n_cols: int,
                   backward: bool, input_bytes: int, rows_per_group: int, narrow: bool) -> LaunchPlan:
     """``plan``'s tile grid or one of tiles 2 or 4 times taller, whichever fills its waves of
@@ -282,7 +295,7 @@ def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n
     register cap may are passed over. The launcher's resources function compiles each with the
     register cap of ``tile_fit`` where that makes room for every tile at once, as it did
     ``plan``'s. A dense plan's taller tiles are dense where their rows still fill them
-    (``dense_form``)."""
+    (``dense_form``), else flat where the tuning asks (``flat_form``)."""
     best = plan
     for factor in TALLER_TILES:
         config = dataclasses.replace(plan.config, block_m=plan.block_m * factor)
@@ -290,6 +303,8 @@ def _fuller_waves(target: Target, plan: LaunchPlan, resources: ResourceSource, n
             break
         if config.dense and not dense_form(target, config, n_rows, n_cols, rows_per_group, narrow, backward):
             config = dataclasses.replace(config, dense=False)
+            config = dataclasses.replace(config, flat=flat_form(target, config, n_rows, rows_per_group, narrow,
+                                                                backward))
         kernel = _resources(resources, target, config, backward, input_bytes)
         if kernel.spills > target.tuning.split_fit_max_spills:
             continue

@@ -209,6 +209,12 @@ class Tuning:
         reread_elements_per_thread: sets num_warps there, up to ``max_program_threads``.
         dense_tiles: directions in which held tiles, not only twice-read ones, take the kernels'
             ``DENSE`` form (``planner.dense_form``) where the call allows it.
+        flat_tiles: directions in which tiles that cannot be dense (rows shorter than the block,
+            or too few to fill the last tile) still drop the group division and the 64-bit
+            offsets where the call has one group and int32 offsets (``planner.flat_form``):
+            the masks stay. An sm_90 backward tile of 781-wide rows waited on an integer
+            division (I2F, MUFU.RCP, F2I: ~25 dependent instructions) before its first load
+            (NOTES v33).
         max_program_threads: the most threads a program may have.
         strided_rows: for a reduction along a strided dimension whose rows lie side by side
             in memory (a column softmax, channels of NCHW, a transposed input): the adjacent rows
@@ -295,6 +301,7 @@ class Tuning:
     reread_cols: Mapping[tuple[str, int], frozenset[int]] = field(default_factory=dict)
     reread_elements_per_thread: int = 8
     dense_tiles: frozenset[str] = frozenset()
+    flat_tiles: frozenset[str] = frozenset()
     max_program_threads: int = 1024
     split_wait_atomic: bool = True
     split_two_launches: bool = False

@@ -63,3 +63,9 @@ def dense_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_ro
                rows_per_group: int, narrow: bool, backward: bool) -> bool:
     """``planner.dense_form`` for ``record``'s target."""
     return planner.dense_form(target_for(record), plan, n_rows, n_cols, rows_per_group, narrow, backward)
+
+
+def flat_form(record: DeviceRecord, plan: Union[LaunchPlan, KernelConfig], n_rows: int, rows_per_group: int,
+              narrow: bool, backward: bool) -> bool:
+    """``planner.flat_form`` for ``record``'s target."""
+    return planner.flat_form(target_for(record), plan, n_rows, rows_per_group, narrow, backward)

@@ -62,6 +62,7 @@ class Config(Protocol):
     dense: bool
     phased: bool
     arrival: bool
+    flat: bool
 
     @property
     def chunks_p2(self) -> int: ...
@@ -111,10 +112,21 @@ def constexprs(config: Config, facts: CallFacts, phase: Optional[int] = None) ->
     else:
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":
-            values.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=config.dense)
+            values.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=dense_level(config))
     if config.regime in FUSED_REGIMES:
         values.update(SCALE=facts.scale, MASK=facts.mask, CAUSAL=facts.causal)
     return values
+
+
+# The tile kernels' DENSE beyond False and True (``kernels.common``): one group and int32 offsets,
+# its masks kept. A value of its own, so that the keys of the other two forms' compiled variants
+# (``kernel_resources``: "DENSE=0", "DENSE=1") stay as they were.
+FLAT = 2
+
+
+def dense_level(config: Config) -> Any:
+    """The tile kernels' ``DENSE``: ``config.dense`` (False or True), or ``FLAT``."""
+    return FLAT if config.flat and not config.dense else config.dense
 
 
 def split_constexprs(config: Config, wait_atomic: bool, shifted: bool, phase: Optional[int] = None) -> dict[str, Any]:

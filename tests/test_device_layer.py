@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import portable_softmax
-from portable_softmax import row_layout, plan_grid, planner, targets, vendors
+from portable_softmax import row_layout, plan_grid, planner, targets, variants, vendors
 from portable_softmax.backend import get_backend
 from portable_softmax.planner import window_align
 from portable_softmax.targets import plan_launch, select_config, split_fit, tile_fill, ticketed_forms
@@ -462,6 +462,30 @@ def test_twice_read_tiles_are_dense_where_the_call_allows():
     assert plan_launch(record, 32768, 128, "float32", narrow=True).dense
     assert not plan_launch(record, 32760, 128, "float32", narrow=True).dense  # rows do not fill 8-row tiles
     assert not plan_launch(profile_record("mi300x"), 16384, 8192, "float32", narrow=True).dense
+
+
+def test_flat_tiles_where_the_tuning_table_asks(monkeypatch):
+    """H100: masked tiles of one group with int32 offsets take the kernels' flat form (``DENSE`` 2:
+    no group division, int32 offsets, masks kept) in the directions ``Tuning.flat_tiles`` names;
+    tiles that may be dense stay dense; several groups or 64-bit offsets keep the general form."""
+    record = profile_record("h100")
+    key = (record.backend, "*")
+    backward = dict(backward=True, input_bytes=4)
+    assert not plan_launch(record, 1823, 781, "float32", narrow=True, **backward).flat  # off by default
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], flat_tiles=frozenset({"backward"})))
+    flat = plan_launch(record, 1823, 781, "float32", narrow=True, **backward)
+    assert flat.regime == "tile" and flat.flat and not flat.dense and "flat" in flat.reason
+    assert variants.constexprs(flat.config, variants.CallFacts(log=False))["DENSE"] == variants.FLAT
+    assert not plan_launch(record, 1823, 781, "float32", narrow=True).flat  # forward not named
+    assert not plan_launch(record, 1823, 781, "float32", **backward).flat  # offsets beyond int32
+    assert not plan_launch(record, 1822, 781, "float32", narrow=True, rows_per_group=911, **backward).flat
+    dense = plan_launch(record, 8192, 1024, "float32", narrow=True, **backward)
+    assert dense.dense and not dense.flat
+    assert variants.constexprs(dense.config, variants.CallFacts(log=False))["DENSE"] is True
+    # Taller tiles whose rows no longer fill them fall back from dense to flat, not to the general form.
+    config = plan_grid.KernelConfig("tile", 16, 256, 1, 2, dense=True)
+    assert not targets.dense_form(record, config, 32764, 256, 32764, True, True)
+    assert targets.flat_form(record, dataclasses.replace(config, dense=False), 32764, 32764, True, True)
 
 
 def test_tile_grids_fill_their_waves_where_the_tuning_table_asks():

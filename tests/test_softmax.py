@@ -573,6 +573,37 @@ def test_dense_held_tiles(device, monkeypatch, shape, log):
     _check(dx, theirs(dy, y, -1, torch.float32), theirs(dy.double(), y.double(), -1, torch.float64), torch.float32)
 
 
+@pytest.mark.parametrize("shape", [(16, 1000), (60, 128), (2, 3, 781)], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_flat_tiles_forward_and_backward(device, monkeypatch, shape, log):
+    """Masked tiles in the kernels' flat form (``Tuning.flat_tiles``: ``DENSE`` 2, no group division,
+    int32 offsets, masks kept): taken for one group of rows that do not fill their tiles (1000
+    columns of 1024; 60 rows of 8-row tiles), not for two groups (a 3-d tensor's rows sliced from
+    a padded middle dimension), both directions, poisoned outputs."""
+    key = (ps.device_info(device)["backend"], "*")
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
+        tuning.TUNING[key], tile_elements=1024, flat_tiles=frozenset({"forward", "backward"}), reread_cols={}))
+    def fresh(scale: float) -> torch.Tensor:
+        if len(shape) == 2:
+            return torch.randn(shape, device=device) * scale
+        return (torch.randn(shape[0], shape[1] + 1, shape[2], device=device) * scale)[:, :shape[1]]  # two groups
+
+    x = fresh(3.0)
+    flat = len(shape) == 2
+    view = lambda *tensors: row_layout.row_view(tuple(x.shape), x.dim() - 1, *tensors)  # noqa: E731
+    y = torch.full_like(x, float("nan"))
+    plan = launch.run_forward(x, y, view(x, y), log)
+    assert plan.regime == "tile" and not plan.dense and plan.flat == flat
+    fn = torch.log_softmax if log else torch.softmax
+    _check(y, fn(x, -1), fn(x.double(), -1), torch.float32)
+    dy = fresh(1.0)
+    dx = torch.full_like(x, float("nan"))
+    plan = launch.run_backward(y, dy, dx, view(y, dy, dx), log)
+    assert plan.regime == "tile" and plan.flat == flat
+    theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    _check(dx, theirs(dy, y, -1, torch.float32), theirs(dy.double(), y.double(), -1, torch.float64), torch.float32)
+
+
 @pytest.mark.parametrize("per_tile", [True, False], ids=["per_tile", "looping"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_tile_grids_with_and_without_the_loop_over_tiles(device, monkeypatch, per_tile, log):
@@ -647,7 +678,8 @@ def test_cpu_launch_leaves_gpu_compilation_working():
     signature = {name: "i32" for name in variants.parameter_names("forward", "tile")}
     signature.update({f"{t}_ptr": "*fp32" for t in variants.tensor_names("forward", "tile")},
                      x_col_stride="constexpr", y_col_stride="constexpr", scale_value="fp32")
-    config = types.SimpleNamespace(regime="tile", block_m=1, block_n=64, reread=False, per_tile=True, dense=False)
+    config = types.SimpleNamespace(regime="tile", block_m=1, block_n=64, reread=False, per_tile=True, dense=False,
+                                   flat=False)
     constexprs = {"x_col_stride": 1, "y_col_stride": 1, **variants.constexprs(config, variants.CallFacts(log=False))}
     signature.update({name: "constexpr" for name in constexprs})
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),

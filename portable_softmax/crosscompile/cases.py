@@ -12,7 +12,8 @@ from portable_softmax import variants
 from portable_softmax.plan_grid import KernelConfig, next_power_of_2
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, contiguous_align, plan_sharded, call_windows,
                                       input_bytes_per_column)
-from portable_softmax.targets import dense_form, plan_loss, select_config, split_config, target_for, ticketed_forms
+from portable_softmax.targets import (dense_form, flat_form, plan_loss, select_config, split_config, target_for,
+                                      ticketed_forms)
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 from portable_softmax.crosscompile.targets import Target
@@ -270,7 +271,8 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
     occupancy), its unpipelined form where the plan's is pipelined (taken where programs would
     get too few items), its no-split fallback, for tiles the taller ones that may fill the waves
     better (``Tuning.tile_wave_fill``), and the dense form of each tile that the plan would take
-    (``planner.dense_form``), each also in its form for a program per tile."""
+    (``planner.dense_form``), else its flat form (``planner.flat_form``), each also in its form for
+    a program per tile."""
     common = dict(backward=case.backward, rows_per_group=case.rows, align=case.align,
                   input_bytes=case.input_bytes, strided=case.strided, causal=case.causal, sliceable=not case.fused)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
@@ -281,6 +283,9 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
                 found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
     found += [(f"{role}, dense", dataclasses.replace(config, dense=True)) for role, config in found
               if dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
+    found += [(f"{role}, flat", dataclasses.replace(config, flat=True)) for role, config in found
+              if not config.dense and flat_form(record, config, case.rows, case.rows, case.narrow, case.backward)
+              and not dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
     if primary.regime == "tile":
         found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     if primary.regime == "split":

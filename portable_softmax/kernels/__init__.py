@@ -14,7 +14,8 @@ kernel's arguments and constexprs. One module per family:
   program takes one tile (``PER_TILE``) or loops over tiles. Used whenever a row fits a program.
   Rows may be read twice instead (``REREAD``): the second read finds them in L2. ``DENSE``: one
   group of rows, each as wide as the block, with int32 offsets: no group division and no masks
-  (torch.compile's form). And ``*_loop``: a row is streamed in chunks twice (online max/sum, then
+  (torch.compile's form); ``DENSE`` 2, the flat form: one group with int32 offsets, masked (rows
+  shorter than the block). And ``*_loop``: a row is streamed in chunks twice (online max/sum, then
   normalise): 1.5x the traffic of the others, but no program ever waits on another, so it is the
   path for backends that cannot promise residency (the CPU interpreter, Ascend, unknown plugins).
 * ``split``: ``*_split``, a row cut into chunks held by co-resident programs that trade partials

@@ -24,7 +24,8 @@ def _tile_items(n_tiles, PER_TILE: tl.constexpr):
 @_jit
 def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DENSE: tl.constexpr):
     """The group of ``tile`` and the in-group indices of its rows, with their validity mask.
-    ``DENSE`` (one group): the group is 0, with no division."""
+    ``DENSE`` (one group: True, or 2 for the flat form, ``variants.FLAT``): the group is 0, with
+    no division."""
     if DENSE:
         outer = tile * 0
     else:
@@ -35,8 +36,8 @@ def _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr, DEN
 
 @_jit
 def _row_starts(outer, rows, outer_stride, row_stride, DENSE: tl.constexpr):
-    """The element offset of each row's first element: 64-bit, or with ``DENSE`` (one group,
-    every offset of the tensor below 2**31) 32-bit."""
+    """The element offset of each row's first element: 64-bit, or with ``DENSE`` (True or 2: one
+    group, every offset of the tensor below 2**31) 32-bit."""
     if DENSE:
         start = rows * row_stride
     else:
@@ -46,9 +47,10 @@ def _row_starts(outer, rows, outer_stride, row_stride, DENSE: tl.constexpr):
 
 @_jit
 def _tile_mask(row_mask, cols, n_cols, BLOCK_N: tl.constexpr, DENSE: tl.constexpr):
-    """Which elements of a tile ([BLOCK_M or 1, BLOCK_N]) exist. With ``DENSE`` (rows as long as
-    the block, as many as the tiles hold) all: a constant, which Triton drops with the masks."""
-    if DENSE:
+    """Which elements of a tile ([BLOCK_M or 1, BLOCK_N]) exist. With ``DENSE`` True (rows as long
+    as the block, as many as the tiles hold) all: a constant, which Triton drops with the masks;
+    the flat form (2) keeps them."""
+    if DENSE == 1:
         mask = cols < BLOCK_N
     else:
         mask = row_mask[:, None] & (cols < n_cols)
