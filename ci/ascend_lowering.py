@@ -92,7 +92,7 @@ def lowering_jobs():
                 # Ascend's tuning never rereads, and only twice-read tiles are dense.
                 config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, chunks=1,
                                                chunks_p2=1, num_stages=1, align=1, ticketed=False, reread=False,
-                                               per_tile=bool(per_tile), dense=False)
+                                               per_tile=bool(per_tile), dense=False, flat=False)
                 form = "" if per_tile is None else f" PER_TILE={int(per_tile)}"
                 yield (variants.kernel_name(direction, regime), (direction, regime),
                        f"M={block_m} N={block_n} LOG={int(log)}{form}", variants.constexprs(config, variants.CallFacts(log)))
@@ -105,7 +105,7 @@ def lowering_jobs():
         for scale, mask, causal in ((2, 1, True), (1, 2, False)):
             config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, chunks=1, chunks_p2=1,
                                            num_stages=1, align=1, ticketed=False, reread=False, per_tile=False,
-                                           dense=False)
+                                           dense=False, flat=False)
             facts = variants.CallFacts(False, scale=scale, mask=mask, causal=causal)
             yield (variants.kernel_name(direction, regime), (direction, regime),
                    f"M={block_m} N={block_n} SCALE={scale} MASK={mask} CAUSAL={int(causal)}",
