@@ -128,21 +128,16 @@ def _holding(hold, order: list, name: str) -> str:
     return name
 
 
-def test_an_interpreted_launch_waits_for_a_compile_and_a_compile_for_it():
+@pytest.mark.parametrize("held, asked, asker, done", [(language_unpatched, restored_language, "launch", "compiled"),
+                                                       (restored_language, language_unpatched, "compile", "launched")])
+def test_an_interpreted_launch_waits_for_a_compile_and_a_compile_for_it(held, asked, asker, done):
     order: list = []
-    with language_unpatched():
-        thread, _ = _in_thread(lambda: _holding(restored_language(), order, "launch"))
+    with held():
+        thread, _ = _in_thread(lambda: _holding(asked(), order, asker))
         time.sleep(0.2)
-        order.append("compiled")
+        order.append(done)
     thread.join(10)
-    assert order == ["launch asks", "compiled", "launch holds"]
-    order.clear()
-    with restored_language():
-        thread, _ = _in_thread(lambda: _holding(language_unpatched(), order, "compile"))
-        time.sleep(0.2)
-        order.append("launched")
-    thread.join(10)
-    assert order == ["compile asks", "launched", "compile holds"]
+    assert order == [f"{asker} asks", done, f"{asker} holds"]
 
 
 def test_the_language_lock_is_reentrant_for_its_holder():
