@@ -172,7 +172,7 @@ MUTANTS = [
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
     # An ignored row's zeros, selected after its one coefficient: without the select the row's
     # gradient is that coefficient times its exponentials (the z-loss's term, NaN for a +inf logit).
-    Mutant("loss_ignored_row_not_zeroed", f"{KERNELS}/loss.py",
+    Mutant("loss_ignored_row_not_zeroed", f"{KERNELS}/loss_terms.py",
            "        g = tl.where(ignored[:, None], 0.0, g)\n",
            "        g = g\n",
            _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split",

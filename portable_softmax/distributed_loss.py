@@ -22,7 +22,7 @@ forward, none in the backward.
 3. ``all_reduce(SUM)`` of [exp(lse_r - M), z_t where the target falls in this slice (one logit a
    row, ``take``n), S_r], each written into its place of one buffer: M + log of the first is the
    whole row's LSE, the second every rank's z_t.
-4. Each row's loss from ``kernels/loss.py``'s formulas with the whole row's LSE, z_t, S, W and C
+4. Each row's loss from ``kernels/loss_terms.py``' formulas with the whole row's LSE, z_t, S, W and C
    (torch operations on one value a row: few, each a GPU call's host microseconds; the constants
    kept per device, rank, slice and positions; what the options do not need left out).
 

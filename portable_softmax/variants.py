@@ -300,7 +300,7 @@ def sharded_scalar_arguments(phase: str, config: Config, n_outer: int, rows_per_
 # saved lse; and the held gradient's rescale. Tensors in argument order (absent ones: the input
 # stands in, never read or written); the row tensors are walked through the row view with
 # (outer, row, column) strides (one value per position: column stride 0); ``weight`` (classes)
-# and ``stats`` (the reduction's denominators and the summed weights, ``kernels/loss.py``'s
+# and ``stats`` (the reduction's denominators and the summed weights, ``kernels/loss_terms.py``'
 # ``_constants``) are indexed directly.
 LOSS_REGIMES = ("tile", "split", "loop")
 LOSS_TENSORS = {

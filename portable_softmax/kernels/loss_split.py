@@ -33,8 +33,9 @@ the exchange packs float32 partials (the planner keeps float64 rows off the spli
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _cast, _load, _row_starts
 from .exchange import EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, _arrive, _empty_last, _empty_previous, _exchange, _float_bits
-from .loss import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
-                   _target_logit, _weights)
+from .loss import _target_logit
+from .loss_terms import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
+                         _weights)
 from .split import _split_item, _split_items, _staged_columns
 from .windows import _edge_columns, _edge_load, _edge_store, _output_window, _split_window, _window_store
 
