@@ -63,6 +63,12 @@ def _load(ptr, base, cols, col_stride, mask, OTHER: tl.constexpr, CAST_TY: tl.co
     """Load block columns ``cols`` ([1 or BLOCK_M, N]) of rows starting at ``base``; round to
     ``CAST_TY`` (torch's ``dtype=`` cast), then widen. ``EVICT``: the cache eviction policy."""
     v = _cast(tl.load(ptr + base[:, None] + cols * col_stride, mask=mask, other=OTHER, eviction_policy=EVICT), CAST_TY)
+    return _wide(v, ACC_FP64)
+
+
+@_jit
+def _wide(v, ACC_FP64: tl.constexpr):
+    """``v`` in the accumulation type: float32, or float64 for float64 input."""
     # One return: Triton 3.6 rejects returns of different types from a function's branches.
     if ACC_FP64:
         v = v.to(tl.float64)

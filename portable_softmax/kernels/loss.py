@@ -19,10 +19,10 @@ Kernels (``variants.LOSS_KERNELS``):
 * ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
   the device: no host synchronisation).
 """
-from .common import LOG2E, _cast, _load, _row_starts, _store, _tile_rows
+from .common import LOG2E, _cast, _load, _row_starts, _store, _tile_rows, _wide
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .loss_terms import (_capped, _class_terms, _constants, _grad, _grad_of, _row_loss, _row_lse, _smoothed,
-                         _store_rows, _weights, _wide)
+                         _store_rows, _weights)
 
 
 @_jit

@@ -30,20 +30,10 @@ it is never used as an address. Column offsets are 32-bit (the row view makes a 
 spanning 2**31 elements contiguous first), except in rows of 2**31 columns or more, whose loop
 counter Triton types as 64-bit.
 """
-from .common import LOG2E, _row_starts
+from .common import LOG2E, _row_starts, _wide
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 
 TWO_LOG2E = tl.constexpr(2.8853900817779268)
-
-
-@_jit
-def _wide(v, ACC_FP64: tl.constexpr):
-    """``v`` in the accumulation type: float32, or float64 for float64 input."""
-    if ACC_FP64:
-        v = v.to(tl.float64)
-    else:
-        v = v.to(tl.float32)
-    return v
 
 
 @_jit
