@@ -252,6 +252,17 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
     ncu)
       metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
       metrics=$metrics,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
+      # Why warps wait (per issued instruction: long scoreboard = global loads, short = MUFU and
+      # shared memory) and how busy the pipes are (xu = MUFU's transcendentals): whether a kernel
+      # waits on memory, on exp2, or on issue.
+      for r in long_scoreboard short_scoreboard math_pipe_throttle mio_throttle lg_throttle barrier \
+               membar wait not_selected selected dispatch_stall no_instruction branch_resolving; do
+        metrics=$metrics,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+      done
+      metrics=$metrics,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+      metrics=$metrics,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+      metrics=$metrics,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+      metrics=$metrics,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
       for c in ${NCU_CASES:-ours_fwd_bf16_4096x262144 ours_fwd_fp32_4096x262144 clone_bf16_4096x262144 \
                  ours_fwd_bf16_16384x32768 ours_bwd_bf16_16384x16384 compile_bwd_bf16_16384x16384}; do
         timeout -k 5 "${NCU_TIMEOUT:-120}" ncu --clock-control none --nvtx --nvtx-include "measure/" \
@@ -259,7 +270,7 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
           --section ComputeWorkloadAnalysis --metrics "$metrics" --csv \
           python3 benchmarks/probes/ncu_cases.py "$c" > "$OUT/ncu-$c.csv" 2> "$OUT/ncu-$c.err"
         echo "== $c rc=$?"
-        grep -E 'Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|L2 Hit|lts__t_sector|dram__bytes|lts__t_sectors|Registers Per|Warp Cycles Per Issued|inst_executed|Stall|Issue Slots Busy|Issued Warp Per|No Eligible|Eligible Warps' "$OUT/ncu-$c.csv" \
+        grep -E 'Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|L2 Hit|lts__t_sector|dram__bytes|lts__t_sectors|Registers Per|Warp Cycles Per Issued|inst_executed|issue_stalled|pipe_|Stall|Issue Slots Busy|Issued Warp Per|No Eligible|Eligible Warps' "$OUT/ncu-$c.csv" \
           | awk -F'","' '{k=$5; sub(/\(.*/, "", k); print substr(k, 1, 40) " | " $(NF-2) " | " $(NF-1) " | " $NF}' | tr -d '"'
       done ;;
     probe:*)
