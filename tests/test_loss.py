@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import portable_softmax as ps
-from portable_softmax import loss_launch, loss_ops
+from portable_softmax import loss_launch, loss_ops, tuning
 from portable_softmax.selfcheck import relative_error
 from regimes import SPLIT_REGIMES, force_regime, interpreted, open_split
 
@@ -142,6 +142,36 @@ def test_every_option_in_each_regime(device, monkeypatch, regime):
     check(x, target, grad_output=torch.tensor(2.5), reduction="sum", **options)
     # Forward with and without the gradient, and the backward of 'none': each in the regime.
     assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
+
+
+@pytest.mark.parametrize("n_classes", [2100, 5000])
+@pytest.mark.parametrize("kind", ["class", "prob"])
+def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, kind):
+    # Blocks of 4096 stream as 2 lane rows of 2048 (kernels.loss._lane_columns), each reduced within
+    # a thread before the lanes': 2100 classes end inside the first block's second lane row, 5000
+    # leave the second block's second lane row all padding. Rows of every kind of extreme: a +inf
+    # and a NaN logit (NaN, as torch), a row of -inf but its target, values far below zero.
+    force_regime(monkeypatch, "loop", device)
+    key = (ps.device_info(device)["backend"], "*")
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], loop_chunk=4096))
+    loss_launch._records.clear()
+    x, target, options = _case((6, n_classes), torch.float32, kind,
+                               dict(weight=True, label_smoothing=0.15, z_loss=0.02, softcap=6.0), device)
+    x[1, 3000 % n_classes] = float("inf")
+    x[2, 2050] = float("nan")
+    x[3] = -float("inf")
+    x[3, 17] = 0.0
+    x[4] -= 1000.0
+    if kind == "class":
+        target[3] = 17
+    for reduction in ("none", "sum"):
+        ours = ps.cross_entropy(x, target, reduction=reduction, **options)
+        expected, _ = reference(x, target, reduction=reduction, **options)
+        assert torch.equal(ours.isnan(), expected.isnan()), (ours, expected)
+    finite = [0, 3, 4, 5]
+    check(x[finite], target[finite], reduction="mean", **options)
+    assert {record.plan.regime for record in loss_launch._records.values()} == {"loop"}
+    assert {record.plan.block_n for record in loss_launch._records.values()} == {4096}
 
 
 def _forward_regimes() -> set:

@@ -128,17 +128,31 @@ def _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap,
 
 @_jit
 def _lane_update(lane_max, lane_sum, z):
-    """One step of the online maximum and sum of exponentials kept per lane (per element of the
-    streamed block): no cross-thread reduction while a row streams, one exponential a step. The
-    larger of the lane's maximum and z becomes its maximum and the smaller's exponential against
-    it is added (or, where z is larger, scales the sum). Against 0 while both are -inf (padding,
-    masked rows): the sum stays 0, never 0 * inf; a NaN logit makes the lane's sum NaN."""
-    rises = z > lane_max
-    high = tl.where(rises, z, lane_max)
-    low = tl.where(rises, lane_max, z)
-    e = tl.exp2((low - tl.where(high == -float("inf"), 0.0, high)) * LOG2E)
-    lane_sum = tl.where(rises, lane_sum * e + 1.0, lane_sum + e)
+    """One streamed block's step of the maximum and sum of exponentials kept per lane: ``z`` is
+    [rows, LANE_ROWS, lanes], its middle axis held by each thread (``_lane_columns``), so that
+    the block's maximum and sum over it are a thread's own instructions, no shuffle or barrier.
+    An element costs its maximum, one exponential and an add; a lane's rescale by its new
+    maximum is paid once a block. Against 0 while a lane is -inf (padding, masked rows): its sum
+    stays 0, never 0 * inf; a NaN logit makes the lane's sum NaN (its exponential is NaN)."""
+    high = tl.maximum(lane_max, tl.max(z, 1))
+    ref = tl.where(high == -float("inf"), 0.0, high)
+    scaled_ref = ref * LOG2E
+    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
+        tl.exp2(z * LOG2E - scaled_ref[:, None, :]), 1)
     return high, lane_sum
+
+
+@_jit
+def _lane_columns(BLOCK_N: tl.constexpr):
+    """A streamed block's column offsets as [1, LANE_ROWS, lanes]: row r of the middle axis is the
+    block's r-th run of ``lanes`` columns. Triton lays the last axis across threads and warps
+    first, so while the lanes (at most 2048) are as many as a program's threads times their
+    16-byte vectors (8 warps of bf16, or fewer), each thread holds the whole middle axis and the
+    block reduces over it in registers; wider programs reduce it across threads, correct but
+    slower."""
+    LANES: tl.constexpr = BLOCK_N if BLOCK_N < 2048 else 2048
+    LANE_ROWS: tl.constexpr = BLOCK_N // LANES
+    return (tl.arange(0, LANE_ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
 
 
 @_jit
@@ -171,6 +185,7 @@ def cross_entropy_forward_loop(
     # chunk would stall the loads of a memory-bound stream.
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
+    block_cols = _lane_columns(BLOCK_N)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
@@ -184,17 +199,20 @@ def cross_entropy_forward_loop(
             target = rows
             ignored = rows < 0
             valid = row_mask
-        lane_max = _wide(tl.full([BLOCK_M, BLOCK_N], -float("inf"), tl.float32), ACC_FP64)
-        lane_sum = _wide(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), ACC_FP64)
+        lane_max = _wide(tl.full([BLOCK_M, block_cols.shape[2]], -float("inf"), tl.float32), ACC_FP64)
+        lane_sum = _wide(tl.zeros([BLOCK_M, block_cols.shape[2]], tl.float32), ACC_FP64)
         # The smoothing's sum_c w_c z_c, or a probability target's sum_c w_c q'_c and
         # sum_c w_c q'_c z_c, per lane likewise.
         lane_dot = lane_sum
         lane_prob = lane_sum
         for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + chunk_cols
+            # [BLOCK_M, LANE_ROWS, LANES] (``_lane_columns``): ``_load`` adds the row starts
+            # along the first axis.
+            cols = start + block_cols
             col_mask = cols < n_cols
-            mask = row_mask[:, None] & col_mask
-            x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, keep)
+            mask = row_mask[:, None, None] & col_mask
+            x = _load(x_ptr, x_base[:, None], cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty,
+                      ACC_FP64, keep)
             z, tanh = _capped(x, mask, softcap, SOFTCAP)
             lane_max, lane_sum = _lane_update(lane_max, lane_sum, z)
             if PROB_TARGET or SMOOTHING:
@@ -202,13 +220,13 @@ def cross_entropy_forward_loop(
                 finite_z = tl.where(mask, z, 0.0)
                 w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
                 if PROB_TARGET:
-                    wq = w * _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
+                    wq = w * _smoothed(_load(target_ptr, target_base[:, None], cols, target_col_stride, mask, 0.0,
                                              target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols,
                                        SMOOTHING)
-                    lane_prob += wq
-                    lane_dot += wq * finite_z
+                    lane_prob += tl.sum(wq, 1)
+                    lane_dot += tl.sum(wq * finite_z, 1)
                 else:
-                    lane_dot += w * finite_z
+                    lane_dot += tl.sum(w * finite_z, 1)
         row_max, total = _lane_combine(lane_max, lane_sum)
         if PROB_TARGET:
             prob_sum = tl.sum(lane_prob, 1)
