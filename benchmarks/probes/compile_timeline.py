@@ -1,19 +1,16 @@
-"""A per-thread timeline of a cold first call's compiles (issue 34 item 4): what
-``first_call.py --timeline`` and ``compile_overlap.py --calls --timeline`` install in their fresh
-processes, to see what makes the softmax's backward compile (in ``compile_ahead``'s thread) take
-turns with its forward's on the GPU host. Not run on its own.
+"""A per-thread timeline of a cold first call's compiles (issue 34 item 4), installed in their fresh
+processes by ``first_call.py --timeline`` and ``compile_overlap.py --calls --timeline``: what makes
+the softmax's backward compile (``compile_ahead``'s thread) take turns with its forward's on a GPU.
 
-``install()`` wraps, without changing what they do, and records (thread, event, start, end,
-kernel): the package's compile door (``launch_compile._compiled_resources``; waits on its per-key
-lock as ``door wait``), its ``_compile`` and ``compat.settle_jit_hashes``; waits on
-``language_unpatched``'s lock; Triton's JIT misses (an instant each, with a digest of the JIT's
-key: a kernel compiled twice shows as two); ``triton.compile`` and its stages (``ast``, then each
-stage the backends' ``add_stages`` make: CUDA's and HIP's alike); ``triton_key``, ``get_cache_key``
-and the JIT's source hash where they take long (once-only costs); ``CompiledKernel._init_handles``
-(the launcher, then ``load_binary``: the module load); each driver's launcher and utils classes and
-its C builds (``compile_module_from_src``/``_file``, ``_build``: gcc; Triton 3.9 builds no launcher
-per signature). A sampler thread wakes every 5 ms and records a wake-up 30 ms late or more as
-``stall``: some thread held the GIL in C code that long, or no core was free.
+``install()`` wraps, without changing what they do, and records (thread, event, start, end, kernel):
+the package's compile door, its per-key lock waits (``door wait``), ``_compile``,
+``settle_jit_hashes`` and ``language_unpatched`` waits; Triton's JIT misses (an instant, with a
+digest of the key: a kernel compiled twice shows twice); ``triton.compile`` and each stage the
+backends' ``add_stages`` make (CUDA's, HIP's), ``ast`` before them; slow ``triton_key``,
+``get_cache_key`` and source hashes (once-only costs); ``_init_handles``, the drivers' launcher and
+utils classes, their C builds and gcc (none per signature on Triton 3.9), ``load_binary`` (the module
+load). A sampler waking every 5 ms records a wake-up 30 ms late as ``stall``: the GIL held in C
+code, or no free core.
 """
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ _events: list[tuple[str, str, float, float, str]] = []  # (thread, event, start,
 _installed = False
 STALL_S = 0.030
 WAIT_S = 0.0005  # lock waits shorter than this are left out
-_THREADS = {"MainThread": "main", "portable_softmax-compile-ahead": "ahead"}
+_THREADS = {"MainThread": "main"}  # and compile_ahead's: "ahead" (install)
 
 
 def _record(event: str, began: float, ended: float, kernel: str = "") -> None:
@@ -79,11 +76,9 @@ def _wrap(owner: Any, name: str, event: str, *args: Any, **kwargs: Any) -> bool:
 
 def _timed_stages(add_stages: Callable[..., Any]) -> Callable[..., Any]:
     """A backend's ``add_stages`` whose stages, each a callable in its dict, are timed."""
-    @functools.wraps(add_stages)
     def wrapped(self: Any, stages: dict, *args: Any, **kwargs: Any) -> Any:
         result = add_stages(self, stages, *args, **kwargs)
-        for name, fn in list(stages.items()):
-            stages[name] = _timed(fn, f"stage {name}")
+        stages.update({name: _timed(fn, f"stage {name}") for name, fn in stages.items()})
         return result
 
     wrapped._timeline = True  # type: ignore[attr-defined]
@@ -143,6 +138,7 @@ def install() -> None:
 
     from portable_softmax import compat, interpreter, launch, launch_compile, loss_launch
 
+    _THREADS[launch_compile.AHEAD_THREAD] = "ahead"
     timed_compile = _timed(compiler.compile, "triton.compile", _named)
     for owner in (triton, triton.compiler, compiler):  # the JIT imports triton.compiler's at its first run
         owner.compile = timed_compile
