@@ -45,7 +45,8 @@
 #   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
 #                  call after `portable-softmax warmup`; the forward + backward cases also cold with
-#                  each backward compiled at the backward, not beside its forward (issue 34)
+#                  each backward compiled at the backward, not beside its forward, and those two cold
+#                  runs' compile timelines per thread (`--timeline`, probes/compile_timeline.py; issue 34)
 #   shortbwd       shortbwd.py (issue 34 item 9): the backward of short rows, op and through autograd,
 #                  ours against torch eager and FlagGems from .whl/ (do_bench, the kernels alone, wall
 #                  per call), the host's share per layer, and our backward under SHORTBWD_VARIANTS
@@ -170,7 +171,7 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     firstcall)
       peer_wheels
-      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --out "$OUT/firstcall" 2>&1 \
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --timeline --out "$OUT/firstcall" 2>&1 \
         | quiet | tee "$OUT/firstcall.log" ;;
     shortbwd)
       peer_wheels

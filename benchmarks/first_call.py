@@ -19,11 +19,14 @@ libraries, as a training process has before its first step.
 
 The forward + backward cases are also timed cold with each backward compiled at the backward
 (``ours-serial``) instead of beside its forward (``launch_compile.compile_ahead``): what the
-overlap saves on the host at hand.
+overlap saves on the host at hand. With ``--timeline``, the cold runs of ours of those cases (both
+ways) also print a per-thread timeline of their compiles (``probes/compile_timeline.py``: the
+door, Triton's JIT misses, stages, launcher builds and module loads, lock waits; then how long
+two threads compiled at once).
 
 Target: every cold first call of ours no slower than Liger's of the same case, or 1.5 s.
 
-    python benchmarks/first_call.py [--out DIR] [--case NAME ...]     (a GPU; Liger where importable)
+    python benchmarks/first_call.py [--out DIR] [--case NAME ...] [--timeline]   (a GPU; Liger where importable)
 """
 from __future__ import annotations
 
@@ -177,9 +180,10 @@ def _cache_kernels(folder: str) -> int:
 _TORCH_FIRST_USE = "torch.fx.experimental.symbolic_shapes"
 
 
-def one(kind: str, impl: str) -> dict:
+def one(kind: str, impl: str, timeline: bool = False) -> dict:
     """Time the first call of ``kind`` by ``impl`` in this process (``ours-serial``: ours with each
-    backward compiled at the backward, not beside its forward)."""
+    backward compiled at the backward, not beside its forward); with ``timeline``, ours' compiles'
+    timeline (``probes/compile_timeline.py``) as the result's ``timeline``."""
     import importlib
     import threading
 
@@ -195,6 +199,11 @@ def one(kind: str, impl: str) -> dict:
     else:
         from portable_softmax import launch, launch_compile, loss_launch, op_calls
 
+        if timeline:
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes"))
+            import compile_timeline
+
+            compile_timeline.install()
         compiled = launch._compiled_resources
 
         def timed(*args):
@@ -220,13 +229,14 @@ def one(kind: str, impl: str) -> dict:
     torch.cuda.synchronize()
     return {"seconds": round(time.perf_counter() - started, 3), "compiled": _cache_kernels(folder) - before,
             "in_compile": round(inside[0], 3), "compile_requests": inside[1], "ahead_compile": round(ahead[0], 3),
-            "ahead_requests": ahead[1]}
+            "ahead_requests": ahead[1],
+            **({"timeline": compile_timeline.report(started)} if timeline and impl != "liger" else {})}
 
 
-def _fresh(kind: str, impl: str, cache: str) -> dict:
+def _fresh(kind: str, impl: str, cache: str, timeline: bool = False) -> dict:
     """``one`` in a fresh process with ``cache`` as Triton's cache."""
-    done = subprocess.run([sys.executable, __file__, "--one", kind, impl], env={**os.environ, "TRITON_CACHE_DIR": cache},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, __file__, "--one", kind, impl, *(["--timeline"] if timeline else [])],
+                          env={**os.environ, "TRITON_CACHE_DIR": cache}, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:120]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -252,6 +262,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--out", help="folder for first_call.json")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print the compiles' per-thread timeline of the forward + backward cases' cold runs")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--keys", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -259,7 +271,7 @@ def main() -> int:
         print(json.dumps(compile_keys(args.keys[0], args.keys[1] if len(args.keys) > 1 else None)))
         return 0
     if args.one:
-        print(json.dumps(one(*args.one)))
+        print(json.dumps(one(*args.one, timeline=args.timeline)))
         return 0
     liger = _liger_present()
     rows = []
@@ -268,16 +280,18 @@ def main() -> int:
     for name in args.case or CASES:
         ours_kind, liger_kind, warm_args = CASES[name]
         row = {"case": name}
+        both_ways = ours_kind in ("backward", "loss")
         for impl, kind in (("ours", ours_kind), ("liger", liger_kind if liger else None)):
             if kind is None:
                 continue
             cache = tempfile.mkdtemp(prefix=f"first-call-{impl}-")
-            row[f"{impl}_cold"] = _fresh(kind, impl, cache)
+            row[f"{impl}_cold"] = _fresh(kind, impl, cache, args.timeline and both_ways and impl == "ours")
             row[f"{impl}_warm"] = _fresh(kind, impl, cache)
-        if ours_kind in ("backward", "loss"):
+        if both_ways:
             # The same cold call with its backward compiled at the backward: what the compile
             # beside the forward saves.
-            row["ours_cold_serial"] = _fresh(ours_kind, "ours-serial", tempfile.mkdtemp(prefix="first-call-serial-"))
+            row["ours_cold_serial"] = _fresh(ours_kind, "ours-serial", tempfile.mkdtemp(prefix="first-call-serial-"),
+                                             args.timeline)
         if warm_args is not None:
             cache = tempfile.mkdtemp(prefix="first-call-warmup-")
             done = subprocess.run([sys.executable, "-m", "portable_softmax", "warmup", "--no-progress",
@@ -310,6 +324,13 @@ def main() -> int:
         if "seconds" in serial:
             print(f"  {row['case']}: ours cold with the backward compiled at the backward (not beside the forward): "
                   f"{serial['seconds']:.2f} s, {serial['in_compile']:.2f} s at the compile door")
+    for row in rows:
+        for which, how in (("ours_cold", "beside the forward"), ("ours_cold_serial", "at the backward")):
+            if row.get(which, {}).get("timeline"):
+                print(f"  {row['case']}: ours cold, the backward compiled {how}: its compiles' timeline (ms from "
+                      f"the call's start; main: the call's thread, ahead: compile_ahead's)")
+                for line in row[which]["timeline"]:
+                    print(f"    {line}")
     for row in rows:
         for line in row.get("missed_keys", []):
             print(f"  {row['case']}: compiled after the warmup, not by it: {line}")

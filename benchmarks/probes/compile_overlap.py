@@ -17,9 +17,11 @@ Then the same two first calls through the package (``--calls``): ``ps.softmax(x)
 launch layer pointed at the recorded chip, the compile below the package's compile door
 (``launch_compile._compile``) a real sm_90 compile (and launcher build), the launches stubbed
 (a first launch asks the door for its binaries, as ``LaunchRecord``'s does); timed with the
-backward's compile started beside the forward's (``launch_compile.compile_ahead``) and without.
+backward's compile started beside the forward's (``launch_compile.compile_ahead``) and without;
+with ``--timeline``, each way's median run's per-thread timeline (``compile_timeline.py``).
 
     PYTHONPATH=.[:/tmp/t36] python benchmarks/probes/compile_overlap.py [--repeat N] [--profile h200] [--calls]
+        [--timeline]
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def _one(specs: list[dict[str, Any]], threaded: bool) -> dict[str, float]:
             "binaries": [ends[i][1] for i in range(len(specs))], "triton": triton.__version__}
 
 
-def _call(case: str, profile: str, ahead: bool) -> dict[str, Any]:
+def _call(case: str, profile: str, ahead: bool, timeline: bool = False) -> dict[str, Any]:
     """The first call of ``case`` through the package, compiles real (module docstring)."""
     from portable_softmax import launch, launch_compile, loss_launch, op_calls
     from portable_softmax.backend import get_backend
@@ -139,13 +141,18 @@ def _call(case: str, profile: str, ahead: bool) -> dict[str, Any]:
     launch_compile._compile = compile
     if not ahead:
         op_calls.compile_ahead = loss_launch.compile_ahead = lambda device, work: None
+    if timeline:  # after the stubs above: it wraps the compile they put in
+        import compile_timeline
+
+        compile_timeline.install()
     triton_key()
     # As first_call.py's timed processes: torch's first backward(gradient) imports it (sympy).
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
     started = time.perf_counter()
     found.CASES[case]()
     wall = time.perf_counter() - started
-    return {"wall": wall, "compiles": compiles}
+    return {"wall": wall, "compiles": compiles,
+            **({"timeline": compile_timeline.report(started)} if timeline else {})}
 
 
 def main() -> int:
@@ -153,6 +160,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", default="h200")
     parser.add_argument("--calls", action="store_true", help="time the first calls through the package")
+    parser.add_argument("--timeline", action="store_true", help="with --calls: each way's per-thread timeline")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--call", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,10 +170,10 @@ def main() -> int:
         return 0
     if args.call:
         case, ahead = json.loads(args.call)
-        print(json.dumps(_call(case, args.profile, ahead)))
+        print(json.dumps(_call(case, args.profile, ahead, args.timeline)))
         return 0
     if args.calls:
-        return _calls(args.repeat, args.profile)
+        return _calls(args.repeat, args.profile, args.timeline)
     print(f"{'pair':<40} {'how':<10} {'best s':>7} {'median s':>8} {'first ends':>10}  (fresh process, empty cache)")
     for label, case in PAIRS.items():
         specs = _specs(case, args.profile)
@@ -187,7 +195,7 @@ def main() -> int:
     return 0
 
 
-def _calls(repeat: int, profile: str) -> int:
+def _calls(repeat: int, profile: str, timeline: bool) -> int:
     print(f"{'first call':<40} {'backward':<12} {'best s':>7} {'median s':>8}  compiles (kernel: start-end s)")
     for label, case in PAIRS.items():
         runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
@@ -195,8 +203,8 @@ def _calls(repeat: int, profile: str) -> int:
             for ahead in (False, True):
                 env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="compile-overlap-")}
                 out = subprocess.run([sys.executable, __file__, "--profile", profile, "--call",
-                                      json.dumps([case, ahead])], env=env, check=True, capture_output=True,
-                                     text=True).stdout
+                                      json.dumps([case, ahead]), *(["--timeline"] if timeline else [])], env=env,
+                                     check=True, capture_output=True, text=True).stdout
                 runs[ahead].append(json.loads(out.strip().splitlines()[-1]))
         for ahead, results in runs.items():
             walls = sorted(r["wall"] for r in results)
@@ -204,6 +212,8 @@ def _calls(repeat: int, profile: str) -> int:
             spans = ", ".join(f"{name}: {start:.2f}-{end:.2f}" for name, start, end in middle["compiles"])
             print(f"{label:<40} {'beside' if ahead else 'after':<12} {walls[0]:7.2f} {statistics.median(walls):8.2f}"
                   f"  {spans}", flush=True)
+            for line in middle.get("timeline", []):
+                print(f"    {line}")
     return 0
 
 
