@@ -134,7 +134,6 @@ def plan_elementwise(target: Target, n_elements: int, block: int) -> LaunchPlan:
     record = target.record
     tuning = target.tuning
     warps = _warps(block, tuning.elements_per_thread, record, tuning.max_warps)
-    config = KernelConfig("loop", 1, block, 1, warps)
     blocks = max(1, _cdiv(n_elements, block))
     programs = max(1, min(blocks, record.compute_units * max(tuning.tile_waves, 1) * 4, record.grid_limit,
                           tuning.max_programs))
