@@ -196,10 +196,10 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     # ``_grad_of`` past the rounding, onto each 16-bit half, a SEL, a PRMT and a predicate an
     # element on sm_90. A float32 one keeps the select: one FSEL an element, cheaper than the
     # second store (NOTES v35).
-    narrow = grad_ptr.dtype.element_ty.primitive_bitwidth < 32
+    selected = grad_ptr.dtype.element_ty == tl.float32
     g = _grad_of(e, scale, t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
-                 smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, not narrow)
-    if narrow:
+                 smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, selected)
+    if not selected:
         counted = row_mask & ~ignored
         _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask & counted[:, None], g, lead, n_cols, counted,
                       chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
