@@ -5,14 +5,15 @@ inlined call sites, to the kernel's statement that holds it and to the innermost
 (issue 32, NOTES v35). Cross-compiled here (no GPU), as ``loss_instructions.py`` builds a variant.
 
     PYTHONPATH=. python benchmarks/probes/loss_sass_lines.py [--shape 8192x128256] [--dtype bfloat16]
-        [--role grad] [--maxnreg 128] [--top 30] [--json OUT.json]
+        [--role grad] [--maxnreg 128] [--top 30] [--json OUT.json] [--listing OUT.txt]
 
 Fixed and per-element costs: the variant is compiled twice, at its warps (64 elements a thread for
 bf16 chunks of 8192 at 4 warps) and at twice its warps (half the elements a thread, the same
 constexprs), and each line's counts n1, n2 fitted as fixed + per_elt x elements: per_elt = (n1 -
 n2) / (e1 - e2). The doubled warps change the cross-warp reductions a little (more partials in
 shared memory): a fixed cost of a few instructions may read as a fraction of one an element.
-Counts are static: a called wait loop runs as many trips as it waits.
+Counts are static: a called wait loop runs as many trips as it waits. NOPs (a function's
+alignment padding after its last branch) are left out.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def parse(sass: str) -> tuple[dict[str, list[tuple[str, tuple]]], list[tuple[str
             labels[label.group(1)] = len(current)
             continue
         found = INSTRUCTION.search(line)
-        if found:
+        if found and found.group(2) != "NOP":
             current.append((found.group(2), chain))
             target = BRANCH.search(line)
             if found.group(2) == "BRA" and target and labels.get(target.group(1), len(current)) < len(current):
@@ -120,6 +121,7 @@ def attribute(loop: list, called: dict[str, list]) -> dict[str, collections.Coun
 
 
 def compile_loop(spec: dict) -> tuple[list, dict[str, list], dict]:
+    """The item loop, the functions it calls and the resources of one variant."""
     compiled, *_ = compiled_variant(spec)
     loop, called = item_loop(cubin_sass(compiled.asm["cubin"], inlined=True))
     return loop, called, cubin_resources(compiled.asm["cubin"], compiled.metadata.name)
@@ -134,6 +136,8 @@ def main() -> None:
     parser.add_argument("--maxnreg", type=int, default=128, help="register cap (0: none)")
     parser.add_argument("--top", type=int, default=30, help="rows of the leaf table")
     parser.add_argument("--json", help="also write the counts here")
+    parser.add_argument("--listing", help="also write the loop here, an instruction a line with its innermost "
+                                          "source line and the kernel's statement")
     args = parser.parse_args()
     target = parse_target(args.target)
     record, _, _ = target_record(target)
@@ -149,6 +153,10 @@ def main() -> None:
     for w in (warps, 2 * warps):
         loop, called, usage = compile_loop(dict(spec, options=dict(spec["options"], num_warps=w)))
         counted.append(attribute(loop, called))
+        if args.listing and w == warps:
+            with open(args.listing, "w") as handle:
+                handle.writelines(f"{op:8s} {describe(chain[0]) if chain else '-'} < {chain[-1][1] if chain else '-'}\n"
+                                  for op, chain in loop)
         print(f"{w} warps, {elements[len(counted) - 1]} elements a thread: item loop {len(loop)}, called "
               f"{ {name: len(body) for name, body in called.items()} }, registers {usage['REG']}, spills "
               f"{(usage.get('LOCAL', 0) + usage.get('STACK', 0)) // 4}")
