@@ -11,7 +11,9 @@ Fixed and per-element costs: the variant is compiled twice, at its warps (64 ele
 bf16 chunks of 8192 at 4 warps) and at twice its warps (half the elements a thread, the same
 constexprs), and each line's counts n1, n2 fitted as fixed + per_elt x elements: per_elt = (n1 -
 n2) / (e1 - e2). The doubled warps change the cross-warp reductions a little (more partials in
-shared memory): a fixed cost of a few instructions may read as a fraction of one an element.
+shared memory): a fixed cost of a few instructions may read as a fraction of one an element, and
+ptxas may treat a line differently at the two sizes (main's select of an ignored row's zeros: 132
+instructions at 64 elements a thread, 33 at 32), which no fit of two points can tell.
 Counts are static: a called wait loop runs as many trips as it waits. NOPs (a function's
 alignment padding after its last branch) are left out.
 """
@@ -26,7 +28,8 @@ import os
 import re
 
 from portable_softmax import kernels
-from portable_softmax.crosscompile import Case, compiled_variant, cubin_resources, cubin_sass, parse_target, target_record
+from portable_softmax.crosscompile import (Case, compiled_variant, cubin_resources, cubin_sass, parse_target,
+                                           target_record)
 from portable_softmax.crosscompile.cases import loss_configs, variant_spec
 
 SOURCE = re.compile(r'//## File "([^"]+)", line (\d+)')

@@ -49,7 +49,8 @@ def cubin_sass(cubin: bytes, inlined: bool = False) -> str:
         path = os.path.join(folder, "kernel.cubin")
         with open(path, "wb") as handle:
             handle.write(cubin)
-        return subprocess.run([tool, "-c", "-gi" if inlined else "-g", path], capture_output=True, text=True, check=True).stdout
+        flags = ["-c", "-gi" if inlined else "-g"]
+        return subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout
 
 
 def called_shared_memory(llir: str, kernel: Optional[str] = None) -> list[str]:
