@@ -37,6 +37,8 @@ INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9
 LABEL = re.compile(r"^(\.L_x_\d+):")
 BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
 FUNCTION = re.compile(r"\.type\s+(\S+),@function")
+# A called function's mangled name: $kernel$portable_softmax_$_kernels_$_module_$__function__<types>...
+CALLED = re.compile(r"_\$_([a-z0-9_]+?)_\$_(_[a-z0-9_]+?)__")
 KERNELS = os.path.dirname(kernels.__file__)
 
 
@@ -53,7 +55,8 @@ def parse(sass: str) -> tuple[dict[str, list[tuple[str, tuple]]], list[tuple[str
     for line in sass.splitlines():
         found = FUNCTION.search(line)
         if found:
-            name = found.group(1).split("$")[-1]
+            called = CALLED.search(found.group(1))
+            name = f"{called.group(1)}.{called.group(2)}" if called else found.group(1)
             current = functions.setdefault(name, [])
             continue
         source = SOURCE.search(line)
