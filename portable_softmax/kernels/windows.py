@@ -33,9 +33,10 @@ def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
     (``lead``: the row's first column in its window, int32 so that compares take one
     instruction) only whole ALIGN-column groups inside the row: the mask is constant over each
     group, so the accesses stay vectors, and needs no per-element test."""
-    # A missing row ends its columns at 0 (a column is never below): one compare a vector, where
-    # ``row_mask & (cols < n_cols)`` took a select of its own an element once its only use was
-    # ``tl.where(mask, x, -inf)`` (sm_90, NOTES v35).
+    # A missing row ends its columns at 0 (no column is below it): one compare a vector. From
+    # ``row_mask & (cols < n_cols)`` LLVM kept the split loss's per-element masks across the
+    # exchange's call as one <64 x i1> value, packed into an integer and unpacked again (sm_90:
+    # about 80 instructions an item, NOTES v35).
     if ALIGN > 1:
         first = lead[:, None]
         mask = ((cols >= (first + ALIGN - 1) // ALIGN * ALIGN)
