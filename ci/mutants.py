@@ -184,6 +184,13 @@ MUTANTS = [
            "mask & zeroed[:, None] & False, zeros,",
            _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-bf16",
                 "cpu-pipelined-bf16")),
+    # The streamed loss forward's lanes (kernels/loss.py's _lane_update): each block rescales a lane's
+    # running sum to the lane's new maximum; without it a row whose maximum rises after its first
+    # block keeps that block's exponentials against the old maximum.
+    Mutant("loss_lane_rescale_dropped", f"{KERNELS}/loss.py",
+           "    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(\n",
+           "    lane_sum = lane_sum + tl.sum(\n",
+           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-class-5000", "cpu-prob-5000")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",
