@@ -176,7 +176,14 @@ MUTANTS = [
            "        g = tl.where(ignored[:, None], 0.0, g)\n",
            "        g = g\n",
            _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-fp32",
-                "cpu-pipelined-fp32", "cpu-tile-fp32", "cpu-split-bf16") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
+                "cpu-pipelined-fp32", "cpu-tile-fp32") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
+    # A 16-bit split gradient stores an ignored row's zeros apart (loss_split._write_gradient): without
+    # that store its columns keep whatever the buffer held.
+    Mutant("split_loss_ignored_zeros_not_stored", f"{KERNELS}/loss_split.py",
+           "mask & zeroed[:, None], zeros,",
+           "mask & zeroed[:, None] & False, zeros,",
+           _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-bf16",
+                "cpu-pipelined-bf16")),
     # The streamed loss forward's lanes (kernels/loss.py's _lane_update): each block rescales a lane's
     # running sum to the lane's new maximum; without it a row whose maximum rises after its first
     # block keeps that block's exponentials against the old maximum.

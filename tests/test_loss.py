@@ -282,7 +282,7 @@ def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatc
     # Ignored rows whose exponentials are NaN (a +inf logit, a NaN, a row of -inf only): their
     # gradient is 0, exactly, in every regime. Every other factor is folded into one coefficient a
     # row (loss_terms._grad_of), which a NaN exponential would turn into NaN: the zeros are selected
-    # there (in bf16 after the rounding, which LLVM may move the select past).
+    # there, or, for a 16-bit gradient of the split kernel, stored apart (loss_split._write_gradient).
     if regime in SPLIT_REGIMES:
         _split(monkeypatch, device, regime)
     else:
