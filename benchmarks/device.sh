@@ -34,8 +34,8 @@
 #                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
 #                  shapes, each checked against torch in float64 first (about 6 minutes: run it
 #                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`;
-#                  `--dtype bfloat16 --setting base --setting no-arrival`: the forward alone by
-#                  arrival against the waiting exchange)
+#                  `--dtype bfloat16 --setting base --setting alone-split`: the forward alone
+#                  streamed, as the CUDA rows plan it, against split by arrival)
 #   head-budget    head_budget.py: linear_cross_entropy under chunk budgets of 64 MiB to 1 GiB, float32
 #                  and bf16 sums of the weight's gradient, time against memory, beside Liger from .whl/
 #   losshost       loss_host.py (v29): the loss's host time per call window by window, wall per call

@@ -708,8 +708,17 @@ def test_split_plans_are_the_softmax_forwards(profile):
     from portable_softmax import loss_planner, planner, profiles, split_planner, targets
 
     own = targets.target_for(profiles.profile_record(profile))
-    # The arrival form as every chip would plan it (Ascend's own row turns it off: below).
-    target = dataclasses.replace(own, tuning=dataclasses.replace(own.tuning, loss_arrival=True))
+    if "loss" not in own.tuning.loss_split:
+        # The CUDA rows stream the forward alone (NOTES v37), in their own blocks and warps.
+        for n_cols in (256000, 50257):
+            plan = loss_planner.plan_loss(own, 4096, n_cols, "float32", writes_gradient=False, input_bytes=2,
+                                          splittable=True)
+            assert plan.regime == "loop" and not plan.arrival, plan.reason
+            assert plan.block_n == own.tuning.loss_alone_chunk and plan.num_warps == own.tuning.loss_loop_warps
+    # The arrival form as every chip would plan it where its row splits the forward alone
+    # (Ascend's own row turns arrival off, the CUDA rows stream it: above and below).
+    target = dataclasses.replace(own, tuning=dataclasses.replace(own.tuning, loss_arrival=True,
+                                                                 loss_split=frozenset({"gradient", "loss"})))
     no_arrival = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_arrival=False))
     if not own.tuning.loss_arrival:
         # triton-ascend does not lower the arrival form: the forward alone streams there.
