@@ -377,8 +377,11 @@ def _per_signature_launcher() -> bool:
         launcher = triton.runtime.driver.active.launcher_cls
     except Exception:  # noqa: BLE001  (no active driver: "0 active drivers" without a GPU)
         return False
-    # The globals of its module: Triton 3.2 loads its backends' drivers outside sys.modules.
-    return "make_launcher" in getattr(getattr(launcher, "__init__", None), "__globals__", {})
+    # The globals of its module (Triton 3.2 loads its backends' drivers outside sys.modules), under
+    # any wrapper of its __init__ (a profiler's, benchmarks/probes/compile_timeline.py's).
+    import inspect
+
+    return "make_launcher" in getattr(inspect.unwrap(getattr(launcher, "__init__", None)), "__globals__", {})
 
 
 class _KnownMetadata:
@@ -410,11 +413,12 @@ def _compile_beside_launcher(compile: Callable[..., Any], src: Any, *args: Any, 
     try:
         builder.start()
     except RuntimeError:  # no thread to be had: Triton builds it after the compile
-        return compile(src, *args, **kwargs)
+        builder = None
     try:
         return compile(src, *args, **kwargs)
     finally:
-        builder.join()
+        if builder is not None:
+            builder.join()
 
 
 @functools.lru_cache(maxsize=None)

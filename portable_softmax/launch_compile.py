@@ -93,7 +93,7 @@ def _compiled_resources(kernel: Any, backend: Backend, device: torch.device, arg
 
 def _compile(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
     # The compiler key the device layer started (waited for, not computed twice), and the launcher
-    # (a C module, where the Triton builds one per signature) built beside the compile, not after it.
+    # (a C module, where Triton builds one per signature) built beside the compile, not after it.
     compat.wait_compiler_key()
     compat.launcher_beside_compile(kernel)
     with language_unpatched():

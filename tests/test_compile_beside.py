@@ -6,6 +6,7 @@ after the compile. The real launchers' sources are compared by cross-compiling o
 Triton 3.2 and 3.6 (nothing is built with gcc here); under 3.9 there is none to build."""
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -166,6 +167,11 @@ def test_the_installed_tritons_drivers_are_told_apart(monkeypatch, backend):
     launcher = _launcher_of(backends[backend].driver)
     _set_active(monkeypatch, types.SimpleNamespace(launcher_cls=launcher))
     assert compat._per_signature_launcher() == (release < (3, 9))
+    profiler = {"init": launcher.__init__}  # a wrapper from a module without make_launcher
+    exec("def init(*args, **kwargs):\n    return profiler_init(*args, **kwargs)", profiler)
+    profiler["profiler_init"] = launcher.__init__
+    monkeypatch.setattr(launcher, "__init__", functools.wraps(launcher.__init__)(profiler["init"]))
+    assert compat._per_signature_launcher() == (release < (3, 9))  # under a profiler's wrapper too
 
 
 def test_the_launcher_is_built_beside_the_compile_and_joined_before_it_returns(monkeypatch):
