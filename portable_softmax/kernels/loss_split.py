@@ -200,7 +200,8 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     g = _grad_of(e, scale, t, lse, _none(mask), w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
                  smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, selected)
     if not selected:
-        counted = row_mask & ~ignored
+        # (``ignored == 0``, not ``~ignored``: Triton 3.2's interpreter cannot invert an int1.)
+        counted = row_mask & (ignored == 0)
         _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask & counted[:, None], g, lead, n_cols, counted,
                       chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
         zeroed = row_mask & ignored
