@@ -190,7 +190,8 @@ MUTANTS = [
     Mutant("loss_lane_rescale_dropped", f"{KERNELS}/loss.py",
            "    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(\n",
            "    lane_sum = lane_sum + tl.sum(\n",
-           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-class-5000", "cpu-prob-5000")),
+           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-4096-class-5000",
+                "cpu-4096-prob-5000", "cpu-8192-class-5000", "cpu-8192-prob-5000")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",
