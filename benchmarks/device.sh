@@ -47,7 +47,8 @@
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
 #                  call after `portable-softmax warmup`; the forward + backward cases also cold with
 #                  each backward compiled at the backward, not beside its forward, and those two cold
-#                  runs' compile timelines per thread (`--timeline`, probes/compile_timeline.py; issue 34)
+#                  runs' compile timelines per thread (`--timeline`, probes/compile_timeline.py; issue 34;
+#                  FIRSTCALL_ARGS passed on, e.g. `--case "column softmax 32768x1024 bf16, dim 0"`)
 #   shortbwd       shortbwd.py (issue 34 item 9): the backward of short rows, op and through autograd,
 #                  ours against torch eager and FlagGems from .whl/ (do_bench, the kernels alone, wall
 #                  per call), the host's share per layer, and our backward under SHORTBWD_VARIANTS
@@ -174,7 +175,7 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     firstcall)
       peer_wheels
-      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --timeline --out "$OUT/firstcall" 2>&1 \
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --timeline --out "$OUT/firstcall" ${FIRSTCALL_ARGS:-} 2>&1 \
         | quiet | tee "$OUT/firstcall.log" ;;
     shortbwd)
       peer_wheels
