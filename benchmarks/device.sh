@@ -175,7 +175,10 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     firstcall)
       peer_wheels
-      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --timeline --out "$OUT/firstcall" ${FIRSTCALL_ARGS:-} 2>&1 \
+      # FIRSTCALL_ARGS as a shell would read it: case names hold spaces, quoted.
+      eval "firstcall_args=(${FIRSTCALL_ARGS:-})"
+      PYTHONPATH="$PYTHONPATH:$SITE" timeout 560 python3 benchmarks/first_call.py --timeline --out "$OUT/firstcall" \
+        "${firstcall_args[@]}" 2>&1 \
         | quiet | tee "$OUT/firstcall.log" ;;
     shortbwd)
       peer_wheels
