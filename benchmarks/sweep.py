@@ -3,7 +3,9 @@ fraction of x.clone() bandwidth on the shapes that matter, in one run (METHOD.md
 variants). The copy is timed before and after a shape's variants and the faster kept, as ``bench``
 does: a first copy into freshly allocated memory runs slow. Usage: python3 benchmarks/sweep.py
 [bfloat16,float32] [variant,...]; ``SWEEP_KERNELS=folder`` runs the kernels of that copy of the
-kernel package (a probe's variant, ``probes/kernel_variant.py``) instead of the library's."""
+kernel package (a probe's variant, ``probes/kernel_variant.py``) instead of the library's. The
+``LOOP_VARIANTS`` are planned with the split path closed: the loop regime, as AMD and Ascend
+stream long rows."""
 import dataclasses
 import os
 import sys
@@ -11,7 +13,7 @@ import sys
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import device, launch, row_layout, tuning
+from portable_softmax import device, launch, launch_plan, row_layout, tuning
 from probes.kernel_variant import load_kernels
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
@@ -91,7 +93,13 @@ VARIANTS = {
     "dense_bwd": dict(dense_tiles=frozenset({"backward"})),
     "dense_both": dict(dense_tiles=frozenset({"forward", "backward"})),
     "rr_b16k32k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(16384, 32768)}),
+    # v36: the loop regime forced (LOOP_VARIANTS), blocks of 4096 (the plan's) and 8192.
+    "loop": {},
+    "loop_c8k": dict(loop_chunk=8192),
 }
+
+# The variants planned without the split path (as tests/regimes.force_regime plans the loop).
+LOOP_VARIANTS = frozenset({"loop", "loop_c8k"})
 
 
 def bench(fn):
@@ -101,6 +109,11 @@ def bench(fn):
 def _marks(plan) -> str:
     """' reread' and ' per-tile' where a plan has them (older trees' plans may lack the fields)."""
     return "".join(f" {mark}" for mark in ("reread", "per_tile") if getattr(plan, mark, False))
+
+
+def _without_split(plan_launch):
+    """``plan_launch`` with the split path closed: rows longer than a tile stream (the loop)."""
+    return lambda *args, **options: plan_launch(*args, **{**options, "allow_split": False})
 
 
 def _use_kernels(folder: str) -> None:
@@ -117,6 +130,7 @@ def main():
     backend = record.backend
     # The device's own row (by name, architecture or default): variants change it.
     base = tuning.tuning_for(record)
+    plan_launch = launch_plan.plan_launch
     print(f"{'variant':>14} {'dtype':>8} {'shape':>12} {'regime':>6} {'fwd':>5} {'bwd':>5}")
     for dtype in dtypes:
         for m, n in SHAPES:
@@ -133,6 +147,7 @@ def main():
             backward_view = row_layout.row_view((m, n), 1, y, dy, dx)
             for name in chosen:
                 tuning.TUNING[(backend, "*")] = dataclasses.replace(base, **VARIANTS[name])
+                launch_plan.plan_launch = _without_split(plan_launch) if name in LOOP_VARIANTS else plan_launch
                 try:
                     out = torch.full_like(x, float("nan"))
                     plan = launch.run_forward(x, out, forward_view, False)
@@ -158,6 +173,7 @@ def main():
     # Back to the backend's own rows: writing ``base`` under "*" would give every device of the
     # backend this device's row (the H200's by name).
     tuning.TUNING.pop((backend, "*"), None)
+    launch_plan.plan_launch = plan_launch
 
 
 if __name__ == "__main__":

@@ -10,19 +10,23 @@ from .common import _load
 def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, end, n_cols, CAST_TY: tl.constexpr,
                 ACC_FP64: tl.constexpr, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value,
                 n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                scale_b_stride, scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr):
+                scale_b_stride, scale_q_stride, BLOCK_M: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+                CAUSAL: tl.constexpr):
     """The fused input ``x * scale + bias`` at block columns ``cols`` ([1, BLOCK_N]) of the rows
     at ``x_base``, which are the rows' columns ``at`` (``_fused_terms``; they differ in a split
     window), -inf where masked or not ``valid``; what ``CAUSAL`` masks is not read. Plain calls
-    (no fusion) load x alone. ``end`` and ``n_cols``: ``_fused_input``'s."""
+    (no fusion) load x alone. ``end`` and ``n_cols``: ``_fused_input``'s.
+
+    A block laid out in lane rows (``common._lane_columns``: ``cols`` [1, LANE_ROWS, lanes])
+    passes its row quantities (``x_base``, ``rows``, ``row_mask``) as [BLOCK_M, 1]: every term
+    takes them per row with ``[:, None]``, so that they broadcast over either layout."""
     # x's loads first, then the terms: their row indices take 64-bit divisions, which the loads
     # would otherwise wait behind (only a causal read needs them first).
     reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, at, valid, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                               scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                               scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
     return _fused_input(x, scale, bias, reads, row_mask, end, n_cols, BLOCK_M, SCALE, MASK, MASK != 0, CAUSAL)
 
 
@@ -42,15 +46,16 @@ def _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CA
 @_jit
 def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr, scale_value, n_heads,
                  n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                 scale_b_stride, scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    """The scale ([BLOCK_M, 1]: 1, ``scale_value``, or the row's value of the scale tensor) and
-    the bias ([BLOCK_M, BLOCK_N]: -inf where the bool mask is False or ``CAUSAL`` masks j > i,
-    the additive mask's value, else 0) of the fused variants (``SCALE``: 0 none, 1 a number,
-    2 a tensor; ``MASK``: 0 none, 1 bool, 2 additive): the input is ``x * scale + bias``, and no
-    gradient flows where the bias is -inf. Masks and scales are read in their own dtypes through
-    their broadcast strides."""
-    scale = tl.full([BLOCK_M, 1], 1.0, tl.float32)
+                 scale_b_stride, scale_q_stride, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """The scale (a value a row, ``row_mask[:, None]``'s shape: 1, ``scale_value``, or the row's
+    value of the scale tensor) and the bias (-inf where the bool mask is False or ``CAUSAL``
+    masks j > i, the additive mask's value, else 0: a zero a row where nothing sets it, which
+    broadcasts) of the fused variants (``SCALE``: 0 none, 1 a number, 2 a tensor; ``MASK``: 0
+    none, 1 bool, 2 additive): the input is ``x * scale + bias``, and no gradient flows where the
+    bias is -inf. Masks and scales are read in their own dtypes through their broadcast strides.
+    Row quantities may come as [BLOCK_M, 1] for blocks in lane rows (``_fused_load``)."""
+    # Shaped from the rows, not [BLOCK_M, BLOCK_N]: a block in lane rows has three dimensions.
+    scale = tl.full(row_mask[:, None].shape, 1.0, tl.float32)
     if SCALE == 1:
         scale = scale * scale_value
     if SCALE == 2:
@@ -59,7 +64,7 @@ def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, s
         # Unmasked, at the first value for rows past the end: Triton 3.2's software pipeliner
         # gave a masked load of one value per row a layout its select refused (split kernels).
         scale = tl.load(scale_ptr + tl.where(row_mask, where, 0)).to(tl.float32)[:, None]
-    bias = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    bias = tl.zeros(row_mask[:, None].shape, tl.float32)
     if MASK != 0 or CAUSAL:
         where, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, mask_a_stride, mask_b_stride,
                                mask_q_stride)
@@ -109,7 +114,7 @@ def _fused_input(x, scale, bias, reads, row_mask, end, n_cols, BLOCK_M: tl.const
         if BIASED:
             x = tl.where(reads & (bias != -float("inf")), v, -float("inf"))
         elif BLOCK_M == 1 and not CAUSAL:
-            if (end <= n_cols) & (tl.sum(row_mask.to(tl.int32), 0) > 0):
+            if (end <= n_cols) & (tl.sum(row_mask.to(tl.int32)) > 0):
                 x = v
             else:
                 # A barrier (the condition is the program's own) keeps LLVM from speculating
@@ -124,15 +129,13 @@ def _fused_input(x, scale, bias, reads, row_mask, end, n_cols, BLOCK_M: tl.const
 @_jit
 def _fused_grad(dx, outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr, scale_value, n_heads,
                 n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                scale_q_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE: tl.constexpr,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr):
+                scale_q_stride, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
     """The gradient with respect to x from ``dx`` with respect to the fused input: the scale's
     factor, and none where masked (a constant)."""
     if (SCALE != 0 or MASK != 0) or CAUSAL:
         scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr,
                                    scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                                   mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N,
-                                   SCALE, MASK, CAUSAL)
+                                   mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
         dx = tl.where(bias == -float("inf"), 0.0, dx * scale.to(dx.dtype))
     return dx
 

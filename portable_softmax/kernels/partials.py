@@ -22,7 +22,6 @@ def softmax_forward_partials(
     x_outer_stride, x_row_stride, x_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
-    chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_tiles * n_slices, tl.num_programs(0)):
         outer, rows, row_mask, first, length, stat_rows = _part_item(item, n_tiles, tiles_per_outer, rows_per_outer,
                                                                      n_cols, slice_cols, BLOCK_M)
@@ -30,8 +29,8 @@ def softmax_forward_partials(
         # x in its own dtype: ``distributed`` casts first where ``dtype=`` asks for another.
         # No fusion: x stands in for the mask and scale tensors, never read.
         row_max, _, total = _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, length, x_col_stride,
-                                          chunk_cols, x_ptr, x_ptr, 1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0,
-                                          x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64, 0, 0, False)
+                                          x_ptr, x_ptr, 1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0, x_ptr.dtype.element_ty,
+                                          BLOCK_M, BLOCK_N, ACC_FP64, 0, 0, False)
         # One [BLOCK_M, 2] block (maximum, sum): a structured store, which triton-ascend's lowering
         # takes where two stores two elements apart it does not.
         pair = tl.arange(0, 2)[None, :]
