@@ -92,9 +92,16 @@ MUTANTS = [
            "    out = _normalized(z, e, (1.0 / total)[:, None], tl.log(total)[:, None], LOG)\n",
            _ids(FORWARD, "cpu-log_softmax-torch.float32-17x16")),
     Mutant("online_rescale_dropped", f"{KERNELS}/rows.py",
-           "        total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(",
-           "        total = total + tl.sum(",
-           _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")),
+           "            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(",
+           "            total = total + tl.sum(",
+           _ids("tests/test_softmax.py::test_rows_far_below_zero_in_every_regime", "cpu-softmax-loop")),
+    # The streamed rows in lane rows (v36: blocks of 1024 columns or more, as the interpreter's
+    # 16384 and the test's 4096).
+    Mutant("lane_rescale_dropped", f"{KERNELS}/common.py",
+           "        lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(",
+           "        lane_sum = lane_sum + tl.sum(",
+           _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")
+           + _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-5000")),
     Mutant("backward_term_dropped", f"{KERNELS}/common.py",
            "    return y * (dy - row_sum)\n",
            "    return y * dy\n",

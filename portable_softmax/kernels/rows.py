@@ -155,8 +155,10 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
     mask's bytes), for tiles of rows, or for blocks narrower than a warp of 64 threads' 16
     columns (a short row held in one block), a lane's rescale, an exponential, would come with
     every element, or the layout's premise fails: the block is reduced across threads instead."""
-    X_BYTES: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth // 8
-    MASK_BYTES: tl.constexpr = (mask_ptr.dtype.element_ty.primitive_bitwidth + 7) // 8 if MASK != 0 else X_BYTES
+    # Wrapped: Triton 3.2 adds a constexpr literal to a plain int as NotImplemented.
+    X_BYTES: tl.constexpr = tl.constexpr(x_ptr.dtype.element_ty.primitive_bitwidth) // 8
+    MASK_BYTES: tl.constexpr = ((tl.constexpr(mask_ptr.dtype.element_ty.primitive_bitwidth) + 7) // 8 if MASK != 0
+                                else X_BYTES)
     LANE_ROWS: tl.constexpr = X_BYTES if X_BYTES < MASK_BYTES else MASK_BYTES
     if (BLOCK_M == 1 and LANE_ROWS > 1) and BLOCK_N >= 1024:
         LANES: tl.constexpr = BLOCK_N // LANE_ROWS
