@@ -54,13 +54,13 @@ def opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
 
-def loop_counts(loop: machine_code.Loop) -> dict:
+def loop_counts(loop: machine_code.Loop) -> tuple[dict, collections.Counter]:
     """A loop's instructions, barriers, shuffles (DPP moves and arithmetic, ``*_dpp``, among them)
-    and shared-memory accesses."""
+    and shared-memory accesses, and each opcode's count."""
     ops = [opcode(text) for text in loop.instructions]
-    return {"instructions": len(ops), "barriers": sum(op.startswith(BARRIERS) for op in ops),
-            "shuffles": sum(op.startswith(SHUFFLES) or op.endswith("_dpp") for op in ops),
-            "shared": sum(op.startswith(SHARED) for op in ops), "ops": collections.Counter(ops)}
+    return ({"instructions": len(ops), "barriers": sum(op.startswith(BARRIERS) for op in ops),
+             "shuffles": sum(op.startswith(SHUFFLES) or op.endswith("_dpp") for op in ops),
+             "shared": sum(op.startswith(SHARED) for op in ops)}, collections.Counter(ops))
 
 
 def measure(target_text: str, shape: str, dtype: str, form: str, chunk: int) -> dict:
@@ -92,12 +92,9 @@ def measure(target_text: str, shape: str, dtype: str, form: str, chunk: int) -> 
     per_thread = config.block_m * config.block_n // (config.num_warps * target.warp_size)
     # The statistics pass, then the output pass: the innermost loops in address order (a called
     # function's, the 64-bit division's on sm_90, hold none).
-    passes = [loop_counts(loop) for loop in sorted(machine_code.innermost(loops), key=lambda loop: loop.head)]
-    for counts in passes:
-        counts["per_element"] = round(counts["instructions"] / per_thread, 2)
-    top = passes[0].pop("ops").most_common(10) if passes else []
-    for counts in passes:
-        counts.pop("ops", None)
+    counted = [loop_counts(loop) for loop in sorted(machine_code.innermost(loops), key=lambda loop: loop.head)]
+    passes = [{**counts, "per_element": round(counts["instructions"] / per_thread, 2)} for counts, _ in counted]
+    top = counted[0][1].most_common(10) if counted else []
     return {"target": target_text, "shape": shape, "dtype": dtype, "form": form, "block_n": config.block_n,
             "warps": config.num_warps, "per_thread": per_thread, "registers": registers, "spills": spills,
             "passes": passes, "stats_top": top}
