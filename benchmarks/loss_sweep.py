@@ -67,11 +67,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "alone-loop": {"loss_split": frozenset({"gradient"})},
     "alone-loop-s3": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3},
     "alone-loop-s4": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 4},
-    "alone-loop-s3-c8k": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loop_chunk": 8192},
+    "alone-loop-s3-c8k": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loop_chunk": 8192,
+                          "loss_loop_warps": 8},
     "alone-loop-s3-w8": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loss_loop_warps": 8},
-    # Blocks of 2, 4 or 8 lane rows a thread (v34: the block reduced within each thread; 8 warps).
-    "alone-loop-c8k": {"loss_split": frozenset({"gradient"}), "loop_chunk": 8192},
-    "alone-loop-c16k": {"loss_split": frozenset({"gradient"}), "loop_chunk": 16384},
+    # Blocks of 4 or 8 lane rows of 2048 (v34: the block reduced within each thread). 8 warps: the
+    # planner's 16 elements a thread would give 16 or 32, whose threads and vectors outnumber the
+    # lanes, and the middle axis would be reduced across warps.
+    "alone-loop-c8k": {"loss_split": frozenset({"gradient"}), "loop_chunk": 8192, "loss_loop_warps": 8},
+    "alone-loop-c16k": {"loss_split": frozenset({"gradient"}), "loop_chunk": 16384, "loss_loop_warps": 8},
     "alone-loop-c8k-w4": {"loss_split": frozenset({"gradient"}), "loop_chunk": 8192, "loss_loop_warps": 4},
     # Programs a unit for the split forms (the register cap fitted to them).
     "ppu3": {"split_programs_per_unit": 3},

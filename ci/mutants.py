@@ -182,8 +182,8 @@ MUTANTS = [
     Mutant("loss_ignored_row_not_zeroed", f"{KERNELS}/loss_terms.py",
            "        g = tl.where(ignored[:, None], 0.0, g)\n",
            "        g = g\n",
-           _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split",
-                "cpu-pipelined", "cpu-tile") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
+           _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-fp32",
+                "cpu-pipelined-fp32", "cpu-tile-fp32", "cpu-split-bf16") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",

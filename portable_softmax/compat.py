@@ -22,7 +22,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
@@ -219,7 +219,7 @@ JIT_HASH_BY_ORDER = Version("3.3") <= TRITON_VERSION < Version("3.9")
 
 def settle_jit_hashes(package: types.ModuleType) -> int:
     """Give every Triton jit function defined in ``package``'s loaded modules the cache key of its
-    whole call tree, whatever this process hashed before; returns the passes it took.
+    whole call tree, whatever this process hashed before; returns how many it hashed.
 
     A function's key holds the constexpr globals of the functions it calls. Triton 3.6 (before
     triton-lang/triton#10494) read a callee's globals before computing the callee's key, so a
@@ -227,9 +227,10 @@ def settle_jit_hashes(package: types.ModuleType) -> int:
     disk cache, depended on the kernels hashed before it. On an H200 the cross-entropy's split
     forward, which shares the exchange with the softmax's split kernels, was keyed one way after a
     softmax and another alone: a first loss call after ``portable-softmax warmup`` (which warms the
-    softmax first) compiled it again. Hashed anew until no key changes (each pass brings the
-    globals one call deeper; clearing ``.hash`` is how Triton itself invalidates a key), every key
-    is the same in every process, and later Triton's. Call it before anything is compiled."""
+    softmax first) compiled it again. Hashed anew callees first (clearing ``.hash`` is how Triton
+    itself invalidates a key), each function finds its callees' globals whole: every key is the
+    same in every process, and later Triton's. One pass, inside a cold first call (hashing again
+    until no key changed took three). Call it before anything is compiled."""
     from triton.runtime.jit import JITFunction
 
     prefix = package.__name__ + "."
@@ -238,15 +239,27 @@ def settle_jit_hashes(package: types.ModuleType) -> int:
              for value in list(vars(module).values())
              if isinstance(value, JITFunction) and getattr(value.fn, "__module__", "").startswith(prefix)}
     functions = sorted(found.values(), key=lambda f: (f.fn.__module__, f.fn.__qualname__))
-    keys: Optional[list[str]] = None
-    for passes in range(1, len(functions) + 2):
-        for function in functions:
-            function.hash = None
-        now = [function.cache_key for function in functions]
-        if now == keys:
-            return passes
-        keys = now
-    return len(functions) + 1
+    order: list = []
+    placed: set[int] = set()
+
+    def place(function: Any) -> None:
+        # The names a function's code reads that are jit functions of its module: its callees
+        # (Triton calls no function recursively). Placed before it.
+        placed.add(id(function))
+        for name in function.fn.__code__.co_names:
+            callee = function.fn.__globals__.get(name)
+            if isinstance(callee, JITFunction) and id(callee) not in placed:
+                place(callee)
+        order.append(function)
+
+    for function in functions:
+        if id(function) not in placed:
+            place(function)
+    for function in order:
+        function.hash = None
+    for function in order:
+        function.cache_key
+    return len(order)
 
 
 # Triton 3.2 to 3.4 link AMD code with an external ld.lld. 3.2 writes code objects v4

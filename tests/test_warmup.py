@@ -122,6 +122,30 @@ def test_a_warmup_keys_the_kernels_as_the_later_call_does(monkeypatch):
         _forget_keys()  # computed again, by this Triton's own hashing, where next asked
 
 
+def test_settled_keys_are_the_fixed_point_of_hashing_again(monkeypatch):
+    """``compat.settle_jit_hashes`` hashes each function once, callees first: the keys must be
+    those that hashing every function again, until none changes, arrives at (what it did before,
+    in three passes), so that a callee it failed to place first would show here."""
+    monkeypatch.setattr(jit.DependenciesFinder, "_update_hash", _update_hash_of_triton_3_6)
+    from portable_softmax import kernels
+    try:
+        _forget_keys()
+        compat.settle_jit_hashes(kernels)
+        settled = {id(f): f.cache_key for f in _kernel_functions()}
+        for _ in range(len(settled)):
+            for function in _kernel_functions():
+                function.hash = None
+            again = {id(f): f.cache_key for f in _kernel_functions()}
+            if again == settled:
+                break
+            settled = again
+        _forget_keys()
+        compat.settle_jit_hashes(kernels)
+        assert {id(f): f.cache_key for f in _kernel_functions()} == settled
+    finally:
+        _forget_keys()
+
+
 def _first_call_script():
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "first_call.py"
     spec = importlib.util.spec_from_file_location("first_call_script", path)

@@ -39,8 +39,9 @@ def _cuobjdump() -> Optional[str]:
     return _nvidia_tool("cuobjdump")
 
 
-def cubin_sass(cubin: bytes) -> str:
-    """The SASS of a cubin with labels and source lines (``nvdisasm -c -g``)."""
+def cubin_sass(cubin: bytes, inlined: bool = False) -> str:
+    """The SASS of a cubin with labels and source lines (``nvdisasm -c -g``); with ``inlined``,
+    each line's chain of inlined call sites too (``-gi``: the innermost first, a line each)."""
     tool = _nvidia_tool("nvdisasm")
     if tool is None:
         raise RuntimeError("no nvdisasm found (Triton's nvidia backend bin/, PATH, /usr/local/cuda/bin)")
@@ -48,7 +49,8 @@ def cubin_sass(cubin: bytes) -> str:
         path = os.path.join(folder, "kernel.cubin")
         with open(path, "wb") as handle:
             handle.write(cubin)
-        return subprocess.run([tool, "-c", "-g", path], capture_output=True, text=True, check=True).stdout
+        flags = ["-c", "-gi" if inlined else "-g"]
+        return subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout
 
 
 def called_shared_memory(llir: str, kernel: Optional[str] = None) -> list[str]:
