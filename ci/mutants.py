@@ -102,6 +102,11 @@ MUTANTS = [
            "        lane_sum = lane_sum + tl.sum(",
            _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")
            + _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-5000")),
+    # The loss's form of the same step (its one-FFMA exponentials).
+    Mutant("loss_lane_rescale_dropped", f"{KERNELS}/common.py",
+           "        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(",
+           "        lane_sum = lane_sum + tl.sum(",
+           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-class-5000", "cpu-prob-5000")),
     Mutant("backward_term_dropped", f"{KERNELS}/common.py",
            "    return y * (dy - row_sum)\n",
            "    return y * dy\n",
