@@ -231,6 +231,45 @@ def _boolean_compare(original: Any) -> Any:
     return compare
 
 
+class _GivenMask(_tl.core.tensor):
+    """A mask that was given: true as a truth value, whatever it holds."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def _mask_given(original: Any, mask_at: int) -> Any:
+    """``original`` (a ``triton.language.semantic`` function whose argument ``mask_at`` is a
+    store's or an atomic's mask) seeing a given mask as given: Triton 3.2 asks ``if not mask``
+    where it means ``is None``, and the interpreter answers that from the mask's values, so a
+    one-element mask that holds nowhere stored (or added) anyway. A split row's arrival counter,
+    reset by ``mask=last``, was reset by every chunk and no chunk was ever last."""
+
+    def given(*args: Any, **kwargs: Any) -> Any:
+        mask = args[mask_at]
+        if isinstance(mask, _tl.core.tensor):
+            mask = _GivenMask(mask.handle, mask.type)
+            args = (*args[:mask_at], mask, *args[mask_at + 1:])
+        return original(*args, **kwargs)
+
+    return given
+
+
+@functools.lru_cache(maxsize=None)
+def _semantic_patches() -> tuple[tuple[str, int], ...]:
+    """The semantic functions whose mask test is a truth value (Triton 3.2), and where their mask
+    is: found by their source, so that a Triton that tests ``is None`` is left alone."""
+    import inspect
+
+    semantic = getattr(_tl, "semantic", None)
+    found = []
+    for name, mask_at in (("_store_legacy", 2), ("atom_red_typechecking_impl", 2)):
+        function = getattr(semantic, name, None)
+        if function is not None and "if not mask:" in inspect.getsource(function):
+            found.append((name, mask_at))
+    return tuple(found)
+
+
 def _builder_patches(builder: Any) -> dict[str, Any]:
     """What one launch replaces on the interpreter's builder, by attribute: the cast
     (``_rounding_cast``) and every comparison (``_boolean_compare``)."""
@@ -277,6 +316,11 @@ def restored_language() -> Iterator[None]:
     interpreter-patched namespaces put back as it was on entry."""
     with _LANGUAGE.alone:
         saved = [(ns, dict(vars(ns))) for ns in _patched_namespaces()]
+        semantic = getattr(_tl, "semantic", None)
+        if _semantic_patches():
+            saved.append((semantic, dict(vars(semantic))))
+            for name, mask_at in _semantic_patches():
+                setattr(semantic, name, _mask_given(getattr(semantic, name), mask_at))
         builder = getattr(_interpreter, "interpreter_builder", None)
         patches = _builder_patches(builder) if builder is not None else {}
         own = {name: vars(builder).get(name, _MISSING) for name in patches}

@@ -192,13 +192,13 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
     # An ignored row's zeros are selected in ``_grad_of``: stored on a branch of their own, the
     # pipelined form's gradient came out wrong on an H200 (Triton 3.6, NOTES v32).
-    g = _grad_of(e, scale, t, lse, mask & False, w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
+    g = _grad_of(e, scale, t, lse, _none(mask), w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
                  smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, True)
     _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
                   BLOCK_N, ALIGN, SHIFTED)
     if ALIGN > 1:
         w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
-        g_edge = _grad_of(e_edge[None, :], scale, t_edge[None, :], lse, edge_mask[None, :] & False, w_t, w_edge,
+        g_edge = _grad_of(e_edge[None, :], scale, t_edge[None, :], lse, _none(edge_mask[None, :]), w_t, w_edge,
                           w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False,
                           SMOOTHING, Z_LOSS, SOFTCAP, True)
         _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
@@ -229,3 +229,11 @@ _target_stored = _jit(_target_store)
 
 
 _target_stored_called = _jit_call(_target_store)
+
+
+@_jit
+def _none(mask):
+    """A mask of ``mask``'s shape that holds nowhere (the target's column, written apart here): a
+    comparison the compiler folds to false, not ``mask & False``, whose constant is an int1 that
+    Triton 3.2's interpreter cannot make."""
+    return mask != mask
