@@ -25,7 +25,8 @@
 #                  enable() and the unserved tensors (every test with cuda in its name in those
 #                  files; four pytest-xdist workers)
 #   loss           `portable-softmax bench --cases loss` with the peers: torch eager, torch.compile,
-#                  Liger and FlagGems from .whl/, QuACK when QUACK_DIR names its prepared folder
+#                  Liger from .whl/ (FlagGems when LOSS_PEERS names it), ours with
+#                  inplace_backward, QuACK when QUACK_DIR names its prepared folder
 #   head           `portable-softmax bench --cases head` (linear_cross_entropy, bf16, hidden 4096, vocab
 #                  128256 and 151936) with the peers: torch eager, torch.compile, Liger's FLCE and Cut
 #                  Cross-Entropy from .whl/, QuACK's chunked LCE when QUACK_DIR names its prepared folder
@@ -34,8 +35,8 @@
 #                  shapes, and the split's settings (warps, grid, pipeline, chunk) on two bf16
 #                  shapes, each checked against torch in float64 first (about 6 minutes: run it
 #                  alone in a call; LOSS_SWEEP_ARGS passed on, e.g. `--setting base --setting loop`;
-#                  `--dtype bfloat16 --setting base --setting no-arrival`: the forward alone by
-#                  arrival against the waiting exchange)
+#                  `--dtype bfloat16 --setting base --setting alone-split`: the forward alone
+#                  streamed, as the CUDA rows plan it, against split by arrival)
 #   head-budget    head_budget.py: linear_cross_entropy under chunk budgets of 64 MiB to 1 GiB, float32
 #                  and bf16 sums of the weight's gradient, time against memory, beside Liger from .whl/
 #   losshost       loss_host.py (v29): the loss's host time per call window by window, wall per call
@@ -136,9 +137,11 @@ for section in "$@"; do
         | tail -20 | tee "$OUT/tests-loss.log" ;;
     loss)
       peer_wheels
-      # LOSS_PEERS: FlagGems 5.0.2's cross_entropy_loss ended the H100 run of 2026-11-25 with an
-      # illegal memory access (the process's CUDA context with it), so it can be left out.
-      peers="${LOSS_PEERS:-torch compile liger flaggems}"
+      # LOSS_PEERS: FlagGems 5.0.2's cross_entropy_loss ended the H100 run of 2026-11-25 and the
+      # H200's of 2026-11-28 with an illegal memory access (the process's CUDA context with it), so
+      # it is left out unless named. "inplace": ours with inplace_backward=True, whose memory
+      # beyond the inputs the issue compares with Liger's (which writes into the logits).
+      peers="${LOSS_PEERS:-torch compile liger inplace}"
       if [ -n "${QUACK_DIR:-}" ]; then
         if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
       fi

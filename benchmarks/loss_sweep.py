@@ -6,10 +6,10 @@ dtype and setting (issue 32), each checked against torch in float64 first.
     PYTHONPATH=. python3 benchmarks/loss_sweep.py --shape 8192x128256 --dtype bfloat16 --setting base --setting loop
     PYTHONPATH=. python3 benchmarks/loss_sweep.py --all      # every setting on every shape and dtype (long)
 
-The default run times ``base``, ``loop`` and ``no-arrival`` on the six shapes of
+The default run times ``base``, ``loop`` and ``alone-split`` on the six shapes of
 ``portable-softmax bench --cases loss`` in both dtypes, and the split regime's other settings
 (``EXPLORE``) on ``EXPLORE_SHAPES`` in bf16, the dtype that misses its floor: about 6 minutes on
-an H100 (estimated, before ``no-arrival`` joined it), most of it compiling (each split kernel is
+an H100 (estimated), most of it compiling (each split kernel is
 specialised on its rows' chunk count, and the launch tries register caps).
 
 A setting is a set of ``Tuning`` fields laid over the row in force for the device (through
@@ -40,9 +40,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # v25's streamed rows: each row read twice where the gradient is written.
     "loop": {"loss_split": frozenset()},
     # The forward alone with the waiting exchange (v26-v30: every chunk waits on its row's peers)
-    # rather than by arrival (the row's last chunk alone writes its terms; nothing waits): only
-    # the forward alone (``fwd``) differs from ``base``.
-    "no-arrival": {"loss_arrival": False},
+    # rather than by arrival (the row's last chunk alone writes its terms; nothing waits), split
+    # (the CUDA rows stream it since v37): only the forward alone (``fwd``) differs from ``base``.
+    "no-arrival": {"loss_split": frozenset({"gradient", "loss"}), "loss_arrival": False},
     # The split regime's choices the planner makes from the softmax's measurements:
     # 8 warps a chunk of 8192 (32 elements a thread) rather than 4: more programs an SM.
     "split-w8": {"loss_split_elements_per_thread": 32},
@@ -63,19 +63,25 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-w4": {"split_chunk": 16384, "loss_split_elements_per_thread": 128},
     "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
+    # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
+    "alone-split": {"loss_split": frozenset({"gradient", "loss"})},
     # The forward alone streamed (the loop regime: each program its rows, no exchange), pipelined.
-    "alone-loop": {"loss_split": frozenset({"gradient"})},
-    "alone-loop-s3": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3},
-    "alone-loop-s4": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 4},
-    "alone-loop-s3-c8k": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loop_chunk": 8192,
+    # Blocks of 4096 at the planner's warps (before v37), and the v37 row's 8192 at 8 warps.
+    "alone-loop": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_warps": 0},
+    "alone-loop-s3": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_warps": 0,
+                      "loss_loop_stages": 3},
+    "alone-loop-s4": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_warps": 0,
+                      "loss_loop_stages": 4},
+    "alone-loop-s3-c8k": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loss_alone_chunk": 8192,
                           "loss_loop_warps": 8},
-    "alone-loop-s3-w8": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loss_loop_warps": 8},
+    "alone-loop-s3-w8": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_stages": 3,
+                         "loss_loop_warps": 8},
     # Blocks of 4 or 8 lane rows of 2048 (v34: the block reduced within each thread). 8 warps: the
     # planner's 16 elements a thread would give 16 or 32, whose threads and vectors outnumber the
     # lanes, and the middle axis would be reduced across warps.
-    "alone-loop-c8k": {"loss_split": frozenset({"gradient"}), "loop_chunk": 8192, "loss_loop_warps": 8},
-    "alone-loop-c16k": {"loss_split": frozenset({"gradient"}), "loop_chunk": 16384, "loss_loop_warps": 8},
-    "alone-loop-c8k-w4": {"loss_split": frozenset({"gradient"}), "loop_chunk": 8192, "loss_loop_warps": 4},
+    "alone-loop-c8k": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 8192, "loss_loop_warps": 8},
+    "alone-loop-c16k": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 16384, "loss_loop_warps": 8},
+    "alone-loop-c8k-w4": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 8192, "loss_loop_warps": 4},
     # Programs a unit for the split forms (the register cap fitted to them).
     "ppu3": {"split_programs_per_unit": 3},
     "ppu4": {"split_programs_per_unit": 4},
@@ -84,7 +90,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "stages2": {"split_stages": 2},
     "stages4": {"split_stages": 4},
 }
-DEFAULT_SETTINGS = ["base", "loop", "no-arrival"]
+DEFAULT_SETTINGS = ["base", "loop", "alone-split"]
 # Compiles dominate the run (the split kernels are specialised on their rows' chunk count, and
 # the launch compiles each candidate grid with register caps): three settings by default.
 EXPLORE = ["split-w8", "split-ticketed", "split-unpipelined"]

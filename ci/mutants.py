@@ -106,7 +106,8 @@ MUTANTS = [
     Mutant("loss_lane_rescale_dropped", f"{KERNELS}/common.py",
            "        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(",
            "        lane_sum = lane_sum + tl.sum(",
-           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-class-5000", "cpu-prob-5000")),
+           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-4096-class-5000",
+                "cpu-4096-prob-5000", "cpu-8192-class-5000", "cpu-8192-prob-5000")),
     Mutant("backward_term_dropped", f"{KERNELS}/common.py",
            "    return y * (dy - row_sum)\n",
            "    return y * dy\n",
@@ -188,7 +189,14 @@ MUTANTS = [
            "        g = tl.where(ignored[:, None], 0.0, g)\n",
            "        g = g\n",
            _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-fp32",
-                "cpu-pipelined-fp32", "cpu-tile-fp32", "cpu-split-bf16") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
+                "cpu-pipelined-fp32", "cpu-tile-fp32") + _ids(SPLIT_LOSS, "cpu-every-option-mean")),
+    # A 16-bit split gradient stores an ignored row's zeros apart (loss_split._write_gradient): without
+    # that store its columns keep whatever the buffer held.
+    Mutant("split_loss_ignored_zeros_not_stored", f"{KERNELS}/loss_split.py",
+           "mask & zeroed[:, None], zeros,",
+           "mask & zeroed[:, None] & False, zeros,",
+           _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-bf16",
+                "cpu-pipelined-bf16")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",

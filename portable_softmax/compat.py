@@ -16,15 +16,19 @@ Newer versions than the newest tested (3.9) are not refused: nothing here caps a
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
+
+logger = logging.getLogger(__name__)
 
 MIN_PYTHON = (3, 9)
 MIN_TORCH = Version("2.6")
@@ -312,3 +316,140 @@ def missing_toolchain(backend: str) -> Optional[str]:
             return (f"Triton {triton.__version__} links AMD code objects v5 with {lld}, LLD {major}, which cannot "
                     f"read them: {fix}")
     return None
+
+
+# A cold first call's host work that is not its kernels' compile (issue 34 item 4; H200 host, Triton
+# 3.6): the driver's utils, a C module built with gcc at the first use of the driver (0.3-0.4 s);
+# Triton's compiler key (``triton_key``: its sources and libtriton hashed, 0.4 s, once a process) at
+# the start of the first compile; and each kernel signature's launcher, a C module built with gcc
+# after the compile (0.28-0.39 s, ``_init_handles``). gcc runs in a subprocess and hashlib hashes
+# outside Python's lock: the key is computed beside the utils' build, the launcher beside the compile.
+KEY_THREAD = "portable_softmax-compiler-key"
+LAUNCHER_THREAD = "portable_softmax-launcher"
+_key_thread: Optional[threading.Thread] = None
+_ahead_lock = threading.Lock()
+
+
+def _triton_key() -> Callable[[], str]:
+    """Triton's compiler key, cached for the process: in triton.runtime.cache (3.6, 3.9), in
+    triton.compiler.compiler (3.2)."""
+    import importlib
+
+    found = getattr(importlib.import_module("triton.runtime.cache"), "triton_key", None)
+    return found or importlib.import_module("triton.compiler.compiler").triton_key
+
+
+def _compute_compiler_key() -> None:
+    try:
+        _triton_key()()
+    except Exception:  # noqa: BLE001  (the first compile computes it, and raises there)
+        logger.debug("Triton's compiler key, computed ahead, failed; the first compile computes it", exc_info=True)
+
+
+def compiler_key_ahead() -> None:
+    """Start Triton's compiler key in a thread, once a process: called before this package's first
+    use of a compiling backend's driver (whose utils that use builds), so that the first compile
+    finds it made. Never raises: where no thread starts, the first compile computes it as before."""
+    global _key_thread
+    if _key_thread is not None:
+        return
+    with _ahead_lock:
+        if _key_thread is None:
+            _key_thread = threading.Thread(target=_compute_compiler_key, name=KEY_THREAD, daemon=True)
+            try:
+                _key_thread.start()
+            except RuntimeError:  # no thread to be had
+                logger.debug("no thread for Triton's compiler key; the first compile computes it", exc_info=True)
+
+
+def wait_compiler_key() -> None:
+    """Wait for the compiler key ``compiler_key_ahead`` started, if it is still being computed: a
+    compile asking for it meanwhile would compute it again, beside it."""
+    thread = _key_thread
+    if thread is not None and thread.ident is not None:
+        thread.join()
+
+
+def _per_signature_launcher() -> bool:
+    """Whether the active driver builds a launcher per kernel signature from a C source its module
+    makes (``make_launcher``: Triton 3.2 and 3.6 read; 3.9 launches through its utils)."""
+    try:
+        launcher = triton.runtime.driver.active.launcher_cls
+    except Exception:  # noqa: BLE001  (no active driver: "0 active drivers" without a GPU)
+        return False
+    # The globals of its module (Triton 3.2 loads its backends' drivers outside sys.modules), under
+    # any wrapper of its __init__ (a profiler's, benchmarks/probes/compile_timeline.py's).
+    import inspect
+
+    return "make_launcher" in getattr(inspect.unwrap(getattr(launcher, "__init__", None)), "__globals__", {})
+
+
+class _KnownMetadata:
+    """A compiled kernel's metadata as far as it is known before the compile: the compile's options,
+    which the metadata holds (HIP's launcher source reads the warp size); None for what the compile
+    adds (tensor descriptors' metadata, which a source reads only for tensor descriptor arguments;
+    scratch sizes, which it does not read)."""
+
+    def __init__(self, options: Optional[Mapping[str, Any]]) -> None:
+        vars(self).update(options or {})
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+def _build_launcher(src: Any, options: Optional[Mapping[str, Any]]) -> None:
+    # Triton's own launcher class makes the source and builds it into Triton's cache, keyed by the
+    # source: the compiled kernel's ``_init_handles`` then loads it. The instance is dropped.
+    try:
+        triton.runtime.driver.active.launcher_cls(src, _KnownMetadata(options))
+    except Exception:  # noqa: BLE001  (Triton builds it after the compile, as before)
+        logger.debug("a launcher built beside its compile failed; Triton builds it after the compile", exc_info=True)
+
+
+def _compile_beside_launcher(compile: Callable[..., Any], src: Any, *args: Any, **kwargs: Any) -> Any:
+    """``compile(src, ...)`` with ``src``'s launcher built in a thread meanwhile, joined before it returns."""
+    builder = threading.Thread(target=_build_launcher, args=(src, kwargs.get("options")),
+                               name=f"{LAUNCHER_THREAD} {getattr(src, 'name', '')}", daemon=True)
+    try:
+        builder.start()
+    except RuntimeError:  # no thread to be had: Triton builds it after the compile
+        builder = None
+    try:
+        return compile(src, *args, **kwargs)
+    finally:
+        if builder is not None:
+            builder.join()
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher_beside_class(cls: type) -> type:
+    """``cls`` (Triton's JITFunction) whose ``compile``, which Triton sets on the instance for each
+    device (``create_binder``) and calls with the source it compiles, reads as that compile with its
+    launcher built beside it. A property, so that Triton's setting it again is seen."""
+    def get(self: Any) -> Callable[..., Any]:
+        try:
+            compile = vars(self)["compile"]
+        except KeyError:
+            raise AttributeError("compile") from None
+        return functools.partial(_compile_beside_launcher, compile)
+
+    def put(self: Any, compile: Callable[..., Any]) -> None:
+        vars(self)["compile"] = compile
+
+    return type(cls.__name__, (cls,), {"compile": property(get, put), "_launcher_beside_compile": True,
+                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+
+def launcher_beside_compile(kernel: Any) -> None:
+    """Have each compile of ``kernel``, one of this package's Triton JIT functions, build its
+    launcher beside it, where the active driver builds one per signature; nothing otherwise (another
+    object, Triton 3.9, no driver). Only this kernel: its own class is changed, not Triton's, so
+    other Triton kernels of the process compile as before. Idempotent."""
+    from triton.runtime.jit import JITFunction
+
+    if (getattr(type(kernel), "_launcher_beside_compile", False) or not isinstance(kernel, JITFunction)
+            or not _per_signature_launcher()):
+        return
+    with _ahead_lock:
+        if not getattr(type(kernel), "_launcher_beside_compile", False):
+            kernel.__class__ = _launcher_beside_class(type(kernel))

@@ -26,6 +26,9 @@ DeviceLike = Union[torch.device, str, int, None]
 def _active_driver() -> Any:
     import triton
 
+    # Only compiling backends come here. Triton's compiler key is computed beside the C module that
+    # the driver's first use builds (its utils), not after it at the first compile.
+    compat.compiler_key_ahead()
     try:
         return triton.runtime.driver.active
     except RuntimeError as error:  # "0 active drivers" on a machine without a GPU

@@ -129,6 +129,9 @@ class LaunchRecord:
         # (The softmax kernels only: the cross-entropy kernels' tensors are their own, ``loss_launch``.)
         self._pad = plan.regime in variants.FUSED_REGIMES and kernel.fn.__name__.startswith("softmax_")
         self._direct: Optional[list[Callable[[int, tuple], None]]] = None
+        # Its binaries asked for at the compile door: once, by the first launch (where the
+        # launcher is not known every launch comes below, and finds them in Triton's cache).
+        self._compiled = False
         self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
         self._current = None if backend.interpreted else compat.current_device_getter(device)
 
@@ -170,10 +173,12 @@ class LaunchRecord:
         with language_unpatched():
             direct = []
             for constexprs in self.launches:
-                _compiled_resources(self.kernel, self.backend, self.device, args, constexprs, self.options)
+                if not self._compiled:
+                    _compiled_resources(self.kernel, self.backend, self.device, args, constexprs, self.options)
                 programs = _run(self.kernel, self.backend, self.plan, args, constexprs, self.options)
                 direct.append(compat.direct_launcher(self.kernel, args, programs, constexprs, self.options,
                                                      len(tensors)))
+            self._compiled = True
             self._direct = None if None in direct else direct
         return self.plan
 

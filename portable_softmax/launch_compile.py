@@ -92,6 +92,10 @@ def _compiled_resources(kernel: Any, backend: Backend, device: torch.device, arg
 
 
 def _compile(kernel: Any, args: tuple, constexprs: dict, options: dict) -> KernelResources:
+    # The compiler key the device layer started (waited for, not computed twice), and the launcher
+    # (a C module, where Triton builds one per signature) built beside the compile, not after it.
+    compat.wait_compiler_key()
+    compat.launcher_beside_compile(kernel)
     with language_unpatched():
         compiled = kernel.warmup(*args, grid=(1,), **constexprs, **options)
     compiled._init_handles()

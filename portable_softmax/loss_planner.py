@@ -45,7 +45,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     ``cross_entropy_forward_split``) ``split`` where the split path is open (``_can_split``:
     residency, or the exchange in two launches; float32 accumulation) and the tuning's
     ``loss_split`` names the form; else ``loop`` (rows streamed in chunks of
-    ``Tuning.loop_chunk``; a forward that writes the gradient streams each row a second time).
+    ``Tuning.loop_chunk``, the forward alone's of ``Tuning.loss_alone_chunk``; a forward that
+    writes the gradient streams each row a second time).
 
     A split row is sized as the softmax forward's split row of the same length
     (``split_planner.split_config``: chunks, blocks, windows; ``split_planner.plan_split``: a persistent or
@@ -117,7 +118,7 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             if plan is not None:
                 return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
             note = _no_split_note(record)
-        chunk = min(tuning.loop_chunk, width)
+        chunk = min((0 if writes_gradient else tuning.loss_alone_chunk) or tuning.loop_chunk, width)
         warps = tuning.loss_loop_warps or _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps)
         config = KernelConfig("loop", 1, chunk, 1, warps, max(1, tuning.loss_loop_stages))
     kernel = _resources(resources, target, config, writes_gradient, input_bytes)
@@ -134,7 +135,6 @@ def plan_elementwise(target: Target, n_elements: int, block: int) -> LaunchPlan:
     record = target.record
     tuning = target.tuning
     warps = _warps(block, tuning.elements_per_thread, record, tuning.max_warps)
-    config = KernelConfig("loop", 1, block, 1, warps)
     blocks = max(1, _cdiv(n_elements, block))
     programs = max(1, min(blocks, record.compute_units * max(tuning.tile_waves, 1) * 4, record.grid_limit,
                           tuning.max_programs))

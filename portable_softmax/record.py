@@ -131,6 +131,11 @@ class Tuning:
             times the rows with such a cap. Short rows end in one or two waves, and a second
             wave a third full costs as much as a full one. 0 turns it off.
         loop_chunk: chunk width of the streaming (two-read) path, the loss's too.
+        loss_alone_chunk: block width of the cross-entropy forward alone where it streams (no
+            gradient written: one pass, each block reduced within its threads in lane rows of
+            up to 2048, ``kernels.loss._lane_columns``, so a wider block costs no shuffle); 0:
+            ``loop_chunk``. The streamed passes that write a gradient hold their block's
+            elements in registers and keep ``loop_chunk``.
         loss_loop_warps: warps of a streamed cross-entropy program; 0: from
             ``elements_per_thread`` (8 for 4096-element chunks of 32-lane warps).
         loss_loop_stages: Triton's ``num_stages`` for a streamed cross-entropy program: above 1
@@ -281,6 +286,7 @@ class Tuning:
     tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: both_directions(4))
     tile_wave_fill: float = 0.0
     loop_chunk: int = 4096
+    loss_alone_chunk: int = 0
     loss_loop_warps: int = 0
     loss_loop_stages: int = 1
     loss_l2_share: float = 0.0

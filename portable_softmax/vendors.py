@@ -375,12 +375,23 @@ _CUDA_STRIDED_SLICES = {("forward", 2): 4096}
 
 # Pipelined split grids measured on the H200 only (NOTES v9): the bf16 backward of long rows
 # gains up to 0.09 of copy, the forward 0.01-0.02; windowed rows and few rows lose.
+#
+# The loss's forward alone streamed (each program its rows, blocks reduced within a thread, NOTES
+# v34) in blocks of 8192 at 8 warps rather than split by arrival (NOTES v37, H200, Triton 3.6,
+# one run): bf16 rows of 128256-256000 0.75-0.78 -> 0.96-0.99 of the copy floor, 8192x32000
+# 0.64 -> 0.76; float32 0.92-1.01 -> 1.02-1.07. Blocks of 4096 read 0.82-0.87 in bf16, 8192 at 4
+# warps 0.89-0.92, 16384 0.91-0.94. Other CUDA chips (the H100) take it unmeasured.
+_CUDA_LOSS_STREAM = dict(loss_split=frozenset({"gradient"}), loss_alone_chunk=8192, loss_loop_warps=8)
+# The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
+# NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'
+# 3.0; 4096 rows 5.3 -> 5.1, FlagGems' 7.8. The forward's flat form is not measured.
 CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"}), reread_cols=_CUDA_REREAD,
                       tile_wave_fill=0.85, tile_loop_occupancy=_CUDA_TILE_LOOP, dense_tiles=_CUDA_DENSE,
                       split_wait_atomic=_CUDA_WAIT_ATOMIC, tile_fit_bytes=_CUDA_TILE_FIT_BYTES,
                       strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512,
                       strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES,
-                      loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES)
+                      loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES, flat_tiles=frozenset({"backward"}),
+                      **_CUDA_LOSS_STREAM)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split
 # kernel by arrival (PHASE 3: `triton-adapter-opt` exits 1 at the reduction's linalg.yield,

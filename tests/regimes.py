@@ -46,8 +46,9 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
     record = ps.device_info(device)
     key = (record["backend"], "*")
     base = tuning.TUNING[key]
+    # The loss's forward alone too (the CUDA rows stream it by default).
     split = dict(row_elements=64, split_chunk=128, split_min_cols=1 << 30, split_tickets=frozenset(),
-                 split_pipelined=frozenset())
+                 split_pipelined=frozenset(), loss_split=frozenset({"gradient", "loss"}))
     small = {"tile": dict(tile_elements=256),
              "split": split,
              "ticketed": {**split, "split_tickets": frozenset({"forward", "backward"}), "split_ticket_bytes": 0,
@@ -57,7 +58,7 @@ def force_regime(monkeypatch, regime: str, device: str) -> None:
              # plan reads through windows, unpipelined) read element by element.
              "pipelined": {**split, "split_pipelined": frozenset({"forward", "backward"}), "split_programs_per_unit": 1,
                            "split_pipeline_items": 0, "split_windows": frozenset()},
-             "loop": dict(row_elements=64, loop_chunk=128, loss_split=frozenset())}[regime]
+             "loop": dict(row_elements=64, loop_chunk=128, loss_alone_chunk=0, loss_split=frozenset())}[regime]
     if regime in SPLIT_REGIMES:
         small = open_split(device, **small)
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(base, **small))

@@ -471,7 +471,9 @@ def test_flat_tiles_where_the_tuning_table_asks(monkeypatch):
     record = profile_record("h100")
     key = (record.backend, "*")
     backward = dict(backward=True, input_bytes=4)
-    assert not plan_launch(record, 1823, 781, "float32", narrow=True, **backward).flat  # off by default
+    assert TUNING[key].flat_tiles == frozenset({"backward"})  # the CUDA rows' (NOTES v37)
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], flat_tiles=frozenset()))
+    assert not plan_launch(record, 1823, 781, "float32", narrow=True, **backward).flat  # not named
     monkeypatch.setitem(TUNING, key, replace(TUNING[key], flat_tiles=frozenset({"backward"})))
     flat = plan_launch(record, 1823, 781, "float32", narrow=True, **backward)
     assert flat.regime == "tile" and flat.flat and not flat.dense and "flat" in flat.reason

@@ -146,14 +146,18 @@ def test_every_option_in_each_regime(device, monkeypatch, regime):
 
 @pytest.mark.parametrize("n_classes", [2100, 5000])
 @pytest.mark.parametrize("kind", ["class", "prob"])
-def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, kind):
+@pytest.mark.parametrize("block", [4096, 8192])
+def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, kind, block):
     # Blocks of 4096 stream as 2 lane rows of 2048 (kernels.loss._lane_columns), each reduced within
     # a thread before the lanes': 2100 classes end inside the first block's second lane row, 5000
-    # leave the second block's second lane row all padding. Rows of every kind of extreme: a +inf
-    # and a NaN logit (NaN, as torch), a row of -inf but its target, values far below zero.
+    # leave the second block's second lane row all padding. Blocks of 8192 (the CUDA rows' forward
+    # alone, 4 lane rows at 8 warps): 5000 classes end in the third lane row, the fourth all
+    # padding. Rows of every kind of extreme: a +inf and a NaN logit (NaN, as torch), a row of -inf
+    # but its target, values far below zero.
     force_regime(monkeypatch, "loop", device)
     key = (ps.device_info(device)["backend"], "*")
-    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], loop_chunk=4096))
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], loop_chunk=4096, loss_alone_chunk=block,
+                                                           loss_loop_warps=8))
     loss_launch._records.clear()
     x, target, options = _case((6, n_classes), torch.float32, kind,
                                dict(weight=True, label_smoothing=0.15, z_loss=0.02, softcap=6.0), device)
@@ -171,7 +175,9 @@ def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, ki
     finite = [0, 3, 4, 5]
     check(x[finite], target[finite], reduction="mean", **options)
     assert {record.plan.regime for record in loss_launch._records.values()} == {"loop"}
-    assert {record.plan.block_n for record in loss_launch._records.values()} == {4096}
+    # The forward alone in its blocks; the passes that write the gradient (the check's) in 4096.
+    alone = min(block, 4096 if n_classes < 4096 else 8192)
+    assert {record.plan.block_n for record in loss_launch._records.values()} == {4096, alone}
 
 
 def _forward_regimes() -> set:
@@ -282,7 +288,7 @@ def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatc
     # Ignored rows whose exponentials are NaN (a +inf logit, a NaN, a row of -inf only): their
     # gradient is 0, exactly, in every regime. Every other factor is folded into one coefficient a
     # row (loss_terms._grad_of), which a NaN exponential would turn into NaN: the zeros are selected
-    # there (in bf16 after the rounding, which LLVM may move the select past).
+    # there, or, for a 16-bit gradient of the split kernel, stored apart (loss_split._write_gradient).
     if regime in SPLIT_REGIMES:
         _split(monkeypatch, device, regime)
     else:
@@ -708,8 +714,17 @@ def test_split_plans_are_the_softmax_forwards(profile):
     from portable_softmax import loss_planner, planner, profiles, split_planner, targets
 
     own = targets.target_for(profiles.profile_record(profile))
-    # The arrival form as every chip would plan it (Ascend's own row turns it off: below).
-    target = dataclasses.replace(own, tuning=dataclasses.replace(own.tuning, loss_arrival=True))
+    if "loss" not in own.tuning.loss_split:
+        # The CUDA rows stream the forward alone (NOTES v37), in their own blocks and warps.
+        for n_cols in (256000, 50257):
+            plan = loss_planner.plan_loss(own, 4096, n_cols, "float32", writes_gradient=False, input_bytes=2,
+                                          splittable=True)
+            assert plan.regime == "loop" and not plan.arrival, plan.reason
+            assert plan.block_n == own.tuning.loss_alone_chunk and plan.num_warps == own.tuning.loss_loop_warps
+    # The arrival form as every chip would plan it where its row splits the forward alone
+    # (Ascend's own row turns arrival off, the CUDA rows stream it: above and below).
+    target = dataclasses.replace(own, tuning=dataclasses.replace(own.tuning, loss_arrival=True,
+                                                                 loss_split=frozenset({"gradient", "loss"})))
     no_arrival = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_arrival=False))
     if not own.tuning.loss_arrival:
         # triton-ascend does not lower the arrival form: the forward alone streams there.

@@ -10,7 +10,9 @@ backends' ``add_stages`` make (CUDA's, HIP's), ``ast`` before them; slow ``trito
 ``get_cache_key`` and source hashes (once-only costs); ``_init_handles``, the drivers' launcher and
 utils classes, their C builds and gcc (none per signature on Triton 3.9), ``load_binary`` (the module
 load). A sampler waking every 5 ms records a wake-up 30 ms late as ``stall``: the GIL held in C
-code, or no free core.
+code, or no free core. Threads: ``main`` (the call's), ``ahead`` (``compile_ahead``'s), ``key``
+(Triton's compiler key, started by the device layer) and ``launch1``, ``launch2``... (each launcher
+built beside its compile, numbered as they appear; the kernel column names the compile's kernel).
 """
 from __future__ import annotations
 
@@ -26,12 +28,23 @@ _events: list[tuple[str, str, float, float, str]] = []  # (thread, event, start,
 _installed = False
 STALL_S = 0.030
 WAIT_S = 0.0005  # lock waits shorter than this are left out
-_THREADS = {"MainThread": "main"}  # and compile_ahead's: "ahead" (install)
+_THREADS = {"MainThread": "main"}  # and compile_ahead's: "ahead", the compiler key's: "key" (install)
+_LAUNCHER_THREAD: Optional[str] = None  # compat.LAUNCHER_THREAD (install), followed by the kernel's name
+_labels_lock = threading.Lock()
+
+
+def _label(name: str) -> str:
+    found = _THREADS.get(name)
+    if found is None:
+        with _labels_lock:
+            launchers = sum(label.startswith("launch") for label in _THREADS.values())
+            launcher = _LAUNCHER_THREAD is not None and name.startswith(_LAUNCHER_THREAD)
+            found = _THREADS.setdefault(name, f"launch{launchers + 1}" if launcher else name[:10])
+    return found
 
 
 def _record(event: str, began: float, ended: float, kernel: str = "") -> None:
-    name = threading.current_thread().name
-    _events.append((_THREADS.get(name, name[:10]), event, began, ended, kernel))  # atomic under the GIL
+    _events.append((_label(threading.current_thread().name), event, began, ended, kernel))  # atomic under the GIL
 
 
 def _named(value: Any, *_: Any, **__: Any) -> str:
@@ -125,7 +138,7 @@ def _sample() -> None:
 
 def install() -> None:
     """Wrap what the module docstring lists, once per process; start the sampler."""
-    global _installed
+    global _installed, _LAUNCHER_THREAD
     if _installed:
         return
     _installed = True
@@ -139,6 +152,8 @@ def install() -> None:
     from portable_softmax import compat, interpreter, launch, launch_compile, loss_launch
 
     _THREADS[launch_compile.AHEAD_THREAD] = "ahead"
+    _THREADS[compat.KEY_THREAD] = "key"
+    _LAUNCHER_THREAD = compat.LAUNCHER_THREAD
     timed_compile = _timed(compiler.compile, "triton.compile", _named)
     for owner in (triton, triton.compiler, compiler):  # the JIT imports triton.compiler's at its first run
         owner.compile = timed_compile

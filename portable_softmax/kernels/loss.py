@@ -142,9 +142,9 @@ def cross_entropy_forward_loop(
     # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
     # first pass asks to keep it there; the planner sizes the grid so that the rows streamed at
     # once fit: loss_planner.plan_loss), so memory sees one read and one write, as a held tile's.
-    # The streamed pass keeps every running quantity per lane ([BLOCK_M, BLOCK_N]) and reduces
-    # across threads once per row, after it: a block-wide reduction (shuffles and barriers) per
-    # chunk would stall the loads of a memory-bound stream.
+    # The streamed pass keeps every running quantity per lane ([BLOCK_M, lanes], ``_lane_columns``)
+    # and reduces across threads once per row, after it: a block-wide reduction (shuffles and
+    # barriers) per chunk would stall the loads of a memory-bound stream.
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     block_cols = _lane_columns(BLOCK_N, LANE_WIDTH)

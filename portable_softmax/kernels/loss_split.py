@@ -190,12 +190,27 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
     w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
     grad_row = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
     grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
-    # An ignored row's zeros are selected in ``_grad_of``: stored on a branch of their own, the
-    # pipelined form's gradient came out wrong on an H200 (Triton 3.6, NOTES v32).
+    # An ignored row's gradient is 0 whatever its logits. A 16-bit gradient stores those zeros
+    # apart, under the mask the bulk's store leaves out (no branch: on one, the pipelined form's
+    # gradient came out wrong on an H200, Triton 3.6, NOTES v32): LLVM moves a select of 0.0 in
+    # ``_grad_of`` past the rounding, onto each 16-bit half, a SEL, a PRMT and a predicate an
+    # element on sm_90. A float32 one keeps the select: one FSEL an element, cheaper than the
+    # second store (NOTES v35).
+    selected = grad_ptr.dtype.element_ty == tl.float32
     g = _grad_of(e, scale, t, lse, _none(mask), w_t, w, w, w_t, ignored, valid, ce_scale, z_scale, weight_sum,
-                 smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, True)
-    _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
-                  BLOCK_N, ALIGN, SHIFTED)
+                 smoothing, z_loss, n_cols, False, SMOOTHING, Z_LOSS, SOFTCAP, selected)
+    if not selected:
+        # (``ignored == 0``, not ``~ignored``: Triton 3.2's interpreter cannot invert an int1.)
+        counted = row_mask & (ignored == 0)
+        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask & counted[:, None], g, lead, n_cols, counted,
+                      chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
+        zeroed = row_mask & ignored
+        zeros = tl.zeros([1, BLOCK_N], tl.float32)
+        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask & zeroed[:, None], zeros, lead, n_cols, zeroed,
+                      chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
+    else:
+        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
+                      BLOCK_N, ALIGN, SHIFTED)
     if ALIGN > 1:
         w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
         g_edge = _grad_of(e_edge[None, :], scale, t_edge[None, :], lse, _none(edge_mask[None, :]), w_t, w_edge,

@@ -33,12 +33,16 @@ def _chunk_mask(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
     (``lead``: the row's first column in its window, int32 so that compares take one
     instruction) only whole ALIGN-column groups inside the row: the mask is constant over each
     group, so the accesses stay vectors, and needs no per-element test."""
+    # A missing row ends its columns at 0 (no column is below it): one compare a vector. From
+    # ``row_mask & (cols < n_cols)`` LLVM kept the split loss's per-element masks across the
+    # exchange's call as one <64 x i1> value, packed into an integer and unpacked again (sm_90:
+    # about 80 instructions an item, NOTES v35).
     if ALIGN > 1:
         first = lead[:, None]
-        inside = (cols >= (first + ALIGN - 1) // ALIGN * ALIGN) & (cols < (first + n_cols) // ALIGN * ALIGN)
-        mask = row_mask[:, None] & inside
+        mask = ((cols >= (first + ALIGN - 1) // ALIGN * ALIGN)
+                & (cols < tl.where(row_mask[:, None], (first + n_cols) // ALIGN * ALIGN, 0)))
     else:
-        mask = row_mask[:, None] & (cols < n_cols)
+        mask = cols < tl.where(row_mask, n_cols, 0)[:, None]
     return mask
 
 
