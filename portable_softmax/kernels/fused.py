@@ -15,11 +15,7 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, end, n_cols, CAST_
     """The fused input ``x * scale + bias`` at block columns ``cols`` ([1, BLOCK_N]) of the rows
     at ``x_base``, which are the rows' columns ``at`` (``_fused_terms``; they differ in a split
     window), -inf where masked or not ``valid``; what ``CAUSAL`` masks is not read. Plain calls
-    (no fusion) load x alone. ``end`` and ``n_cols``: ``_fused_input``'s.
-
-    A block laid out in lane rows (``common._lane_columns``: ``cols`` [1, LANE_ROWS, lanes])
-    passes its row quantities (``x_base``, ``rows``, ``row_mask``) as [BLOCK_M, 1]: every term
-    takes them per row with ``[:, None]``, so that they broadcast over either layout."""
+    (no fusion) load x alone. ``end`` and ``n_cols``: ``_fused_input``'s."""
     # x's loads first, then the terms: their row indices take 64-bit divisions, which the loads
     # would otherwise wait behind (only a causal read needs them first).
     reads = _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CAUSAL)
@@ -28,6 +24,32 @@ def _fused_load(x_ptr, x_base, cols, at, x_col_stride, valid, end, n_cols, CAST_
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                                scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
     return _fused_input(x, scale, bias, reads, row_mask, end, n_cols, BLOCK_M, SCALE, MASK, MASK != 0, CAUSAL)
+
+
+@_jit
+def _fused_load_rows(x_ptr, x_base, cols, x_col_stride, valid, end, n_cols, CAST_TY: tl.constexpr,
+                     ACC_FP64: tl.constexpr, row_mask, scale, where, q, mask_ptr, mask_k_stride, BLOCK_M: tl.constexpr,
+                     SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, REDUCED: tl.constexpr):
+    """``_fused_load`` at a row's own columns ``cols`` from its terms computed once
+    (``_fused_row_terms``: ``scale``, ``where``, ``q``, a 32-bit ``q`` too): a streamed row's
+    blocks. Every row quantity (``x_base``, ``row_mask`` and the terms) is taken per row with
+    ``[:, None]``, so that a block laid out in lane rows (``common._lane_columns``: ``cols``
+    [1, LANE_ROWS, lanes]) passes them as [BLOCK_M, 1].
+
+    ``REDUCED``: the block is reduced (a maximum, a sum), so that what was not read must be
+    -inf. Else (the output pass) only what is stored counts, all of it read: a scale alone is
+    applied without the select, or its branch (``_fused_input``)."""
+    reads = valid
+    if CAUSAL:
+        reads = valid & (cols <= q[:, None])
+    x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
+    if REDUCED or (MASK != 0 or CAUSAL):
+        bias = _fused_bias(where, q, row_mask, cols, valid, mask_ptr, mask_k_stride, MASK, CAUSAL)
+        x = _fused_input(x, scale[:, None], bias, reads, row_mask, end, n_cols, BLOCK_M, SCALE, MASK, MASK != 0,
+                         CAUSAL)
+    elif SCALE != 0:
+        x = x * scale[:, None].to(x.dtype)
+    return x
 
 
 @_jit
@@ -47,35 +69,58 @@ def _causal_reads(valid, at, outer, rows, rows_per_outer, n_heads, n_queries, CA
 def _fused_terms(outer, rows, row_mask, rows_per_outer, cols, valid, mask_ptr, scale_ptr, scale_value, n_heads,
                  n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
                  scale_b_stride, scale_q_stride, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    """The scale (a value a row, ``row_mask[:, None]``'s shape: 1, ``scale_value``, or the row's
-    value of the scale tensor) and the bias (-inf where the bool mask is False or ``CAUSAL``
-    masks j > i, the additive mask's value, else 0: a zero a row where nothing sets it, which
-    broadcasts) of the fused variants (``SCALE``: 0 none, 1 a number, 2 a tensor; ``MASK``: 0
-    none, 1 bool, 2 additive): the input is ``x * scale + bias``, and no gradient flows where the
-    bias is -inf. Masks and scales are read in their own dtypes through their broadcast strides.
-    Row quantities may come as [BLOCK_M, 1] for blocks in lane rows (``_fused_load``)."""
-    # Shaped from the rows, not [BLOCK_M, BLOCK_N]: a block in lane rows has three dimensions.
-    scale = tl.full(row_mask[:, None].shape, 1.0, tl.float32)
+    """The scale ([BLOCK_M, 1]: 1, ``scale_value``, or the row's value of the scale tensor) and
+    the bias (-inf where the bool mask is False or ``CAUSAL`` masks j > i, the additive mask's
+    value, else 0: a zero a row where nothing sets it, which broadcasts) of the fused variants
+    (``SCALE``: 0 none, 1 a number, 2 a tensor; ``MASK``: 0 none, 1 bool, 2 additive): the input
+    is ``x * scale + bias``, and no gradient flows where the bias is -inf. Masks and scales are
+    read in their own dtypes through their broadcast strides."""
+    scale, where, q = _fused_row_terms(outer, rows, row_mask, rows_per_outer, scale_ptr, scale_value, n_heads,
+                                       n_queries, mask_a_stride, mask_b_stride, mask_q_stride, scale_a_stride,
+                                       scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
+    return scale[:, None], _fused_bias(where, q, row_mask, cols, valid, mask_ptr, mask_k_stride, MASK, CAUSAL)
+
+
+@_jit
+def _fused_row_terms(outer, rows, row_mask, rows_per_outer, scale_ptr, scale_value, n_heads, n_queries,
+                     mask_a_stride, mask_b_stride, mask_q_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                     SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """What the fused terms take of each row (``rows``' shape each): its scale, its offset in the
+    mask and its query index (``_fused_rows``; 0 where neither a mask nor ``CAUSAL`` reads them).
+    A streamed row computes them once (``_fused_load_rows``), not once a block: their 64-bit
+    divisions cost about 20 instructions each on sm_90, and where ptxas does not hoist them
+    (NOTES v36) a block pays them again."""
+    scale = tl.full(row_mask.shape, 1.0, tl.float32)
     if SCALE == 1:
         scale = scale * scale_value
     if SCALE == 2:
-        where, _ = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, scale_a_stride, scale_b_stride,
-                               scale_q_stride)
+        at, _ = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, scale_a_stride, scale_b_stride,
+                            scale_q_stride)
         # Unmasked, at the first value for rows past the end: Triton 3.2's software pipeliner
         # gave a masked load of one value per row a layout its select refused (split kernels).
-        scale = tl.load(scale_ptr + tl.where(row_mask, where, 0)).to(tl.float32)[:, None]
-    bias = tl.zeros(row_mask[:, None].shape, tl.float32)
+        scale = tl.load(scale_ptr + tl.where(row_mask, at, 0)).to(tl.float32)
+    where = tl.zeros(row_mask.shape, tl.int64)
+    q = where
     if MASK != 0 or CAUSAL:
         where, q = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, mask_a_stride, mask_b_stride,
                                mask_q_stride)
-        if MASK == 1:
-            kept = tl.load(mask_ptr + where[:, None] + cols * mask_k_stride, mask=valid, other=1) != 0
-            bias = tl.where(kept, bias, -float("inf"))
-        if MASK == 2:
-            bias = tl.load(mask_ptr + where[:, None] + cols * mask_k_stride, mask=valid, other=0.0).to(tl.float32)
-        if CAUSAL:
-            bias = tl.where(cols > q[:, None], -float("inf"), bias)
-    return scale, bias
+    return scale, where, q
+
+
+@_jit
+def _fused_bias(where, q, row_mask, cols, valid, mask_ptr, mask_k_stride, MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """``_fused_terms``' bias at ``cols`` from the rows' mask offsets and query indices
+    (``_fused_row_terms``), shaped to broadcast over ``cols`` (``row_mask[:, None]``'s shape where
+    nothing sets it)."""
+    bias = tl.zeros(row_mask[:, None].shape, tl.float32)
+    if MASK == 1:
+        kept = tl.load(mask_ptr + where[:, None] + cols * mask_k_stride, mask=valid, other=1) != 0
+        bias = tl.where(kept, bias, -float("inf"))
+    if MASK == 2:
+        bias = tl.load(mask_ptr + where[:, None] + cols * mask_k_stride, mask=valid, other=0.0).to(tl.float32)
+    if CAUSAL:
+        bias = tl.where(cols > q[:, None], -float("inf"), bias)
+    return bias
 
 
 @_jit

@@ -4,7 +4,8 @@ output; no program waits on another, so every backend runs it)."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import (LOG2E, _grad, _grad_terms, _lane_columns, _lane_combine, _lane_update, _load,
     _normalized, _row_starts, _store, _tile_items, _tile_mask, _tile_rows, _wide)
-from .fused import _causal_reads, _emptied, _fused_grad, _fused_input, _fused_load, _fused_rows, _fused_terms
+from .fused import (_causal_reads, _emptied, _fused_grad, _fused_input, _fused_load_rows, _fused_row_terms,
+    _fused_rows, _fused_terms)
 
 
 @_jit
@@ -115,35 +116,37 @@ def softmax_forward_loop(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-        row_max, ref, total = _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride,
-                                            mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
-                                            mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                                            scale_b_stride, scale_q_stride, y_ptr.dtype.element_ty, BLOCK_M, BLOCK_N,
-                                            ACC_FP64, SCALE, MASK, CAUSAL)
+        # The fused terms' row quantities once a row, for both passes (_fused_row_terms).
+        x_scale, where, q = _fused_row_terms(outer, rows, row_mask, rows_per_outer, scale_ptr, scale_value, n_heads,
+                                             n_queries, mask_a_stride, mask_b_stride, mask_q_stride, scale_a_stride,
+                                             scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
+        # Causal compares q with 32-bit columns: as 32 bits, one compare an element, not two (q
+        # past the row's end keeps every column either way).
+        q = tl.minimum(q, n_cols).to(tl.int32)
+        row_max, ref, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, x_scale, where, q, mask_ptr,
+                                            mask_k_stride, y_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64, SCALE,
+                                            MASK, CAUSAL)
         scale = 1.0 / total
         shift = -tl.log(total)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, start + BLOCK_N,
-                            n_cols, y_ptr.dtype.element_ty, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr,
-                            scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, SCALE,
-                            MASK, CAUSAL)
+            x = _fused_load_rows(x_ptr, x_base, cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols,
+                                 y_ptr.dtype.element_ty, ACC_FP64, row_mask, x_scale, where, q, mask_ptr,
+                                 mask_k_stride, BLOCK_M, SCALE, MASK, CAUSAL, False)
             z = x - ref[:, None]
             out = _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG)
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
 
 
 @_jit
-def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride, mask_ptr, scale_ptr,
-                  scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                  scale_a_stride, scale_b_stride, scale_q_stride, CAST_TY: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
-                  CAUSAL: tl.constexpr):
+def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, x_scale, where, q, mask_ptr, mask_k_stride,
+                  CAST_TY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr,
+                  SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
     """One streamed pass over rows (chunks of ``BLOCK_N`` columns) of the fused input
-    (``_fused_load``): each row's maximum, the reference its exponentials are taken against (the
-    maximum, or 0 for a row of -inf only), and their sum.
+    (``_fused_load_rows``, from the rows' terms ``x_scale``, ``where`` and ``q``): each row's
+    maximum, the reference its exponentials are taken against (the maximum, or 0 for a row of
+    -inf only), and their sum.
 
     A row streamed alone (``BLOCK_M`` 1) keeps a maximum and sum per lane of blocks laid out in
     lane rows (``_lane_columns``), each block reduced within a thread, and reduces across threads
@@ -166,14 +169,12 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
         lane_max = _wide(tl.full([BLOCK_M, LANES], -float("inf"), tl.float32), ACC_FP64)
         lane_sum = _wide(tl.zeros([BLOCK_M, LANES], tl.float32), ACC_FP64)
         for start in tl.range(0, n_cols, BLOCK_N):
-            # [BLOCK_M, LANE_ROWS, LANES]: the row quantities as [BLOCK_M, 1] (_fused_load).
+            # [BLOCK_M, LANE_ROWS, LANES]: the row quantities as [BLOCK_M, 1] (_fused_load_rows).
             cols = start + block_cols
             mask = row_mask[:, None, None] & (cols < n_cols)
-            x = _fused_load(x_ptr, x_base[:, None], cols, cols, x_col_stride, mask, start + BLOCK_N, n_cols, CAST_TY,
-                            ACC_FP64, outer, rows[:, None], row_mask[:, None], rows_per_outer, mask_ptr, scale_ptr,
-                            scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, SCALE, MASK,
-                            CAUSAL)
+            x = _fused_load_rows(x_ptr, x_base[:, None], cols, x_col_stride, mask, start + BLOCK_N, n_cols, CAST_TY,
+                                 ACC_FP64, row_mask[:, None], x_scale[:, None], where[:, None], q[:, None], mask_ptr,
+                                 mask_k_stride, BLOCK_M, SCALE, MASK, CAUSAL, True)
             lane_max, lane_sum = _lane_update(lane_max, lane_sum, x, True)
         row_max, total = _lane_combine(lane_max, lane_sum)
         ref = tl.where(row_max == -float("inf"), 0.0, row_max)
@@ -185,11 +186,9 @@ def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, 
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols,
-                            CAST_TY, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr,
-                            scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, SCALE, MASK,
-                            CAUSAL)
+            x = _fused_load_rows(x_ptr, x_base, cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols, CAST_TY,
+                                 ACC_FP64, row_mask, x_scale, where, q, mask_ptr, mask_k_stride, BLOCK_M, SCALE, MASK,
+                                 CAUSAL, True)
             new_max = tl.maximum(row_max, tl.max(x, 1))
             new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
             # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
