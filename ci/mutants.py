@@ -102,6 +102,20 @@ MUTANTS = [
            "        lane_sum = lane_sum + tl.sum(",
            _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")
            + _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-5000")),
+    # A streamed row's scale alone goes without the select only where nothing reduces the block
+    # (kernels/fused.py's _fused_load_rows): in the statistics pass a negative scale turns the
+    # padding's -inf into +inf.
+    Mutant("streamed_padding_scaled", f"{KERNELS}/fused.py",
+           "    if REDUCED or (MASK != 0 or CAUSAL):\n",
+           "    if MASK != 0 or CAUSAL:\n",
+           _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-no-mask-2100",
+                "cpu-log_softmax-bf16-no-mask-5000")),
+    # The softmax's lane reference (kernels/common.py's _finite_floor): a lane of -inf only takes
+    # a finite reference; 0 in its place moves every lane of values far below zero.
+    Mutant("lane_floor_zero", f"{KERNELS}/common.py",
+           "    return tl.maximum(v, floor)\n",
+           "    return tl.maximum(v, 0.0)\n",
+           _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-fp32-5000")),
     # The loss's form of the same step (its one-FFMA exponentials).
     Mutant("loss_lane_rescale_dropped", f"{KERNELS}/common.py",
            "        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(",
@@ -117,16 +131,16 @@ MUTANTS = [
            "        dx = dy\n",
            _ids("tests/test_softmax.py::test_differentiable_gradients_match_torch", "cpu-log_softmax")),
     Mutant("bool_mask_ignored", f"{KERNELS}/fused.py",
-           "            bias = tl.where(kept, bias, -float(\"inf\"))\n",
-           "            bias = bias\n",
+           "        bias = tl.where(kept, bias, -float(\"inf\"))\n",
+           "        bias = bias\n",
            _ids(FUSED, "cpu-bool_mask-softmax-torch.float32-tile")),
     Mutant("scale_ignored", f"{KERNELS}/fused.py",
            "        scale = scale * scale_value\n",
            "        scale = scale\n",
            _ids(FUSED, "cpu-scale-softmax-torch.float32-tile")),
     Mutant("causal_diagonal_masked", f"{KERNELS}/fused.py",
-           "            bias = tl.where(cols > q[:, None], -float(\"inf\"), bias)\n",
-           "            bias = tl.where(cols >= q[:, None], -float(\"inf\"), bias)\n",
+           "        bias = tl.where(cols > q[:, None], -float(\"inf\"), bias)\n",
+           "        bias = tl.where(cols >= q[:, None], -float(\"inf\"), bias)\n",
            _ids(FUSED, "cpu-causal-softmax-torch.float32-tile")),
     Mutant("compiled_fused_call_drops_mask", "portable_softmax/fused.py",
            "        return _fused_op(x, dim, out_dtype, log, tensor, value, mask, causal)\n",

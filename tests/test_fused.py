@@ -183,8 +183,9 @@ def test_fused_variants_over_other_dimensions(device, monkeypatch, case, regime,
 @pytest.mark.parametrize("keys, causal", [(2100, False), (5000, False), (5000, True)],
                          ids=["2100", "5000", "5000-causal"])
 @pytest.mark.parametrize("dtype, mask_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
-                                               (torch.float32, torch.float32), (torch.float64, torch.float64)],
-                         ids=["bf16", "fp32-bf16-mask", "fp32", "fp64"])
+                                               (torch.float32, torch.float32), (torch.float64, torch.float64),
+                                               (torch.bfloat16, None)],
+                         ids=["bf16", "fp32-bf16-mask", "fp32", "fp64", "bf16-no-mask"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_streamed_rows_reduced_in_lane_rows(device, monkeypatch, keys, causal, dtype, mask_dtype, log):
     """Blocks of 4096 stream in lane rows (``kernels.rows._online_stats``: as many as the narrowest
@@ -193,7 +194,10 @@ def test_streamed_rows_reduced_in_lane_rows(device, monkeypatch, keys, causal, d
     5000 leave the second block's later lane rows all padding; causal rows keep a few keys of
     their first lane row. Through a per-row scale tensor and an additive mask, rows of every
     extreme: a +inf and a NaN (NaN, as torch), one finite value among -inf, values far below
-    zero, a maximum that arrives late (every lane's sum rescaled), a row of -inf only (NaN)."""
+    zero, a maximum that arrives late (every lane's sum rescaled), a row of -inf only (NaN).
+    Without the mask the scale alone is applied, without a select in the output pass
+    (``kernels.fused._fused_load_rows``): the statistics pass must still see -inf in the
+    padding, whatever the scale's sign (the last row's is negative)."""
     force_regime(monkeypatch, "loop", device)
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], loop_chunk=4096))
@@ -211,7 +215,7 @@ def test_streamed_rows_reduced_in_lane_rows(device, monkeypatch, keys, causal, d
     # Positive but for the last row's (a softmin): a negative scale turns +inf into -inf.
     scale = torch.rand(1, 2, 4, 1, device=device) + 0.5
     scale[0, 1, 3] *= -1
-    mask = torch.randn(1, 1, 4, keys, device=device).to(mask_dtype)
+    mask = torch.randn(1, 1, 4, keys, device=device).to(mask_dtype) if mask_dtype else None
     function = torch.log_softmax if log else torch.softmax
     y = (ps.log_softmax if log else ps.softmax)(x, -1, scale=scale, mask=mask, causal=causal)
     expected = _reference(x, scale=scale, mask=mask, causal=causal, log=log)
@@ -220,7 +224,7 @@ def test_streamed_rows_reduced_in_lane_rows(device, monkeypatch, keys, causal, d
     # x * scale + mask rounds there as in ours, an error near |x| * 2**-24 on the rows far below
     # zero.
     wide = torch.promote_types(dtype, torch.float32)
-    z = x.to(wide) * scale.to(wide) + mask.to(wide)
+    z = x.to(wide) * scale.to(wide) + (mask.to(wide) if mask is not None else 0)
     if causal:
         z = z.masked_fill(torch.ones(4, keys, dtype=torch.bool, device=device).triu(1), -math.inf)
     finite = expected.isfinite()

@@ -122,24 +122,41 @@ def _lane_update(lane_max, lane_sum, z, EXACT: tl.constexpr):
     [rows, LANE_ROWS, lanes], its middle axis held by each thread (``_lane_columns``), so that
     the block's maximum and sum over it are a thread's own instructions, no shuffle or barrier.
     An element costs its maximum, one exponential and an add; a lane's rescale by its new
-    maximum is paid once a block. Against 0 while a lane is -inf (padding, masked rows): its sum
-    stays 0, never 0 * inf (the rescale is from the lane's previous maximum, not its reference);
-    a NaN makes the lane's sum NaN (its exponential is NaN), as does a +inf (inf - inf).
+    maximum is paid once a block. While a lane is -inf (padding, masked rows) its reference is
+    finite (``_finite_floor``; the loss's 0) and its sum stays 0, never 0 * inf (the rescale is
+    from the lane's previous maximum, not its reference); a NaN makes the lane's sum NaN (its
+    exponential is NaN), as does a +inf (inf - inf).
 
     ``EXACT``: the exponentials of z - ref (exact near the maximum; a subtract and a multiply an
     element): the softmax, whose output pass takes them so and divides by this sum. Else of
     z * log2(e) - ref * log2(e), one fused multiply-add whose rounding grows with |z| (about
     |z| * 2**-24 relative), which the loss's lse, an absolute quantity, tolerates."""
     high = tl.maximum(lane_max, tl.max(z, 1))
-    ref = tl.where(high == -float("inf"), 0.0, high)
     if EXACT:
+        ref = _finite_floor(high)
         lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(
             tl.exp2((z - ref[:, None, :]) * LOG2E), 1)
     else:
+        # Against 0, not the floor: the floor times log2(e) would overflow to -inf.
+        ref = tl.where(high == -float("inf"), 0.0, high)
         scaled_ref = ref * LOG2E
         lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
             tl.exp2(z * LOG2E - scaled_ref[:, None, :]), 1)
     return high, lane_sum
+
+
+@_jit
+def _finite_floor(v):
+    """``v``, or the most negative finite value of its type where it is -inf: a reference that
+    exponentials of -inf (0) and of a lane's own maximum (1) take alike, in one instruction (a
+    maximum), not a compare and a select a lane. No finite ``v`` is below it, so none moves; a
+    NaN stays NaN or becomes the floor (``maximum``'s rule on the backend), and the lane's sum is
+    NaN either way (its exponential is)."""
+    if v.dtype == tl.float64:
+        floor = -1.7976931348623157e308
+    else:
+        floor = -3.4028234663852886e38
+    return tl.maximum(v, floor)
 
 
 @_jit

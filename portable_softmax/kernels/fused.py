@@ -31,7 +31,7 @@ def _fused_load_rows(x_ptr, x_base, cols, x_col_stride, valid, end, n_cols, CAST
                      ACC_FP64: tl.constexpr, row_mask, scale, where, q, mask_ptr, mask_k_stride, BLOCK_M: tl.constexpr,
                      SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, REDUCED: tl.constexpr):
     """``_fused_load`` at a row's own columns ``cols`` from its terms computed once
-    (``_fused_row_terms``: ``scale``, ``where``, ``q``, a 32-bit ``q`` too): a streamed row's
+    (``_fused_row_terms``: ``scale``, ``where``, ``q``, which may be 32-bit): a streamed row's
     blocks. Every row quantity (``x_base``, ``row_mask`` and the terms) is taken per row with
     ``[:, None]``, so that a block laid out in lane rows (``common._lane_columns``: ``cols``
     [1, LANE_ROWS, lanes]) passes them as [BLOCK_M, 1].
@@ -44,7 +44,9 @@ def _fused_load_rows(x_ptr, x_base, cols, x_col_stride, valid, end, n_cols, CAST
         reads = valid & (cols <= q[:, None])
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), CAST_TY, ACC_FP64, "")
     if REDUCED or (MASK != 0 or CAUSAL):
-        bias = _fused_bias(where, q, row_mask, cols, valid, mask_ptr, mask_k_stride, MASK, CAUSAL)
+        # Without its causal term: what causal masks was not read, and the input is -inf where
+        # not read (one compare an element, not two).
+        bias = _fused_bias(where, q, row_mask, cols, valid, mask_ptr, mask_k_stride, MASK, False)
         x = _fused_input(x, scale[:, None], bias, reads, row_mask, end, n_cols, BLOCK_M, SCALE, MASK, MASK != 0,
                          CAUSAL)
     elif SCALE != 0:

@@ -114,6 +114,9 @@ def softmax_forward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        if BLOCK_M == 1:
+            # A tile of one row is a row (a group's tiles are its rows: variants.counts): no mask.
+            row_mask = tl.full([BLOCK_M], 1, tl.int1)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
         # The fused terms' row quantities once a row, for both passes (_fused_row_terms).
