@@ -5,7 +5,8 @@ does: a first copy into freshly allocated memory runs slow. Usage: python3 bench
 [bfloat16,float32] [variant,...]; ``SWEEP_KERNELS=folder`` runs the kernels of that copy of the
 kernel package (a probe's variant, ``probes/kernel_variant.py``) instead of the library's. The
 ``LOOP_VARIANTS`` are planned with the split path closed: the loop regime, as AMD and Ascend
-stream long rows."""
+stream long rows. ``SWEEP_SCALE=row``: the forward takes a per-row scale tensor (the fused
+variant, ``kernels.fused``; its reference softmax(x * scale)); the backward stays plain."""
 import dataclasses
 import os
 import sys
@@ -13,7 +14,7 @@ import sys
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import device, launch, launch_plan, row_layout, tuning
+from portable_softmax import device, fused, launch, launch_plan, row_layout, tuning
 from probes.kernel_variant import load_kernels
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
@@ -100,6 +101,7 @@ VARIANTS = {
 
 # The variants planned without the split path (as tests/regimes.force_regime plans the loop).
 LOOP_VARIANTS = frozenset({"loop", "loop_c8k"})
+ROW_SCALE = os.environ.get("SWEEP_SCALE") == "row"
 
 
 def bench(fn):
@@ -137,7 +139,8 @@ def main():
             x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
             copy = bench(lambda: x.clone())
             rows = []
-            reference = torch.softmax(x.double(), -1)
+            scale = torch.rand(m, 1, device="cuda") + 0.5
+            reference = torch.softmax(x.double() * (scale.double() if ROW_SCALE else 1), -1)
             y, dy = reference.to(dtype), torch.randn_like(x)
             dx = torch.empty_like(x)
             y64, dy64 = y.double(), dy.double()
@@ -150,9 +153,18 @@ def main():
                 launch_plan.plan_launch = _without_split(plan_launch) if name in LOOP_VARIANTS else plan_launch
                 try:
                     out = torch.full_like(x, float("nan"))
-                    plan = launch.run_forward(x, out, forward_view, False)
+                    if ROW_SCALE:
+                        fusion, mask_t, scale_t = fused._fusion(x, 1, scale, None, False)
+                        record = launch.build_record("forward", (x, out, mask_t, scale_t), forward_view, False,
+                                                     False, allow_split=name not in LOOP_VARIANTS, fusion=fusion)
+                        forward = lambda: record((x, out, mask_t, scale_t))  # noqa: E731
+                        forward()
+                        plan = record.plan
+                    else:
+                        forward = lambda: launch.run_forward(x, out, forward_view, False)  # noqa: E731
+                        plan = forward()
                     err = ((out.double() - reference).norm() / reference.norm()).item()
-                    f = bench(lambda: launch.run_forward(x, out, forward_view, False))
+                    f = bench(forward)
                     dx.fill_(float("nan"))
                     bplan = launch.run_backward(y, dy, dx, backward_view, False)
                     berr = ((dx.double() - grad).norm() / grad.norm()).item()
@@ -168,7 +180,7 @@ def main():
                       f"occ{plan.occupancy}{_marks(plan)} | bwd {bplan.regime} a{bplan.align}"
                       f"{'t' if bplan.ticketed else ''} s{bplan.num_stages} P{bplan.programs} w{bplan.num_warps} "
                       f"bn{bplan.block_n} occ{bplan.occupancy}{_marks(bplan)}", flush=True)
-            del x, y, dy, dx, reference, grad
+            del x, y, dy, dx, reference, grad, scale
             torch.cuda.empty_cache()
     # Back to the backend's own rows: writing ``base`` under "*" would give every device of the
     # backend this device's row (the H200's by name).

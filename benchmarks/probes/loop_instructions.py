@@ -6,7 +6,8 @@ and float32, plain and fused (a per-row scale tensor, a bool mask, causal: the c
 fused form; or one term each). No GPU (NOTES v36).
 
     PYTHONPATH=. python benchmarks/probes/loop_instructions.py [--target cuda:90=h200 ...]
-        [--shape 4096x50257 ...] [--dtype bfloat16 ...] [--form plain ...] [--chunk 8192] [--json OUT]
+        [--shape 4096x50257 ...] [--dtype bfloat16 ...] [--form plain ...] [--chunk 8192] [--sliced]
+        [--json OUT]
 
 Counts are static: a loop's instructions (``machine_code``'s natural loops), both sides of a branch
 within it counted. The kernel's innermost loops, in address order, are the statistics pass
@@ -63,15 +64,17 @@ def loop_counts(loop: machine_code.Loop) -> tuple[dict, collections.Counter]:
              "shared": sum(op.startswith(SHARED) for op in ops)}, collections.Counter(ops))
 
 
-def measure(target_text: str, shape: str, dtype: str, form: str, chunk: int) -> dict:
-    """The forced loop's config for one problem, and its passes' counts."""
+def measure(target_text: str, shape: str, dtype: str, form: str, chunk: int, sliced: bool = False) -> dict:
+    """The forced loop's config for one problem, and its passes' counts. ``sliced``: rows sliced
+    from a vocabulary padded to 64 and written contiguous (the compile report's sliced case: x's
+    rows aligned, y's not), streamed rather than sliced."""
     target = parse_target(target_text)
     record, _, _ = target_record(target)
     rows, cols = (int(n) for n in shape.split("x"))
-    case = Case(rows, cols, dtype, False, False, fused=FORMS[form] is not None)
+    case = Case(rows, cols, dtype, False, False, fused=FORMS[form] is not None, sliced=sliced)
     config = select_config(record, rows, cols, case.plan_dtype, allow_split=False, rows_per_group=rows,
                            align=case.align, input_bytes=case.input_bytes, causal=case.causal,
-                           sliceable=not case.fused)
+                           sliceable=False)
     assert config.regime == "loop", config
     if chunk:
         # As the planner would plan a loop_chunk of ``chunk`` (planner.select_config).
@@ -95,7 +98,8 @@ def measure(target_text: str, shape: str, dtype: str, form: str, chunk: int) -> 
     counted = [loop_counts(loop) for loop in sorted(machine_code.innermost(loops), key=lambda loop: loop.head)]
     passes = [{**counts, "per_element": round(counts["instructions"] / per_thread, 2)} for counts, _ in counted]
     top = counted[0][1].most_common(10) if counted else []
-    return {"target": target_text, "shape": shape, "dtype": dtype, "form": form, "block_n": config.block_n,
+    return {"target": target_text, "shape": shape + (" sliced" if sliced else ""), "dtype": dtype, "form": form,
+            "block_n": config.block_n,
             "warps": config.num_warps, "per_thread": per_thread, "registers": registers, "spills": spills,
             "passes": passes, "stats_top": top}
 
@@ -121,6 +125,8 @@ def main() -> None:
                         help="repeatable (default plain and fused)")
     parser.add_argument("--chunk", type=int, default=0,
                         help="BLOCK_N (a loop_chunk) instead of the plan's, warps as planned for it (0: the plan's)")
+    parser.add_argument("--sliced", action="store_true",
+                        help="rows sliced from a vocabulary padded to 64, written contiguous (plain form only)")
     parser.add_argument("--json", help="also write every count here")
     args = parser.parse_args()
     print("| target | shape | dtype | form | BLOCK_N | warps | elts/thread | regs / spills | stats loop (per elt) "
@@ -131,7 +137,7 @@ def main() -> None:
         for shape in args.shape or SHAPES:
             for dtype in args.dtype or DTYPES:
                 for form in args.form or ("plain", "fused"):
-                    found = measure(target, shape, dtype, form, args.chunk)
+                    found = measure(target, shape, dtype, form, args.chunk, args.sliced)
                     found_all.append(found)
                     print(_row(found), flush=True)
     if args.json:
