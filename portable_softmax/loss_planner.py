@@ -10,6 +10,7 @@ from typing import Optional
 from portable_softmax.plan_grid import (KernelConfig, LaunchPlan, ResourceSource, Target, _cdiv, _resources, _row_limit,
                                         _size, _warps, next_power_of_2)
 from portable_softmax.planner import DTYPE_BYTES
+from portable_softmax.record import KernelResources
 from portable_softmax.split_planner import _can_split, _no_split_note, plan_split, split_config
 
 
@@ -33,6 +34,42 @@ def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> La
         plan, programs=programs, rows_per_program=_cdiv(n_rows, programs),
         reason=f"{plan.reason}; {programs} programs, so that their rows of {row_bytes} B, streamed twice, fit "
                f"{share:g} of the {record.l2_cache_bytes} B L2")
+
+
+def _split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
+                per_thread: Optional[int]) -> KernelConfig:
+    """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
+    by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
+    Triton in use does not build the pipelined form."""
+    config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
+    if arrival:
+        return dataclasses.replace(config, arrival=True, phased=False, num_stages=1)
+    if writes_gradient and not target.tuning.loss_gradient_pipelined:
+        return dataclasses.replace(config, num_stages=1)
+    return config
+
+
+def _unspilled(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
+               resources: ResourceSource, input_bytes: int) -> tuple[Optional[int], KernelConfig]:
+    """The elements a thread holds (None: the tuning's) and the split configuration: the tuning's,
+    or, where the compiled kernel spills more than ``Tuning.split_fit_max_spills`` words a thread,
+    half as many elements a thread (twice the warps) until it does not or the warps stop growing.
+    The every-option forms hold more a thread than the softmax's chunks were sized for (Triton 3.2
+    and 3.6, sm_90: bf16 rows of 50257 in chunks of 4096 at 2 warps, 255 registers and 84-98
+    spilled words a thread; none under 3.9). Estimates spill nothing: only compiled resources
+    (the tables' rows, a first launch's binary) move it."""
+    tuning = target.tuning
+    per_thread = tuning.loss_split_elements_per_thread or None
+    config = _split_form(target, n_rows, n_cols, align, arrival, writes_gradient, per_thread)
+    if resources is None or isinstance(resources, KernelResources):
+        return per_thread, config
+    elements = per_thread or tuning.split_elements_per_thread
+    while _resources(resources, target, config, False, input_bytes).spills > tuning.split_fit_max_spills:
+        wider = _split_form(target, n_rows, n_cols, align, arrival, writes_gradient, elements // 2)
+        if elements <= 1 or wider.num_warps <= config.num_warps:
+            break
+        elements, per_thread, config = elements // 2, elements // 2, wider
+    return per_thread, config
 
 
 def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
@@ -102,17 +139,14 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         arrival = not writes_gradient and tuning.loss_arrival
         if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols, arrival):
             # One row a chunk's item: a tile of several rows would need them adjacent in memory.
-            per_thread = tuning.loss_split_elements_per_thread or None
-            config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
+            per_thread, config = _unspilled(target, n_rows, n_cols, align, arrival, writes_gradient, resources,
+                                            input_bytes)
             if arrival:
                 # Nothing held across the exchange: a program per item, none waiting, one launch.
-                config = dataclasses.replace(config, arrival=True, phased=False, num_stages=1)
                 kernel = _resources(resources, target, config, False, input_bytes)
                 plan = _size(target, config, kernel, n_rows, rows_per_group, None, False)
                 assert plan is not None  # no program waits: every grid fits
                 return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
-            if writes_gradient and not tuning.loss_gradient_pipelined:
-                config = dataclasses.replace(config, num_stages=1)
             plan = plan_split(target, config, n_rows, n_cols, rows_per_group, resources, False, input_bytes,
                               per_thread=per_thread)
             if plan is not None:

@@ -378,7 +378,7 @@ _CUDA_STRIDED_SLICES = {("forward", 2): 4096}
 #
 # The loss's forward alone streamed (each program its rows, blocks reduced within a thread, NOTES
 # v34) in blocks of 8192 at 8 warps rather than split by arrival (NOTES v37, H200, Triton 3.6,
-# one run): bf16 rows of 128256-256000 0.75-0.78 -> 0.96-0.99 of the copy floor, 8192x32000
+# one run): bf16 rows of 128256-256000 0.70-0.78 -> 0.93-0.99 of the copy floor, 8192x32000
 # 0.64 -> 0.76; float32 0.92-1.01 -> 1.02-1.07. Blocks of 4096 read 0.82-0.87 in bf16, 8192 at 4
 # warps 0.89-0.92, 16384 0.91-0.94. Other CUDA chips (the H100) take it unmeasured.
 _CUDA_LOSS_STREAM = dict(loss_split=frozenset({"gradient"}), loss_alone_chunk=8192, loss_loop_warps=8)

@@ -815,7 +815,9 @@ def test_compile_report_covers_the_loss(monkeypatch):
     # as it would be planned; the loop it falls back to and the backward's), their wait loops
     # read memory, and the plan from the compiled resources takes a compiled configuration. The
     # heaviest forms only: CI's compile report (`portable-softmax compile`) compiles every form.
-    from portable_softmax import crosscompile
+    from packaging.version import Version
+
+    from portable_softmax import compat, crosscompile
     from portable_softmax.crosscompile import cases as compile_cases
 
     heaviest = {"grad, all": compile_cases.LOSS_FORMS["forward"]["grad, all"]}
@@ -833,8 +835,15 @@ def test_compile_report_covers_the_loss(monkeypatch):
                            "cross_entropy_backward"}
         assert {p["regime"] for p in target["plans"]} == {"tile", "split", "loop"}
         split = [v for v in target["variants"] if v["kernel"] == "cross_entropy_forward_split"]
-        assert all(v["wait_loop_reads_memory"] and v["spills"] == 0 for v in split), split
+        # Triton 3.2's AMDGCN peels the wait and leaves a loop that re-reads nothing: HIP plans no
+        # waiting split, so the report notes it there (tests/test_crosscompile.py, the same rule).
+        lossy = target["target"].startswith("hip") and compat.TRITON_VERSION < Version("3.3")
+        assert all(v["wait_loop_reads_memory"] or (lossy and v["notes"] and not v["problems"]) for v in split), split
         assert {v["constexprs"]["ALIGN"] for v in split} == {8}
+        # The split forms the plans launch spill nothing: where the listed form spills (Triton 3.2
+        # and 3.6, sm_90: 2 warps, 84-98 words), the plan asks for twice the warps, compiled then.
+        launched = {p["variant"] for p in target["plans"] if "note" not in p}
+        assert all(v["spills"] == 0 for v in split if v["id"] in launched), split
         used = {p["regime"] for p in target["plans"] if "note" not in p}
         assert used == ({"tile", "split", "loop"} if target["record"]["residency_guaranteed"] else {"tile", "loop"})
 
@@ -898,3 +907,40 @@ def test_split_rows_of_negative_16bit_logits(device, monkeypatch, dtype):
     x = (-100.0 - 100.0 * torch.rand(3, 300, device=device)).to(dtype)
     check(x, class_targets((3,), 300, device, 0.0), with_lse=True)
     assert _forward_regimes() == {"split"}
+
+
+@pytest.mark.parametrize("writes", [True, False], ids=["gradient", "alone"])
+def test_a_spilling_split_form_takes_twice_the_warps(writes):
+    # Where the compiled split form spills more than the tuning allows (the every-option forms
+    # under Triton 3.2 and 3.6: 2 warps, 84-98 words a thread), the loss plans the same chunks
+    # with half the elements a thread (twice the warps), as far as that stops the spills; the
+    # estimates, which never spill, keep the tuning's.
+    from portable_softmax import loss_planner, profiles, split_planner, targets
+    from portable_softmax.record import KernelResources
+
+    target = targets.target_for(profiles.profile_record("h200"))
+    target = dataclasses.replace(target, tuning=dataclasses.replace(
+        target.tuning, loss_split=frozenset({"gradient", "loss"}), loss_arrival=True))
+    options = dict(writes_gradient=writes, input_bytes=2, splittable=True, align=8)
+    base = loss_planner.plan_loss(target, 4096, 50257, "float32", **options)
+    assert base.regime == "split" and base.num_warps == 2, base.reason
+
+    def spilling_below(warps):
+        def resources(config):
+            return KernelResources(registers=255 if config.num_warps < warps else 128, shared_memory=32,
+                                   num_warps=config.num_warps, spills=98 if config.num_warps < warps else 0)
+        return resources
+
+    for warps in (4, 8):
+        plan = loss_planner.plan_loss(target, 4096, 50257, "float32", resources=spilling_below(warps), **options)
+        assert plan.regime == "split" and plan.num_warps == warps, plan.reason
+        assert (plan.block_n, plan.chunks, plan.align) == (base.block_n, base.chunks, base.align)
+    # Spilling whatever the warps: the widest form (the block's lanes bound the warps), or, where
+    # that grid cannot be resident, the rows streamed; never the spilling 2 warps.
+    plan = loss_planner.plan_loss(target, 4096, 50257, "float32", resources=spilling_below(10**6), **options)
+    widest = split_planner.split_config(target, 4096, 50257, align=8, per_thread=1)
+    assert plan.num_warps == widest.num_warps if plan.regime == "split" else plan.regime == "loop", plan.reason
+    # Within the tuning's allowance: unchanged.
+    plan = loss_planner.plan_loss(target, 4096, 50257, "float32", **options,
+                                  resources=lambda config: KernelResources(255, 32, config.num_warps, spills=8))
+    assert plan.num_warps == base.num_warps

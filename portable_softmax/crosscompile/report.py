@@ -22,7 +22,7 @@ from portable_softmax.crosscompile.targets import (_TARGET_FORMS, DEFAULT_TARGET
                                                    target_record, toolchain_missing)
 from portable_softmax.crosscompile.cases import (_cost, _spec_key, Case, case_configs, cases_for, DEFAULT_DTYPES,
                                                  DEFAULT_FUSED_SHAPES, DEFAULT_LOSS_SHAPES, DEFAULT_SHAPES,
-                                                 DEFAULT_SHARDED_SHAPES, loss_form, loss_plan_options,
+                                                 DEFAULT_SHARDED_SHAPES, LOSS_ALTERNATIVE, loss_form, loss_plan_options,
                                                  DEFAULT_SLICED_SHAPES, DEFAULT_STRIDED_SHAPES, SLICED_PADDING,
                                                  variant_spec)
 from portable_softmax.crosscompile.compiling import compile_all, DEFAULT_TIMEOUT_S
@@ -78,6 +78,18 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
     compiled = [None] * len(specs)
     for position, index in enumerate(order):
         compiled[index] = ordered[position]
+    # A loss plan from compiled resources may ask for a form the cases did not list: twice the
+    # warps where the listed one spills (``loss_planner._unspilled``), which only a compiled
+    # binary shows. Compile what the plans ask, as a first launch would, and plan again.
+    for _ in range(ASKED_ROUNDS):
+        before = len(specs)
+        for (target, record, _, _, uses), asked in zip(per_target, _asked(per_target, specs, compiled)):
+            for case, form, config in asked:
+                uses.append((case, f"{form}{LOSS_ALTERNATIVE}asked", config,
+                             add(variant_spec(target, record, config, case, form))))
+        if len(specs) == before:
+            break
+        compiled += compile_all(specs[before:], jobs=jobs, timeout=timeout)
 
     report_targets = [_target_report(target, record, profile, note, uses, specs, compiled)
                       for target, record, profile, note, uses in per_target]
@@ -107,6 +119,58 @@ def run(targets: Sequence[Target], cases: Sequence[Case], *, jobs: int = 2, time
     return report
 
 
+# Rounds of configurations a loss plan asks for beyond the cases' (one suffices: a wider form
+# that spills too asks for another).
+ASKED_ROUNDS = 2
+
+
+def _compiled_resources(result: dict[str, Any], config: KernelConfig) -> Optional[KernelResources]:
+    """A compiled variant's resources, as a launch reads them; None where it did not compile."""
+    if result["status"] != "ok":
+        return None
+    return KernelResources(registers=result["registers"], shared_memory=result["shared"],
+                           num_warps=config.num_warps, spills=result["spills"], sgprs=result.get("sgprs", 0))
+
+
+def _case_resources(uses: list, compiled: list) -> dict[tuple[Case, str], dict[KernelConfig, KernelResources]]:
+    """The compiled resources of each configuration a case may use, as launch.py's resources() gives
+    them (a loss case's per form: each form is its own binary)."""
+    by_case: dict[tuple[Case, str], dict[KernelConfig, KernelResources]] = {}
+    for case, role, config, index in uses:
+        found = _compiled_resources(compiled[index], config)
+        if found is not None:
+            by_case.setdefault((case, loss_form(role) if case.loss else ""), {})[config] = found
+    return by_case
+
+
+def _plan_case(record: DeviceRecord, case: Case, role: str, found: dict[KernelConfig, KernelResources]):
+    """The plan of ``case`` from the compiled resources ``found``; KeyError (the configuration) where it
+    asks for one not compiled."""
+    if case.loss:
+        return plan_loss(record, case.rows, case.cols, case.plan_dtype, resources=lambda c: found[c],
+                         **loss_plan_options(case, loss_form(role)))
+    return plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
+                       rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
+                       resources=lambda c: found[c], input_bytes=case.input_bytes, narrow=case.narrow,
+                       strided=case.strided, causal=case.causal)
+
+
+def _asked(per_target: list, specs: list, compiled: list) -> list[list[tuple[Case, str, KernelConfig]]]:
+    """Per target, the (case, form, configuration) its loss plans ask for that nothing compiled."""
+    asked = []
+    for target, record, _, _, uses in per_target:
+        found = _case_resources(uses, compiled)
+        wanted: dict[tuple[Case, str, KernelConfig], None] = {}
+        for case, form in dict.fromkeys((case, loss_form(role)) for case, role, _, _ in uses if case.loss):
+            try:
+                _plan_case(record, case, form, found.get((case, form), {}))
+            except KeyError as missing:
+                if isinstance(missing.args[0], KernelConfig):
+                    wanted[(case, form, missing.args[0])] = None
+        asked.append(list(wanted))
+    return asked
+
+
 def _target_report(target: Target, record: DeviceRecord, profile: str, note: Optional[str], uses: list,
                    specs: list, compiled: list) -> dict[str, Any]:
     backend = get_backend(record.backend)
@@ -124,9 +188,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             "table_key": spec_key(spec),
         }
         if result["status"] == "ok":
-            resources = KernelResources(registers=result["registers"], shared_memory=result["shared"],
-                                        num_warps=config.num_warps, spills=result["spills"],
-                                        sgprs=result.get("sgprs", 0))
+            resources = _compiled_resources(result, config)
             occupancy = backend.occupancy(record, resources)
             # Triton's launcher grants dynamic shared memory up to the per-block limit less the static part.
             shared_total = result["shared"] + result["static_shared"]
@@ -160,12 +222,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             entry["problems"].append(f"{result['status']}: {entry['error'].splitlines()[0] if entry['error'] else ''}")
         variants[index] = entry
 
-    # The compiled resources of each configuration a case may use, as launch.py's resources() gives them
-    # (a loss case's per form: each form is its own binary).
-    by_case: dict[tuple[Case, str], dict[KernelConfig, KernelResources]] = {}
-    for case, role, config, index in uses:
-        if "resources" in variants[index]:
-            by_case.setdefault((case, loss_form(role) if case.loss else ""), {})[config] = variants[index]["resources"]
+    by_case = _case_resources(uses, compiled)
 
     plans = []
     for case, role, config, index in uses:
@@ -183,16 +240,7 @@ def _target_report(target: Target, record: DeviceRecord, profile: str, note: Opt
             row["problems"].append(f"variant {variant['id']} did not compile")
             continue
         try:
-            if case.loss:
-                plan = plan_loss(record, case.rows, case.cols, case.plan_dtype,
-                                 resources=lambda c, found=compiled_for_case: found[c],
-                                 **loss_plan_options(case, loss_form(role)))
-            else:
-                plan = plan_launch(record, case.rows, case.cols, case.plan_dtype, backward=case.backward,
-                                   rows_per_group=case.rows, allow_split=role != "fallback", align=case.align,
-                                   resources=lambda c, found=compiled_for_case: found[c],
-                                   input_bytes=case.input_bytes, narrow=case.narrow, strided=case.strided,
-                                   causal=case.causal)
+            plan = _plan_case(record, case, role, compiled_for_case)
         except KeyError as missing:
             row["problems"].append(f"the plan from compiled resources asks for a configuration not compiled: "
                                    f"{missing}")
