@@ -3,7 +3,10 @@ fraction of x.clone() bandwidth on the shapes that matter, in one run (METHOD.md
 variants). The copy is timed before and after a shape's variants and the faster kept, as ``bench``
 does: a first copy into freshly allocated memory runs slow. Usage: python3 benchmarks/sweep.py
 [bfloat16,float32] [variant,...]; ``SWEEP_KERNELS=folder`` runs the kernels of that copy of the
-kernel package (a probe's variant, ``probes/kernel_variant.py``) instead of the library's."""
+kernel package (a probe's variant, ``probes/kernel_variant.py``) instead of the library's. The
+``LOOP_VARIANTS`` are planned with the split path closed: the loop regime, as AMD and Ascend
+stream long rows. ``SWEEP_SCALE=row``: the forward takes a per-row scale tensor (the fused
+variant, ``kernels.fused``; its reference softmax(x * scale)); the backward stays plain."""
 import dataclasses
 import os
 import sys
@@ -11,7 +14,7 @@ import sys
 import torch
 from triton.testing import do_bench
 
-from portable_softmax import device, launch, row_layout, tuning
+from portable_softmax import device, fused, launch, launch_plan, row_layout, tuning
 from probes.kernel_variant import load_kernels
 
 SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 32768), (4096, 262144), (4096, 50257),
@@ -91,7 +94,14 @@ VARIANTS = {
     "dense_bwd": dict(dense_tiles=frozenset({"backward"})),
     "dense_both": dict(dense_tiles=frozenset({"forward", "backward"})),
     "rr_b16k32k": dict(reread_cols={("forward", 4): _widths(16384, 16384), ("backward", 4): _widths(16384, 32768)}),
+    # v36: the loop regime forced (LOOP_VARIANTS), blocks of 4096 (the plan's) and 8192.
+    "loop": {},
+    "loop_c8k": dict(loop_chunk=8192),
 }
+
+# The variants planned without the split path (as tests/regimes.force_regime plans the loop).
+LOOP_VARIANTS = frozenset({"loop", "loop_c8k"})
+ROW_SCALE = os.environ.get("SWEEP_SCALE") == "row"
 
 
 def bench(fn):
@@ -101,6 +111,11 @@ def bench(fn):
 def _marks(plan) -> str:
     """' reread' and ' per-tile' where a plan has them (older trees' plans may lack the fields)."""
     return "".join(f" {mark}" for mark in ("reread", "per_tile") if getattr(plan, mark, False))
+
+
+def _without_split(plan_launch):
+    """``plan_launch`` with the split path closed: rows longer than a tile stream (the loop)."""
+    return lambda *args, **options: plan_launch(*args, **{**options, "allow_split": False})
 
 
 def _use_kernels(folder: str) -> None:
@@ -117,13 +132,15 @@ def main():
     backend = record.backend
     # The device's own row (by name, architecture or default): variants change it.
     base = tuning.tuning_for(record)
+    plan_launch = launch_plan.plan_launch
     print(f"{'variant':>14} {'dtype':>8} {'shape':>12} {'regime':>6} {'fwd':>5} {'bwd':>5}")
     for dtype in dtypes:
         for m, n in SHAPES:
             x = torch.randn(m, n, device="cuda", dtype=dtype) * 3
             copy = bench(lambda: x.clone())
             rows = []
-            reference = torch.softmax(x.double(), -1)
+            scale = torch.rand(m, 1, device="cuda") + 0.5
+            reference = torch.softmax(x.double() * (scale.double() if ROW_SCALE else 1), -1)
             y, dy = reference.to(dtype), torch.randn_like(x)
             dx = torch.empty_like(x)
             y64, dy64 = y.double(), dy.double()
@@ -133,11 +150,21 @@ def main():
             backward_view = row_layout.row_view((m, n), 1, y, dy, dx)
             for name in chosen:
                 tuning.TUNING[(backend, "*")] = dataclasses.replace(base, **VARIANTS[name])
+                launch_plan.plan_launch = _without_split(plan_launch) if name in LOOP_VARIANTS else plan_launch
                 try:
                     out = torch.full_like(x, float("nan"))
-                    plan = launch.run_forward(x, out, forward_view, False)
+                    if ROW_SCALE:
+                        fusion, mask_t, scale_t = fused._fusion(x, 1, scale, None, False)
+                        record = launch.build_record("forward", (x, out, mask_t, scale_t), forward_view, False,
+                                                     False, allow_split=name not in LOOP_VARIANTS, fusion=fusion)
+                        forward = lambda: record((x, out, mask_t, scale_t))  # noqa: E731
+                        forward()
+                        plan = record.plan
+                    else:
+                        forward = lambda: launch.run_forward(x, out, forward_view, False)  # noqa: E731
+                        plan = forward()
                     err = ((out.double() - reference).norm() / reference.norm()).item()
-                    f = bench(lambda: launch.run_forward(x, out, forward_view, False))
+                    f = bench(forward)
                     dx.fill_(float("nan"))
                     bplan = launch.run_backward(y, dy, dx, backward_view, False)
                     berr = ((dx.double() - grad).norm() / grad.norm()).item()
@@ -153,11 +180,12 @@ def main():
                       f"occ{plan.occupancy}{_marks(plan)} | bwd {bplan.regime} a{bplan.align}"
                       f"{'t' if bplan.ticketed else ''} s{bplan.num_stages} P{bplan.programs} w{bplan.num_warps} "
                       f"bn{bplan.block_n} occ{bplan.occupancy}{_marks(bplan)}", flush=True)
-            del x, y, dy, dx, reference, grad
+            del x, y, dy, dx, reference, grad, scale
             torch.cuda.empty_cache()
     # Back to the backend's own rows: writing ``base`` under "*" would give every device of the
     # backend this device's row (the H200's by name).
     tuning.TUNING.pop((backend, "*"), None)
+    launch_plan.plan_launch = plan_launch
 
 
 if __name__ == "__main__":

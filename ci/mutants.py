@@ -92,9 +92,36 @@ MUTANTS = [
            "    out = _normalized(z, e, (1.0 / total)[:, None], tl.log(total)[:, None], LOG)\n",
            _ids(FORWARD, "cpu-log_softmax-torch.float32-17x16")),
     Mutant("online_rescale_dropped", f"{KERNELS}/rows.py",
-           "        total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(",
-           "        total = total + tl.sum(",
-           _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")),
+           "            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(",
+           "            total = total + tl.sum(",
+           _ids("tests/test_softmax.py::test_rows_far_below_zero_in_every_regime", "cpu-softmax-loop")),
+    # The streamed rows in lane rows (v36: blocks of 1024 columns or more, as the interpreter's
+    # 16384 and the test's 4096).
+    Mutant("lane_rescale_dropped", f"{KERNELS}/common.py",
+           "        lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(",
+           "        lane_sum = lane_sum + tl.sum(",
+           _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")
+           + _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-5000")),
+    # A streamed row's scale alone goes without the select only where nothing reduces the block
+    # (kernels/fused.py's _fused_load_rows): in the statistics pass a negative scale turns the
+    # padding's -inf into +inf.
+    Mutant("streamed_padding_scaled", f"{KERNELS}/fused.py",
+           "    if REDUCED or (MASK != 0 or CAUSAL):\n",
+           "    if MASK != 0 or CAUSAL:\n",
+           _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-no-mask-2100",
+                "cpu-log_softmax-bf16-no-mask-5000")),
+    # The softmax's lane reference (kernels/common.py's _finite_floor): a lane of -inf only takes
+    # a finite reference; 0 in its place moves every lane of values far below zero.
+    Mutant("lane_floor_zero", f"{KERNELS}/common.py",
+           "    return tl.maximum(v, floor)\n",
+           "    return tl.maximum(v, 0.0)\n",
+           _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-fp32-5000")),
+    # The loss's form of the same step (its one-FFMA exponentials).
+    Mutant("loss_lane_rescale_dropped", f"{KERNELS}/common.py",
+           "        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(",
+           "        lane_sum = lane_sum + tl.sum(",
+           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-4096-class-5000",
+                "cpu-4096-prob-5000", "cpu-8192-class-5000", "cpu-8192-prob-5000")),
     Mutant("backward_term_dropped", f"{KERNELS}/common.py",
            "    return y * (dy - row_sum)\n",
            "    return y * dy\n",
@@ -104,16 +131,16 @@ MUTANTS = [
            "        dx = dy\n",
            _ids("tests/test_softmax.py::test_differentiable_gradients_match_torch", "cpu-log_softmax")),
     Mutant("bool_mask_ignored", f"{KERNELS}/fused.py",
-           "            bias = tl.where(kept, bias, -float(\"inf\"))\n",
-           "            bias = bias\n",
+           "        bias = tl.where(kept, bias, -float(\"inf\"))\n",
+           "        bias = bias\n",
            _ids(FUSED, "cpu-bool_mask-softmax-torch.float32-tile")),
     Mutant("scale_ignored", f"{KERNELS}/fused.py",
            "        scale = scale * scale_value\n",
            "        scale = scale\n",
            _ids(FUSED, "cpu-scale-softmax-torch.float32-tile")),
     Mutant("causal_diagonal_masked", f"{KERNELS}/fused.py",
-           "            bias = tl.where(cols > q[:, None], -float(\"inf\"), bias)\n",
-           "            bias = tl.where(cols >= q[:, None], -float(\"inf\"), bias)\n",
+           "        bias = tl.where(cols > q[:, None], -float(\"inf\"), bias)\n",
+           "        bias = tl.where(cols >= q[:, None], -float(\"inf\"), bias)\n",
            _ids(FUSED, "cpu-causal-softmax-torch.float32-tile")),
     Mutant("compiled_fused_call_drops_mask", "portable_softmax/fused.py",
            "        return _fused_op(x, dim, out_dtype, log, tensor, value, mask, causal)\n",
@@ -184,14 +211,6 @@ MUTANTS = [
            "mask & zeroed[:, None] & False, zeros,",
            _ids("tests/test_loss.py::test_ignored_rows_of_infinite_logits_have_a_zero_gradient", "cpu-split-bf16",
                 "cpu-pipelined-bf16")),
-    # The streamed loss forward's lanes (kernels/loss.py's _lane_update): each block rescales a lane's
-    # running sum to the lane's new maximum; without it a row whose maximum rises after its first
-    # block keeps that block's exponentials against the old maximum.
-    Mutant("loss_lane_rescale_dropped", f"{KERNELS}/loss.py",
-           "    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(\n",
-           "    lane_sum = lane_sum + tl.sum(\n",
-           _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-4096-class-5000",
-                "cpu-4096-prob-5000", "cpu-8192-class-5000", "cpu-8192-prob-5000")),
     # The exchange by arrival (kernels/exchange.py's _arrive): the row's last chunk resets its counter,
     # else the next launch counts on from CHUNKS and no chunk is last (its loss and lse unwritten).
     Mutant("arrival_counter_not_reset", f"{KERNELS}/exchange.py",

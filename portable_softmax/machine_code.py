@@ -34,6 +34,9 @@ class Loop:
     # The source lines (``file.py:N``, the file's base name) the loop's instructions come from,
     # inlined-at lines included where the format gives them.
     lines: frozenset[str] = frozenset()
+    # Its instructions' text, block by block in address order (what a trip may issue: both sides
+    # of a branch within it).
+    instructions: tuple[str, ...] = ()
 
     @property
     def reads_memory(self) -> bool:
@@ -144,7 +147,8 @@ def _loops(instructions: list[_Instruction]) -> list[Loop]:
                         body.add(n)
                         stack.extend(predecessors[n] & reachable)
     return [Loop(head, frozenset(body), tuple(r for n in sorted(body) for r in reads[n]),
-                 frozenset(line for n in body for line in lines[n]))
+                 frozenset(line for n in body for line in lines[n]),
+                 tuple(text for n in sorted(body) for text in blocks[n].instructions))
             for head, body in sorted(bodies.items())]
 
 

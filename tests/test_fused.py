@@ -180,6 +180,60 @@ def test_fused_variants_over_other_dimensions(device, monkeypatch, case, regime,
     assert len(plans) == 2 and {regime_of(plan) for plan in plans} == {regime}
 
 
+@pytest.mark.parametrize("keys, causal", [(2100, False), (5000, False), (5000, True)],
+                         ids=["2100", "5000", "5000-causal"])
+@pytest.mark.parametrize("dtype, mask_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
+                                               (torch.float32, torch.float32), (torch.float64, torch.float64),
+                                               (torch.bfloat16, None)],
+                         ids=["bf16", "fp32-bf16-mask", "fp32", "fp64", "bf16-no-mask"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_streamed_rows_reduced_in_lane_rows(device, monkeypatch, keys, causal, dtype, mask_dtype, log):
+    """Blocks of 4096 stream in lane rows (``kernels.rows._online_stats``: as many as the narrowest
+    element read has bytes: 2 of 2048 for bf16 or a bf16 mask, 4 of 1024 for float32, 8 of 512 for
+    float64), each reduced within a thread before the lanes are: 2100 keys end in the first block,
+    5000 leave the second block's later lane rows all padding; causal rows keep a few keys of
+    their first lane row. Through a per-row scale tensor and an additive mask, rows of every
+    extreme: a +inf and a NaN (NaN, as torch), one finite value among -inf, values far below
+    zero, a maximum that arrives late (every lane's sum rescaled), a row of -inf only (NaN).
+    Without the mask the scale alone is applied, without a select in the output pass
+    (``kernels.fused._fused_load_rows``): the statistics pass must still see -inf in the
+    padding, whatever the scale's sign (the last row's is negative)."""
+    force_regime(monkeypatch, "loop", device)
+    key = (ps.device_info(device)["backend"], "*")
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key], loop_chunk=4096))
+    plans = _spy_plans(monkeypatch)
+    shape = (1, 2, 4, keys)
+    x = (torch.randn(shape, device=device) * 3).to(dtype)
+    rows = x.view(-1, keys)
+    rows[1, 3000 % keys] = math.inf
+    rows[2, 2050] = math.nan
+    rows[3] = -math.inf
+    rows[3, 17] = 0.0
+    rows[4] -= 1000.0
+    rows[5, keys // 2:] += 30.0
+    rows[6] = -math.inf
+    # Positive but for the last row's (a softmin): a negative scale turns +inf into -inf.
+    scale = torch.rand(1, 2, 4, 1, device=device) + 0.5
+    scale[0, 1, 3] *= -1
+    mask = torch.randn(1, 1, 4, keys, device=device).to(mask_dtype) if mask_dtype else None
+    function = torch.log_softmax if log else torch.softmax
+    y = (ps.log_softmax if log else ps.softmax)(x, -1, scale=scale, mask=mask, causal=causal)
+    expected = _reference(x, scale=scale, mask=mask, causal=causal, log=log)
+    assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
+    # Judged against torch's composite in the dtype ours computes in (float32 for 16-bit x):
+    # x * scale + mask rounds there as in ours, an error near |x| * 2**-24 on the rows far below
+    # zero.
+    wide = torch.promote_types(dtype, torch.float32)
+    z = x.to(wide) * scale.to(wide) + (mask.to(wide) if mask is not None else 0)
+    if causal:
+        z = z.masked_fill(torch.ones(4, keys, dtype=torch.bool, device=device).triu(1), -math.inf)
+    finite = expected.isfinite()
+    torch_error = relative_error(function(z, -1).to(dtype)[finite], expected[finite])
+    assert relative_error(y[finite], expected[finite]) <= tolerance(dtype, torch_error, device)
+    assert len(plans) == 1 and regime_of(plans[0]) == "loop"
+    assert (plans[0].block_m, plans[0].block_n) == (1, 4096)
+
+
 def test_a_learnable_scale_over_another_dimension(device):
     """A per-pixel temperature of a channel softmax takes its gradient summed over the channels."""
     x = torch.randn(2, 9, 3, 4, device=device).requires_grad_()

@@ -84,6 +84,8 @@ def test_amd_wait_loops_and_lane_loops():
     hoisted = machine_code.amdgcn_loops(AMD_WAIT.replace("{READ}", "v_mov_b32_e32 v1, v2"))
     # The exec-mask loop over lanes (line 291) has no read and is no wait.
     assert len(kept) == 2 and [loop.reads_memory for loop in kept] == [False, True]
+    # A loop's instructions are its blocks' (probes/loop_instructions.py counts them).
+    assert set(kept[1].reads) <= set(kept[1].instructions) and len(kept[1].instructions) > len(kept[1].reads)
     assert [w.reads_memory for w in machine_code.wait_loops(kept, WAIT)] == [True]
     assert [w.reads_memory for w in machine_code.wait_loops(hoisted, WAIT)] == [False]
 

@@ -1,9 +1,14 @@
 """The pieces every regime shares: which rows a tile holds and where they start, their elements
-in and out (loads widen, stores round as torch rounds), and the softmax's formulas, forward and
-backward (every kernel sees its tensors through the row view that ``__init__`` describes)."""
+in and out (loads widen, stores round as torch rounds), a streamed row's maximum and sum kept per
+lane, and the softmax's formulas, forward and backward (every kernel sees its tensors through the
+row view that ``__init__`` describes)."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 
 LOG2E = tl.constexpr(1.4426950408889634)
+
+# The lanes of a streamed block laid out in lane rows (``_lane_columns``): a program's threads (8
+# warps of 32, 4 of 64) times their 16-byte vectors of 16-bit elements.
+LANE_WIDTH = tl.constexpr(2048)
 
 
 @_jit
@@ -91,6 +96,77 @@ def _cast(v, TY: tl.constexpr):
         if TY != tl.float64:
             v = v.to(tl.float32)
     return v.to(TY)
+
+
+# Streamed rows: a block's maximum and sum of exponentials kept per lane, reduced across threads
+# once a row (the loss's and the softmax's streamed forward; NOTES v34, v36).
+
+
+@_jit
+def _lane_columns(BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    """A streamed block's column offsets as [1, LANE_ROWS, lanes]: row r of the middle axis is the
+    block's r-th run of ``lanes`` columns (at most ``WIDTH``). Triton lays the last axis across
+    threads and warps first, so while the lanes are as many as a program's threads times their
+    widest vector (16 bytes of the widest load's elements: ``LANE_WIDTH`` for 16-bit elements on
+    8 warps), each thread holds the whole middle axis and the block reduces over it in registers;
+    wider programs, or narrower elements loaded beside (a bool mask's bytes, 16 a thread), reduce
+    it across threads: correct, with barriers."""
+    LANES: tl.constexpr = BLOCK_N if BLOCK_N < WIDTH else WIDTH
+    LANE_ROWS: tl.constexpr = BLOCK_N // LANES
+    return (tl.arange(0, LANE_ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
+
+
+@_jit
+def _lane_update(lane_max, lane_sum, z, EXACT: tl.constexpr):
+    """One streamed block's step of the maximum and sum of exponentials kept per lane: ``z`` is
+    [rows, LANE_ROWS, lanes], its middle axis held by each thread (``_lane_columns``), so that
+    the block's maximum and sum over it are a thread's own instructions, no shuffle or barrier.
+    An element costs its maximum, one exponential and an add; a lane's rescale by its new
+    maximum is paid once a block. While a lane is -inf (padding, masked rows) its reference is
+    finite (``_finite_floor``; the loss's 0) and its sum stays 0, never 0 * inf (the rescale is
+    from the lane's previous maximum, not its reference); a NaN makes the lane's sum NaN (its
+    exponential is NaN), as does a +inf (inf - inf).
+
+    ``EXACT``: the exponentials of z - ref (exact near the maximum; a subtract and a multiply an
+    element): the softmax, whose output pass takes them so and divides by this sum. Else of
+    z * log2(e) - ref * log2(e), one fused multiply-add whose rounding grows with |z| (about
+    |z| * 2**-24 relative), which the loss's lse, an absolute quantity, tolerates."""
+    high = tl.maximum(lane_max, tl.max(z, 1))
+    if EXACT:
+        ref = _finite_floor(high)
+        lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(
+            tl.exp2((z - ref[:, None, :]) * LOG2E), 1)
+    else:
+        # Against 0, not the floor: the floor times log2(e) would overflow to -inf.
+        ref = tl.where(high == -float("inf"), 0.0, high)
+        scaled_ref = ref * LOG2E
+        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
+            tl.exp2(z * LOG2E - scaled_ref[:, None, :]), 1)
+    return high, lane_sum
+
+
+@_jit
+def _finite_floor(v):
+    """``v``, or the most negative finite value of its type where it is -inf: a reference that
+    exponentials of -inf (0) and of a lane's own maximum (1) take alike, in one instruction (a
+    maximum), not a compare and a select a lane. No finite ``v`` is below it, so none moves; a
+    NaN stays NaN or becomes the floor (``maximum``'s rule on the backend), and the lane's sum is
+    NaN either way (its exponential is)."""
+    if v.dtype == tl.float64:
+        floor = -1.7976931348623157e308
+    else:
+        floor = -3.4028234663852886e38
+    return tl.maximum(v, floor)
+
+
+@_jit
+def _lane_combine(lane_max, lane_sum):
+    """Each row's maximum and its sum of exponentials against it (against 0 for a row of -inf)
+    from its lanes': the one cross-thread reduction of a streamed row. A lane still at -inf has
+    sum 0 and contributes 0."""
+    row_max = tl.max(lane_max, 1)
+    ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+    return row_max, tl.sum(lane_sum * tl.exp2((lane_max - ref[:, None]) * LOG2E), 1)
 
 
 # Forward: y = softmax(x) or log_softmax(x) from z = x - ref and e = exp(z).

@@ -19,7 +19,8 @@ Kernels (``variants.LOSS_KERNELS``):
 * ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
   the device: no host synchronisation).
 """
-from .common import LOG2E, _cast, _load, _row_starts, _store, _tile_rows, _wide
+from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _row_starts, _store,
+    _tile_rows, _wide)
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .loss_terms import (_capped, _class_terms, _constants, _grad, _grad_of, _row_loss, _row_lse, _smoothed,
                          _store_rows, _weights)
@@ -127,45 +128,6 @@ def _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap,
 
 
 @_jit
-def _lane_update(lane_max, lane_sum, z):
-    """One streamed block's step of the maximum and sum of exponentials kept per lane: ``z`` is
-    [rows, LANE_ROWS, lanes], its middle axis held by each thread (``_lane_columns``), so that
-    the block's maximum and sum over it are a thread's own instructions, no shuffle or barrier.
-    An element costs its maximum, one exponential and an add; a lane's rescale by its new
-    maximum is paid once a block. Against 0 while a lane is -inf (padding, masked rows): its sum
-    stays 0, never 0 * inf; a NaN logit makes the lane's sum NaN (its exponential is NaN)."""
-    high = tl.maximum(lane_max, tl.max(z, 1))
-    ref = tl.where(high == -float("inf"), 0.0, high)
-    scaled_ref = ref * LOG2E
-    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
-        tl.exp2(z * LOG2E - scaled_ref[:, None, :]), 1)
-    return high, lane_sum
-
-
-@_jit
-def _lane_columns(BLOCK_N: tl.constexpr):
-    """A streamed block's column offsets as [1, LANE_ROWS, lanes]: row r of the middle axis is the
-    block's r-th run of ``lanes`` columns. Triton lays the last axis across threads and warps
-    first, so while the lanes (at most 2048) are as many as a program's threads times their
-    16-byte vectors (8 warps of bf16, or fewer), each thread holds the whole middle axis and the
-    block reduces over it in registers; wider programs reduce it across threads, correct but
-    slower."""
-    LANES: tl.constexpr = BLOCK_N if BLOCK_N < 2048 else 2048
-    LANE_ROWS: tl.constexpr = BLOCK_N // LANES
-    return (tl.arange(0, LANE_ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :])[None, :, :]
-
-
-@_jit
-def _lane_combine(lane_max, lane_sum):
-    """Each row's maximum and its sum of exponentials against it (against 0 for a row of -inf)
-    from its lanes': the one cross-thread reduction of a streamed row. A lane still at -inf has
-    sum 0 and contributes 0."""
-    row_max = tl.max(lane_max, 1)
-    ref = tl.where(row_max == -float("inf"), 0.0, row_max)
-    return row_max, tl.sum(lane_sum * tl.exp2((lane_max - ref[:, None]) * LOG2E), 1)
-
-
-@_jit
 def cross_entropy_forward_loop(
     x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr,
     n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -185,7 +147,7 @@ def cross_entropy_forward_loop(
     # barriers) per chunk would stall the loads of a memory-bound stream.
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
-    block_cols = _lane_columns(BLOCK_N)
+    block_cols = _lane_columns(BLOCK_N, LANE_WIDTH)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
@@ -214,7 +176,7 @@ def cross_entropy_forward_loop(
             x = _load(x_ptr, x_base[:, None], cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty,
                       ACC_FP64, keep)
             z, tanh = _capped(x, mask, softcap, SOFTCAP)
-            lane_max, lane_sum = _lane_update(lane_max, lane_sum, z)
+            lane_max, lane_sum = _lane_update(lane_max, lane_sum, z, False)
             if PROB_TARGET or SMOOTHING:
                 # Padding is -inf: kept out of every sum that multiplies it.
                 finite_z = tl.where(mask, z, 0.0)

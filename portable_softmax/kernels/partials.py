@@ -13,6 +13,7 @@ accumulates in float64): ``stats_ptr`` holds [parts, rows] of two (maximum, sum)
 (sum) backward, by the part, then the row's index in the view."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _grad, _load, _normalized, _row_starts, _store, _tile_rows
+from .fused import _fused_row_terms
 from .rows import _grad_sums, _online_stats
 
 
@@ -22,15 +23,16 @@ def softmax_forward_partials(
     x_outer_stride, x_row_stride, x_col_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr,
 ):
-    chunk_cols = tl.arange(0, BLOCK_N)
     for item in tl.range(tl.program_id(0), n_tiles * n_slices, tl.num_programs(0)):
         outer, rows, row_mask, first, length, stat_rows = _part_item(item, n_tiles, tiles_per_outer, rows_per_outer,
                                                                      n_cols, slice_cols, BLOCK_M)
         x_base = _part_start(outer, rows, first, x_outer_stride, x_row_stride, x_col_stride)
         # x in its own dtype: ``distributed`` casts first where ``dtype=`` asks for another.
-        # No fusion: x stands in for the mask and scale tensors, never read.
-        row_max, _, total = _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, length, x_col_stride,
-                                          chunk_cols, x_ptr, x_ptr, 1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0,
+        # No fusion: x stands in for the mask and scale tensors, never read (the rows' terms are
+        # constants).
+        x_scale, where, q = _fused_row_terms(outer, rows, row_mask, rows_per_outer, x_ptr, 1.0, 1, 1, 0, 0, 0, 0, 0, 0,
+                                             0, 0, False)
+        row_max, _, total = _online_stats(x_ptr, x_base, row_mask, length, x_col_stride, x_scale, where, q, x_ptr, 0,
                                           x_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64, 0, 0, False)
         # One [BLOCK_M, 2] block (maximum, sum): a structured store, which triton-ascend's lowering
         # takes where two stores two elements apart it does not.

@@ -2,9 +2,10 @@
 read, one write) or streamed twice in chunks (``*_loop``: an online maximum and sum, then the
 output; no program waits on another, so every backend runs it)."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
-from .common import (LOG2E, _grad, _grad_terms, _load, _normalized, _row_starts, _store, _tile_items, _tile_mask,
-    _tile_rows)
-from .fused import _causal_reads, _emptied, _fused_grad, _fused_input, _fused_load, _fused_rows, _fused_terms
+from .common import (LOG2E, _grad, _grad_terms, _lane_columns, _lane_combine, _lane_update, _load,
+    _normalized, _row_starts, _store, _tile_items, _tile_mask, _tile_rows, _wide)
+from .fused import (_causal_reads, _emptied, _fused_grad, _fused_input, _fused_load_rows, _fused_row_terms,
+    _fused_rows, _fused_terms)
 
 
 @_jit
@@ -79,7 +80,7 @@ def _forward_tile(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows
     x = _load(x_ptr, x_base, cols, x_col_stride, reads, -float("inf"), y_ptr.dtype.element_ty, ACC_FP64, keep)
     scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols, mask, mask_ptr, scale_ptr, scale_value,
                                n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                               scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, WIDTH, SCALE, MASK, CAUSAL)
+                               scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
     x = _fused_input(x, scale, bias, reads, row_mask, WIDTH, n_cols, BLOCK_M, SCALE, MASK, MASK != 0, CAUSAL)
     row_max = tl.max(x, 1)
     z = x - row_max[:, None]
@@ -113,59 +114,91 @@ def softmax_forward_loop(
     chunk_cols = tl.arange(0, BLOCK_N)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
+        if BLOCK_M == 1:
+            # A tile of one row is a row (a group's tiles are its rows: variants.counts): no mask.
+            row_mask = tl.full([BLOCK_M], 1, tl.int1)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, False)
-        row_max, ref, total = _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride,
-                                            chunk_cols, mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
-                                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                                            scale_a_stride, scale_b_stride, scale_q_stride, y_ptr.dtype.element_ty,
-                                            BLOCK_M, BLOCK_N, ACC_FP64, SCALE, MASK, CAUSAL)
+        # The fused terms' row quantities once a row, for both passes (_fused_row_terms).
+        x_scale, where, q = _fused_row_terms(outer, rows, row_mask, rows_per_outer, scale_ptr, scale_value, n_heads,
+                                             n_queries, mask_a_stride, mask_b_stride, mask_q_stride, scale_a_stride,
+                                             scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
+        # Causal compares q with 32-bit columns: as 32 bits, one compare an element, not two (q
+        # past the row's end keeps every column either way).
+        q = tl.minimum(q, n_cols).to(tl.int32)
+        row_max, ref, total = _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, x_scale, where, q, mask_ptr,
+                                            mask_k_stride, y_ptr.dtype.element_ty, BLOCK_M, BLOCK_N, ACC_FP64, SCALE,
+                                            MASK, CAUSAL)
         scale = 1.0 / total
         shift = -tl.log(total)
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + chunk_cols
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, start + BLOCK_N,
-                            n_cols, y_ptr.dtype.element_ty, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr,
-                            scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE,
-                            MASK, CAUSAL)
+            x = _fused_load_rows(x_ptr, x_base, cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols,
+                                 y_ptr.dtype.element_ty, ACC_FP64, row_mask, x_scale, where, q, mask_ptr,
+                                 mask_k_stride, BLOCK_M, SCALE, MASK, CAUSAL, False)
             z = x - ref[:, None]
             out = _normalized(z, tl.exp2(z * LOG2E), scale[:, None], shift[:, None], LOG)
             _store(y_ptr, y_base, cols[None, :], y_col_stride, mask, _emptied(out, row_max[:, None], LOG, MASK))
 
 
 @_jit
-def _online_stats(x_ptr, x_base, outer, rows, row_mask, rows_per_outer, n_cols, x_col_stride, chunk_cols,
-                  mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                  mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, CAST_TY: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, SCALE: tl.constexpr,
-                  MASK: tl.constexpr, CAUSAL: tl.constexpr):
+def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, x_scale, where, q, mask_ptr, mask_k_stride,
+                  CAST_TY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr,
+                  SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
     """One streamed pass over rows (chunks of ``BLOCK_N`` columns) of the fused input
-    (``_fused_load``): each row's maximum, the reference its exponentials are taken against (the
-    maximum, or 0 for a row of -inf only), and their sum."""
-    if ACC_FP64:
-        row_max = tl.full([BLOCK_M], -float("inf"), tl.float64)
-        total = tl.zeros([BLOCK_M], tl.float64)
-        ref = tl.zeros([BLOCK_M], tl.float64)
+    (``_fused_load_rows``, from the rows' terms ``x_scale``, ``where`` and ``q``): each row's
+    maximum, the reference its exponentials are taken against (the maximum, or 0 for a row of
+    -inf only), and their sum.
+
+    A row streamed alone (``BLOCK_M`` 1) keeps a maximum and sum per lane of blocks laid out in
+    lane rows (``_lane_columns``), each block reduced within a thread, and reduces across threads
+    once (``_lane_combine``): a block-wide reduction (shuffles, shared memory, barriers) per block
+    would stall the loads of a memory-bound stream. Its threads take 16 columns of a block each
+    (the tuning's ``elements_per_thread``), a 16-byte vector of the narrowest element read a
+    column (x's, or a mask's) is 16 / bytes of them, so that as many lane rows as that element
+    has bytes keep the middle axis within every thread (bf16: 2, float32: 4). With one (a bool
+    mask's bytes), for tiles of rows, or for blocks narrower than a warp of 64 threads' 16
+    columns (a short row held in one block), a lane's rescale, an exponential, would come with
+    every element, or the layout's premise fails: the block is reduced across threads instead."""
+    # Wrapped: Triton 3.2 adds a constexpr literal to a plain int as NotImplemented.
+    X_BYTES: tl.constexpr = tl.constexpr(x_ptr.dtype.element_ty.primitive_bitwidth) // 8
+    MASK_BYTES: tl.constexpr = ((tl.constexpr(mask_ptr.dtype.element_ty.primitive_bitwidth) + 7) // 8 if MASK != 0
+                                else X_BYTES)
+    LANE_ROWS: tl.constexpr = X_BYTES if X_BYTES < MASK_BYTES else MASK_BYTES
+    if (BLOCK_M == 1 and LANE_ROWS > 1) and BLOCK_N >= 1024:
+        LANES: tl.constexpr = BLOCK_N // LANE_ROWS
+        block_cols = _lane_columns(BLOCK_N, LANES)
+        lane_max = _wide(tl.full([BLOCK_M, LANES], -float("inf"), tl.float32), ACC_FP64)
+        lane_sum = _wide(tl.zeros([BLOCK_M, LANES], tl.float32), ACC_FP64)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            # [BLOCK_M, LANE_ROWS, LANES]: the row quantities as [BLOCK_M, 1] (_fused_load_rows).
+            cols = start + block_cols
+            mask = row_mask[:, None, None] & (cols < n_cols)
+            x = _fused_load_rows(x_ptr, x_base[:, None], cols, x_col_stride, mask, start + BLOCK_N, n_cols, CAST_TY,
+                                 ACC_FP64, row_mask[:, None], x_scale[:, None], where[:, None], q[:, None], mask_ptr,
+                                 mask_k_stride, BLOCK_M, SCALE, MASK, CAUSAL, True)
+            lane_max, lane_sum = _lane_update(lane_max, lane_sum, x, True)
+        row_max, total = _lane_combine(lane_max, lane_sum)
+        ref = tl.where(row_max == -float("inf"), 0.0, row_max)
     else:
-        row_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
-        total = tl.zeros([BLOCK_M], tl.float32)
-        ref = tl.zeros([BLOCK_M], tl.float32)
-    for start in tl.range(0, n_cols, BLOCK_N):
-        cols = start + chunk_cols
-        mask = row_mask[:, None] & (cols < n_cols)[None, :]
-        x = _fused_load(x_ptr, x_base, cols[None, :], cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols,
-                        CAST_TY, ACC_FP64, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr, scale_value,
-                        n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride,
-                        scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
-        new_max = tl.maximum(row_max, tl.max(x, 1))
-        new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
-        # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
-        # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
-        total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
-        row_max = new_max
-        ref = new_ref
+        chunk_cols = tl.arange(0, BLOCK_N)
+        row_max = _wide(tl.full([BLOCK_M], -float("inf"), tl.float32), ACC_FP64)
+        total = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
+        ref = _wide(tl.zeros([BLOCK_M], tl.float32), ACC_FP64)
+        for start in tl.range(0, n_cols, BLOCK_N):
+            cols = start + chunk_cols
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = _fused_load_rows(x_ptr, x_base, cols[None, :], x_col_stride, mask, start + BLOCK_N, n_cols, CAST_TY,
+                                 ACC_FP64, row_mask, x_scale, where, q, mask_ptr, mask_k_stride, BLOCK_M, SCALE, MASK,
+                                 CAUSAL, True)
+            new_max = tl.maximum(row_max, tl.max(x, 1))
+            new_ref = tl.where(new_max == -float("inf"), 0.0, new_max)
+            # Rescaled from the previous maximum, not its reference: while that maximum is -inf the
+            # sum is 0, and 0 * exp(0 - new_ref) is 0 * inf = NaN once new_ref is below about -88.
+            total = total * tl.exp2((row_max - new_ref) * LOG2E) + tl.sum(tl.exp2((x - new_ref[:, None]) * LOG2E), 1)
+            row_max = new_max
+            ref = new_ref
     return row_max, ref, total
 
 
@@ -202,8 +235,8 @@ def softmax_backward_tile(
                        "evict_first")
         dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
                          mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                         BLOCK_N, SCALE, MASK, CAUSAL)
+                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                         SCALE, MASK, CAUSAL)
         _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 
@@ -232,8 +265,8 @@ def softmax_backward_loop(
             dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, "")
             dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
                              mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                             mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M,
-                             BLOCK_N, SCALE, MASK, CAUSAL)
+                             mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                             SCALE, MASK, CAUSAL)
             _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 

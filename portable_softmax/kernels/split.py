@@ -63,14 +63,14 @@ def softmax_forward_split(
                 scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, cols - lead[:, None], mask, mask_ptr,
                                            scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
                                            mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                                           scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                                           scale_q_stride, SCALE, MASK, CAUSAL)
                 x = _fused_input(x, scale, bias, mask, row_mask, chunk_end, n_cols, BLOCK_M, SCALE, MASK,
                                  MASK != 0 or CAUSAL, CAUSAL)
         else:
             x = _fused_load(x_ptr, x_base, cols, cols - lead[:, None], x_col_stride, mask, chunk_end, n_cols,
                             y_ptr.dtype.element_ty, False, outer, rows, row_mask, rows_per_outer, mask_ptr, scale_ptr,
                             scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, BLOCK_N, SCALE,
+                            mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, SCALE,
                             MASK, CAUSAL)
         chunk_max = tl.max(x, 1)
         if ALIGN > 1:
@@ -80,8 +80,7 @@ def softmax_forward_split(
                 scale, bias = _fused_terms(outer, rows, row_mask, rows_per_outer, (edge - tl.sum(lead, 0))[None, :],
                                            edge_mask[None, :], mask_ptr, scale_ptr, scale_value, n_heads, n_queries,
                                            mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
-                                           scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_M, 2 * ALIGN,
-                                           SCALE, MASK, CAUSAL)
+                                           scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, CAUSAL)
                 x_edge = tl.sum(_fused_input(x_edge[None, :], scale, bias, edge_mask[None, :], row_mask, n_cols + 1,
                                              n_cols, BLOCK_M, SCALE, MASK, MASK != 0 or CAUSAL, CAUSAL), 0)
             chunk_max = tl.maximum(chunk_max, tl.max(x_edge, 0))
@@ -162,7 +161,7 @@ def softmax_backward_split(
             dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None],
                              mask, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride,
                              mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
-                             scale_q_stride, BLOCK_M, BLOCK_N, SCALE, MASK, CAUSAL)
+                             scale_q_stride, SCALE, MASK, CAUSAL)
             _window_store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx, lead, n_cols, row_mask, chunk * BLOCK_N,
                           BLOCK_N, ALIGN, SHIFTED)
             if ALIGN > 1:
@@ -170,7 +169,7 @@ def softmax_backward_split(
                                       rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,
                                       scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
                                       mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                                      BLOCK_M, 2 * ALIGN, SCALE, MASK, CAUSAL)
+                                      SCALE, MASK, CAUSAL)
                 _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
