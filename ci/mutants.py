@@ -218,6 +218,18 @@ MUTANTS = [
            "    tl.store(counter, 0, mask=last & False)\n",
            ("tests/test_loss.py::test_split_rows_logsumexp[cpu-arrival]",
             "tests/test_loss.py::test_split_rows_by_arrival_every_option_twice[cpu]")),
+    # The loss's streamed forward alone through aligned windows: its edge elements left out of
+    # the row's maximum and sum, and out of the smoothing's sum.
+    Mutant("loss_loop_edges_dropped", f"{KERNELS}/loss.py",
+           "            high, total = _lane_update(row_max[:, None], total[:, None], z_edge[:, :, None], False)\n",
+           "            high, total = row_max[:, None], total[:, None]\n",
+           _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows", "cpu-bf16-odd-stride-plain",
+                "cpu-bf16-sliced-plain")),
+    Mutant("loss_loop_edge_smoothing_dropped", f"{KERNELS}/loss.py",
+           "                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 1)\n",
+           "                smooth_sum += 0.0\n",
+           _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows",
+                "cpu-fp32-odd-stride-every-option", "cpu-fp32-sliced-every-option")),
     Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",

@@ -56,7 +56,7 @@ def _signature(tensors: Sequence[torch.Tensor]) -> tuple:
 
 
 def _windows(tensors: tuple[torch.Tensor, ...], view: RowView) -> tuple[int, bool]:
-    """The split kernel's ``ALIGN`` and ``SHIFTED`` for a forward's tensors: windows over the two
+    """The forward's ``ALIGN`` and the split kernel's ``SHIFTED`` for its tensors: windows over the two
     tensors walked along their classes, the logits and the gradient (the gradient written at the
     logits' windows where only they share them: ``planner.call_windows``)."""
     names = variants.loss_row_tensors("forward")
@@ -77,8 +77,11 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     # The bytes a column reads: the logits, and probability targets (input-shaped).
     input_bytes = tensors[0].element_size() + (tensors[names.index("target")].element_size()
                                                if facts.prob_target else 0)
-    splittable = allow_split and direction == "forward" and not facts.prob_target
-    align, shifted = _windows(tensors, view) if splittable else (1, False)
+    # Windows for the forward of class targets: its split kernel, and its loop that writes no
+    # gradient (probability targets' loads take none).
+    windowed = direction == "forward" and not facts.prob_target
+    splittable = allow_split and windowed
+    align, shifted = _windows(tensors, view) if windowed else (1, False)
     facts = dataclasses.replace(facts, wait_atomic=target.tuning.split_wait_atomic, shifted=shifted)
 
     call = LossCall(direction, view, facts, scalars, input_bytes, splittable, align, record.cooperative_launch)

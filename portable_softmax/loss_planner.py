@@ -82,8 +82,9 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
     ``cross_entropy_forward_split``) ``split`` where the split path is open (``_can_split``:
     residency, or the exchange in two launches; float32 accumulation) and the tuning's
     ``loss_split`` names the form; else ``loop`` (rows streamed in chunks of
-    ``Tuning.loop_chunk``, the forward alone's of ``Tuning.loss_alone_chunk``; a forward that
-    writes the gradient streams each row a second time).
+    ``Tuning.loop_chunk``, the forward alone's of ``Tuning.loss_alone_chunk``, through the
+    windows of ``align``; a forward that writes the gradient streams each row a second time,
+    without windows).
 
     A split row is sized as the softmax forward's split row of the same length
     (``split_planner.split_config``: chunks, blocks, windows; ``split_planner.plan_split``: a persistent or
@@ -115,8 +116,10 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         rereads: a streamed program reads each row twice (the forward that writes the gradient):
             its grid is cut so that the rows in flight fit the L2 (``_l2_fit``).
         splittable: the forward of class targets, which has a split kernel.
-        align: ``planner.window_align`` of the logits and the gradient: split rows off 16-byte
-            boundaries are read through aligned windows.
+        align: ``planner.window_align`` of the logits and the gradient (the logits' alone for
+            the forward alone; 1 for probability targets): split rows, and the forward alone's
+            streamed rows, off 16-byte boundaries are read through aligned windows (one row a
+            tile, as the loop's is).
 
     Returns:
         The plan (regime ``tile``, ``split`` or ``loop``).
@@ -154,7 +157,8 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             note = _no_split_note(record)
         chunk = min((0 if writes_gradient else tuning.loss_alone_chunk) or tuning.loop_chunk, width)
         warps = tuning.loss_loop_warps or _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps)
-        config = KernelConfig("loop", 1, chunk, 1, warps, max(1, tuning.loss_loop_stages))
+        config = KernelConfig("loop", 1, chunk, 1, warps, max(1, tuning.loss_loop_stages),
+                              align=1 if writes_gradient else align)
     kernel = _resources(resources, target, config, writes_gradient, input_bytes)
     plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient, note=note)
     assert plan is not None  # tiles and loops always have a grid

@@ -348,12 +348,15 @@ def loss_row_tensors(direction: str) -> tuple[str, ...]:
 
 def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Optional[int] = None) -> dict[str, Any]:
     """The constexprs of a cross-entropy kernel; a split config's also (``split_constexprs``,
-    ``phase`` one of ``launch_phases(config)``)."""
+    ``phase`` one of ``launch_phases(config)``); the forward loop's its windows (``ALIGN``)."""
     values: dict[str, Any] = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "ACC_FP64": facts.acc_fp64,
                               "WEIGHT": facts.weight, "PROB_TARGET": facts.prob_target,
                               "SMOOTHING": facts.smoothing, "Z_LOSS": facts.z_loss, "SOFTCAP": facts.softcap}
     if direction == "forward":
         values["WRITE_GRAD"] = facts.write_grad
+        if config.regime == "loop":
+            # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
+            values["ALIGN"] = config.align
     if config.regime == "split":
         values.update(split_constexprs(config, facts.wait_atomic, facts.shifted, phase))
     return values

@@ -180,6 +180,45 @@ def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, ki
     assert {record.plan.block_n for record in loss_launch._records.values()} == {4096, alone}
 
 
+@pytest.mark.parametrize("options", [{}, dict(weight=True, label_smoothing=0.15, z_loss=0.02, softcap=6.0)],
+                         ids=["plain", "every-option"])
+@pytest.mark.parametrize("layout", ["odd-stride", "sliced"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype, layout, options):
+    # Rows off 16-byte boundaries: the forward alone (no gradient) streams them through aligned
+    # windows (kernels.loss: ALIGN the elements in 16 bytes), the edge elements (at most
+    # 2 (ALIGN - 1) a row, in the groups shared with the neighbouring rows) loaded apart and folded
+    # into the row's maximum and sum, the smoothing's sum and the class weights (at the row's own
+    # columns). Rows of 301 classes in blocks of 128: three window chunks, a head edge in the
+    # first, a tail edge in the third. "odd-stride": rows 307 apart from an aligned start, so
+    # their leads take every value; "sliced": rows of a padded vocabulary (320), each starting
+    # aligned: a tail edge only. Extremes in the edges: a row's largest logit, a +inf and a NaN
+    # (NaN, as torch), a row of -inf but its target.
+    force_regime(monkeypatch, "loop", device)
+    n_rows, n_cols = 9, 301
+    stride = 307 if layout == "odd-stride" else 320
+    x = logits((n_rows * stride,), dtype, device).view(n_rows, stride)[:, :n_cols]
+    target = class_targets((n_rows,), n_cols, device, ignored=0.2)
+    x[1, 0] = 40.0
+    x[1, -1] = 30.0
+    x[2, -1] = float("inf")
+    x[3, -2] = float("nan")
+    x[4] = -float("inf")
+    x[4, 0] = 0.0
+    target[4] = 0
+    options = dict(options)
+    if options.pop("weight", False):
+        options["weight"] = torch.rand(n_cols, device=device, dtype=dtype) + 0.5
+    ours = ps.cross_entropy(x, target, reduction="none", **options)
+    expected, _ = reference(x, target, reduction="none", **options)
+    assert torch.equal(ours.isnan(), expected.isnan()), (ours, expected)
+    finite = ~expected.isnan()
+    assert relative_error(ours[finite], expected[finite]) <= TOLERANCE[dtype], relative_error(ours[finite],
+                                                                                                expected[finite])
+    plans = {(record.plan.regime, record.plan.align) for record in loss_launch._records.values()}
+    assert plans == {("loop", 16 // x.element_size())}, plans
+
+
 def _forward_regimes() -> set:
     """The regimes (``regimes.regime_of``'s names) of the forward records the calls so far planned."""
     from regimes import regime_of
@@ -701,6 +740,26 @@ def test_plans_for_recorded_chips(profile):
             assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
             assert plan.block_n >= (plan_grid.next_power_of_2(n_cols) if held else 1)
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
+
+
+def test_streamed_forward_alone_plans_windows():
+    # The H200 streams the forward alone (loss_split: the gradient's form only): bf16 rows of
+    # 50257 (every other row start off 16-byte boundaries) through windows of 8 elements, a row a
+    # tile; the forward that writes the gradient streams without them (its second pass has none).
+    from portable_softmax import loss_planner, planner, profiles, targets
+
+    target = targets.target_for(profiles.profile_record("h200"))
+    align = planner.contiguous_align(4096, 50257, 2)
+    assert align == 8
+    alone = loss_planner.plan_loss(target, 4096, 50257, "float32", writes_gradient=False, input_bytes=2,
+                                   splittable=True, align=align)
+    assert (alone.regime, alone.align, alone.block_m) == ("loop", 8, 1), alone.reason
+    assert "aligned windows of 8" in alone.reason
+    streamed = dict(writes_gradient=True, input_bytes=2, splittable=False, align=align)
+    assert loss_planner.plan_loss(target, 4096, 50257, "float32", **streamed).align == 1
+    # Aligned rows (50256) take none.
+    assert loss_planner.plan_loss(target, 4096, 50256, "float32", writes_gradient=False, input_bytes=2,
+                                  splittable=True, align=planner.contiguous_align(4096, 50256, 2)).align == 1
 
 
 @pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])

@@ -10,7 +10,8 @@ Kernels (``variants.LOSS_KERNELS``):
 * ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum kept per
   lane, reduced across threads once a row; the target's logit one load a row): loss
   rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that the
-  first pass asks L2 to serve, which it does only while the rows in flight fit there.
+  first pass asks L2 to serve, which it does only while the rows in flight fit there. Without
+  it, rows off 16-byte boundaries are read through aligned windows (``ALIGN``, ``windows.py``).
 * ``cross_entropy_forward_split`` (``loss_split.py``): a row's chunks held by co-resident
   programs that exchange their (maximum, sum), then write the gradient from their registers
   and their shares of the loss: one read, one write, for class targets.
@@ -24,6 +25,7 @@ from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _la
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .loss_terms import (_capped, _class_terms, _constants, _grad, _grad_of, _row_loss, _row_lse, _smoothed,
                          _store_rows, _weights)
+from .windows import _row_edges, _window_start
 
 
 @_jit
@@ -137,7 +139,7 @@ def cross_entropy_forward_loop(
     ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
-    WRITE_GRAD: tl.constexpr,
+    WRITE_GRAD: tl.constexpr, ALIGN: tl.constexpr,
 ):
     # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
     # first pass asks to keep it there; the planner sizes the grid so that the rows streamed at
@@ -145,6 +147,15 @@ def cross_entropy_forward_loop(
     # The streamed pass keeps every running quantity per lane ([BLOCK_M, lanes], ``_lane_columns``)
     # and reduces across threads once per row, after it: a block-wide reduction (shuffles and
     # barriers) per chunk would stall the loads of a memory-bound stream.
+    # ALIGN > 1 (rows off 16-byte boundaries, bf16 rows of 50257: read one element an instruction,
+    # the stream issue-bound): each row is read through its aligned window (``windows.py``), its
+    # whole ALIGN-element groups as vectors in the chunks and the at most 2 * (ALIGN - 1) elements
+    # that share a group with a neighbouring row (``_row_edges``) loaded apart, before the
+    # stream, and folded into the row's sums after it. One row a tile (a window is a row's own);
+    # the forward alone of class targets (the gradient's pass and probability targets' loads
+    # take no windows).
+    tl.static_assert(ALIGN == 1 or (BLOCK_M == 1 and not WRITE_GRAD and not PROB_TARGET),
+                     "windows: one row a tile, the forward alone, class targets")
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     block_cols = _lane_columns(BLOCK_N, LANE_WIDTH)
@@ -161,26 +172,52 @@ def cross_entropy_forward_loop(
             target = rows
             ignored = rows < 0
             valid = row_mask
+        if ALIGN > 1:
+            x_window = _window_start(x_base, ALIGN)
+            lead = (x_base - x_window).to(tl.int32)
+            # The window columns of the row's whole groups: [inner, tail) (none for a missing row).
+            inner = ((lead + ALIGN - 1) // ALIGN * ALIGN)[:, None, None]
+            tail = tl.where(row_mask, (lead + n_cols) // ALIGN * ALIGN, 0)[:, None, None]
+            span = n_cols + (ALIGN - 1)
+            edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+            edge = edge[None, :]
+            edge_mask = edge_mask[None, :]
+            z_edge, _ = _capped(_load(x_ptr, x_window, edge, x_col_stride, edge_mask, -float("inf"),
+                                      x_ptr.dtype.element_ty, ACC_FP64, ""), edge_mask, softcap, SOFTCAP)
+        else:
+            # No windows: the row itself; the edge names stand for nothing (used under ALIGN > 1).
+            x_window = x_base
+            lead = rows * 0
+            span = n_cols
+            edge, edge_mask, z_edge = lead, row_mask, lead
         lane_max = _wide(tl.full([BLOCK_M, block_cols.shape[2]], -float("inf"), tl.float32), ACC_FP64)
         lane_sum = _wide(tl.zeros([BLOCK_M, block_cols.shape[2]], tl.float32), ACC_FP64)
         # The smoothing's sum_c w_c z_c, or a probability target's sum_c w_c q'_c and
         # sum_c w_c q'_c z_c, per lane likewise.
         lane_dot = lane_sum
         lane_prob = lane_sum
-        for start in tl.range(0, n_cols, BLOCK_N):
+        for start in tl.range(0, span, BLOCK_N):
             # [BLOCK_M, LANE_ROWS, LANES] (``_lane_columns``): ``_load`` adds the row starts
-            # along the first axis.
+            # along the first axis. With windows, columns of the window; the row's own are
+            # ``row_cols``.
             cols = start + block_cols
-            col_mask = cols < n_cols
-            mask = row_mask[:, None, None] & col_mask
-            x = _load(x_ptr, x_base[:, None], cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty,
+            if ALIGN > 1:
+                # Constant over each group (its bounds are multiples of ALIGN): vector loads.
+                mask = (cols >= inner) & (cols < tail)
+                col_mask = mask
+                row_cols = cols - lead[:, None, None]
+            else:
+                col_mask = cols < n_cols
+                mask = row_mask[:, None, None] & col_mask
+                row_cols = cols
+            x = _load(x_ptr, x_window[:, None], cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty,
                       ACC_FP64, keep)
             z, tanh = _capped(x, mask, softcap, SOFTCAP)
             lane_max, lane_sum = _lane_update(lane_max, lane_sum, z, False)
             if PROB_TARGET or SMOOTHING:
                 # Padding is -inf: kept out of every sum that multiplies it.
                 finite_z = tl.where(mask, z, 0.0)
-                w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+                w = _weights(weight_ptr, row_cols, col_mask, WEIGHT, ACC_FP64)
                 if PROB_TARGET:
                     wq = w * _smoothed(_load(target_ptr, target_base[:, None], cols, target_col_stride, mask, 0.0,
                                              target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols,
@@ -190,6 +227,11 @@ def cross_entropy_forward_loop(
                 else:
                     lane_dot += tl.sum(w * finite_z, 1)
         row_max, total = _lane_combine(lane_max, lane_sum)
+        if ALIGN > 1:
+            # The edges taken in as one more block, of one lane ([rows, 2 * ALIGN, 1]).
+            high, total = _lane_update(row_max[:, None], total[:, None], z_edge[:, :, None], False)
+            row_max = tl.max(high, 1)
+            total = tl.sum(total, 1)
         if PROB_TARGET:
             prob_sum = tl.sum(lane_prob, 1)
             prob_dot = tl.sum(lane_dot, 1)
@@ -198,6 +240,10 @@ def cross_entropy_forward_loop(
             smooth_sum = prob_sum
         else:
             smooth_sum = tl.sum(lane_dot, 1) if SMOOTHING else z_t
+            if SMOOTHING and ALIGN > 1:
+                # The edges' terms, their weights at the row's own columns.
+                w_edge = _weights(weight_ptr, edge - lead[:, None], edge_mask, WEIGHT, ACC_FP64)
+                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 1)
             prob_sum = z_t
             prob_dot = z_t
         lse = _row_lse(row_max, total)

@@ -1,4 +1,4 @@
-"""Aligned windows of split rows. Split rows whose starts are not 16-byte aligned (bf16 rows of
+"""Aligned windows of split rows (and of the loss's streamed rows: ``loss.py``). Split rows whose starts are not 16-byte aligned (bf16 rows of
 50257) would be read one element per instruction. The split kernels then take ``ALIGN`` > 1 (the
 elements in 16 bytes): a row is read through a *window* that starts at the aligned element at or
 before it. Each chunk moves the window's whole ALIGN-element groups that lie inside the row as
@@ -88,10 +88,16 @@ def _window_store(ptr, base, cols, col_stride, mask, value, lead, n_cols, row_ma
 
 @_jit
 def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """``_row_edges`` restricted to the chunk's own columns [first_col, first_col + BLOCK_N)."""
+    cols, mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
+
+
+@_jit
+def _row_edges(lead, n_cols, row_mask, ALIGN: tl.constexpr):
     """The window columns ([2 * ALIGN]) of the row's elements in its first and last group that
-    ``_chunk_mask`` leaves out, and their mask, restricted to the chunk's own columns
-    [first_col, first_col + BLOCK_N). One row per item (BLOCK_M = 1): the row's values are
-    scalars here, so the block keeps Triton's one-element-per-thread layout."""
+    ``_chunk_mask`` leaves out, and their mask. One row per item (BLOCK_M = 1): the row's values
+    are scalars here, so the block keeps Triton's one-element-per-thread layout."""
     lead = tl.sum(lead, 0)
     exists = tl.sum(row_mask.to(tl.int32), 0) > 0
     end = lead + n_cols
@@ -102,8 +108,7 @@ def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIG
     cols = tl.where(j < ALIGN, ALIGN - 1 - j, tail + 2 * ALIGN - 1 - j)
     # A row inside one group has no separate last group.
     distinct = (j < ALIGN) | (tail >= ALIGN)
-    mask = exists & (cols >= lead) & (cols < end) & ((cols < inner) | (cols >= tail)) & distinct
-    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
+    return cols, exists & (cols >= lead) & (cols < end) & ((cols < inner) | (cols >= tail)) & distinct
 
 
 @_jit
