@@ -80,6 +80,8 @@ LOSS_FORMS = {"plain": {}, "every option": {"weight": True, "smoothing": True, "
 # alone by arrival (PHASE 3): triton-ascend 3.2.0 fails to lower it (`triton-adapter-opt` exits 1),
 # so Ascend's tuning row turns ``Tuning.loss_arrival`` off (``vendors.NPU_TUNING``).
 LOSS_SPLIT_CHUNKS = 16
+# The streamed forward alone's windows, as for 16-bit rows off 16-byte boundaries.
+LOSS_WINDOW_ALIGN = 8
 
 
 def lowering_jobs():
@@ -118,11 +120,15 @@ def lowering_jobs():
                        variants.sharded_constexprs(phase, config, log, False, 2))
     for (direction, regime, write_grad), shapes in LOSS_PLANS.items():
         for (block_m, block_n), (form, flags) in itertools.product(shapes, LOSS_FORMS.items()):
-            config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n)
-            facts = variants.LossFacts(write_grad=write_grad, **flags)
-            yield (variants.loss_kernel_name(direction, regime), ("loss", direction, facts.prob_target, regime),
-                   f"M={block_m} N={block_n} {form}" + (" WRITE_GRAD" if write_grad else ""),
-                   variants.loss_constexprs(direction, config, facts))
+            # The forward alone of class targets streams rows off 16-byte boundaries through
+            # aligned windows (``kernels/loss.py``: bf16 rows of 50257, ALIGN 8).
+            windowed = (direction, regime, write_grad) == ("forward", "loop", False) and not flags.get("prob_target")
+            for align in (1, LOSS_WINDOW_ALIGN) if windowed else (1,):
+                config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, align=align)
+                facts = variants.LossFacts(write_grad=write_grad, **flags)
+                yield (variants.loss_kernel_name(direction, regime), ("loss", direction, facts.prob_target, regime),
+                       f"M={block_m} N={block_n} {form}" + (" WRITE_GRAD" if write_grad else "")
+                       + (f" ALIGN={align}" if align > 1 else ""), variants.loss_constexprs(direction, config, facts))
     split = types.SimpleNamespace(regime="split", block_m=1, block_n=8192, chunks=LOSS_SPLIT_CHUNKS,
                                   chunks_p2=LOSS_SPLIT_CHUNKS, num_stages=1, align=1, ticketed=False, phased=True,
                                   arrival=False)
