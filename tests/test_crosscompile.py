@@ -102,6 +102,32 @@ def test_odd_rows_compile_windowed_split_kernels(target):
     assert windowed == {"softmax_forward_split", "softmax_backward_split"}
 
 
+def test_loss_forward_alone_compiles_a_windowed_loop(missing):
+    """The loss's forward alone over odd rows (4096x50257) streams through aligned windows
+    (``kernels/loss.py``: ALIGN 8 in bf16, 4 in float32) where it streams: the plan's on cuda, the
+    arrival form's loop alternative on hip. Built for each target, its resources read."""
+    from portable_softmax.crosscompile.cases import loss_configs
+
+    available = [t for t in TARGETS if t not in missing]
+    if not available:
+        pytest.skip(f"no target's toolchain here: {missing}")
+    specs = []
+    for name in available:
+        target = crosscompile.parse_target(name)
+        record, _, _ = crosscompile.target_record(target)
+        for dtype, align in (("bfloat16", 8), ("float32", 4)):
+            case = crosscompile.Case(4096, 50257, dtype, False, False, loss=True)
+            loops = [(role, config) for role, config in loss_configs(record, case)
+                     if config.regime == "loop" and role.startswith("no grad")]
+            assert [config.align for _, config in loops] == [align], (name, loops)
+            specs += [crosscompile.variant_spec(target, record, config, case, role) for role, config in loops]
+    results = crosscompile.compile_all(specs, jobs=2, timeout=300)
+    for spec, result in zip(specs, results):
+        assert spec["constexprs"]["ALIGN"] > 1 and not spec["constexprs"]["WRITE_GRAD"]
+        assert result["status"] == "ok", (spec["target"], spec["constexprs"], result.get("error", ""))
+        assert result["registers"] > 0, result
+
+
 def test_sliced_rows_compile_shifted_split_kernels(target):
     """Rows sliced from a padded vocabulary, written contiguous: the split kernels' unaligned
     output (``kernels.windows._window_store``, both branches) is built in both directions, in windows."""
