@@ -221,12 +221,14 @@ MUTANTS = [
     # The loss's streamed forward alone through aligned windows: its edge elements left out of
     # the row's maximum and sum, and out of the smoothing's sum.
     Mutant("loss_loop_edges_dropped", f"{KERNELS}/loss.py",
-           "            high, total = _lane_update(row_max[:, None], total[:, None], z_edge[:, :, None], False)\n",
-           "            high, total = row_max[:, None], total[:, None]\n",
+           "            total = total * tl.exp2(row_max * LOG2E - scaled_ref) + tl.sum(\n"
+           "                tl.exp2(z_edge * LOG2E - tl.sum(scaled_ref, 0)), 0)\n"
+           "            row_max = high\n",
+           "            total = total * 1.0\n",
            _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows", "cpu-bf16-odd-stride-plain",
                 "cpu-bf16-sliced-plain")),
     Mutant("loss_loop_edge_smoothing_dropped", f"{KERNELS}/loss.py",
-           "                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 1)\n",
+           "                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)\n",
            "                smooth_sum += 0.0\n",
            _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows",
                 "cpu-fp32-odd-stride-every-option", "cpu-fp32-sliced-every-option")),

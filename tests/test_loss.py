@@ -183,17 +183,17 @@ def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, ki
 @pytest.mark.parametrize("options", [{}, dict(weight=True, label_smoothing=0.15, z_loss=0.02, softcap=6.0)],
                          ids=["plain", "every-option"])
 @pytest.mark.parametrize("layout", ["odd-stride", "sliced"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=["bf16", "fp32", "fp64"])
 def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype, layout, options):
     # Rows off 16-byte boundaries: the forward alone (no gradient) streams them through aligned
     # windows (kernels.loss: ALIGN the elements in 16 bytes), the edge elements (at most
     # 2 (ALIGN - 1) a row, in the groups shared with the neighbouring rows) loaded apart and folded
     # into the row's maximum and sum, the smoothing's sum and the class weights (at the row's own
-    # columns). Rows of 301 classes in blocks of 128: three window chunks, a head edge in the
-    # first, a tail edge in the third. "odd-stride": rows 307 apart from an aligned start, so
-    # their leads take every value; "sliced": rows of a padded vocabulary (320), each starting
-    # aligned: a tail edge only. Extremes in the edges: a row's largest logit, a +inf and a NaN
-    # (NaN, as torch), a row of -inf but its target.
+    # columns; float64 edges stay float64). Rows of 301 classes in blocks of 128: three window
+    # chunks, a head edge in the first, a tail edge in the third. "odd-stride": rows 307 apart
+    # from an aligned start, so their leads take every value; "sliced": rows of a padded
+    # vocabulary (320), each starting aligned: a tail edge only. Extremes in the edges: a row's
+    # largest logit, a +inf and a NaN (NaN, as torch), a row of -inf but its target.
     force_regime(monkeypatch, "loop", device)
     n_rows, n_cols = 9, 301
     stride = 307 if layout == "odd-stride" else 320

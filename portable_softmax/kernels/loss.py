@@ -181,11 +181,13 @@ def cross_entropy_forward_loop(
             inner = ((lead + ALIGN - 1) // ALIGN * ALIGN)[:, None, None]
             tail = tl.where(row_mask, (lead + n_cols) // ALIGN * ALIGN, 0)[:, None, None]
             span = n_cols + (ALIGN - 1)
+            # The edges a block of their own ([2 * ALIGN]; a row's values as scalars), one element a
+            # thread: as [1, 2 * ALIGN], every thread computed them all (sm_90, bf16 rows of 50257:
+            # 48 more instructions a row).
             edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
-            edge = edge[None, :]
-            edge_mask = edge_mask[None, :]
-            z_edge, _ = _capped(_load(x_ptr, x_window, edge, x_col_stride, edge_mask, -float("inf"),
-                                      x_ptr.dtype.element_ty, ACC_FP64, ""), edge_mask, softcap, SOFTCAP)
+            z_edge, _ = _capped(_wide(_cast(tl.load(x_ptr + tl.sum(x_window, 0) + edge, mask=edge_mask,
+                                                    other=-float("inf")), x_ptr.dtype.element_ty), ACC_FP64),
+                                edge_mask, softcap, SOFTCAP)
         else:
             # No windows: the row itself; the edge names stand for nothing (used under ALIGN > 1).
             x_window = x_base
@@ -230,10 +232,12 @@ def cross_entropy_forward_loop(
                     lane_dot += tl.sum(w * finite_z, 1)
         row_max, total = _lane_combine(lane_max, lane_sum)
         if ALIGN > 1:
-            # The edges taken in as one more block, of one lane ([rows, 2 * ALIGN, 1]).
-            high, total = _lane_update(row_max[:, None], total[:, None], z_edge[:, :, None], False)
-            row_max = tl.max(high, 1)
-            total = tl.sum(total, 1)
+            # The edges taken in as one more block (``_lane_update``'s step: against 0 while -inf).
+            high = tl.maximum(row_max, tl.max(z_edge, 0))
+            scaled_ref = tl.where(high == -float("inf"), 0.0, high) * LOG2E
+            total = total * tl.exp2(row_max * LOG2E - scaled_ref) + tl.sum(
+                tl.exp2(z_edge * LOG2E - tl.sum(scaled_ref, 0)), 0)
+            row_max = high
         if PROB_TARGET:
             prob_sum = tl.sum(lane_prob, 1)
             prob_dot = tl.sum(lane_dot, 1)
@@ -244,8 +248,8 @@ def cross_entropy_forward_loop(
             smooth_sum = tl.sum(lane_dot, 1) if SMOOTHING else z_t
             if SMOOTHING and ALIGN > 1:
                 # The edges' terms, their weights at the row's own columns.
-                w_edge = _weights(weight_ptr, edge - lead[:, None], edge_mask, WEIGHT, ACC_FP64)
-                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 1)
+                w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, ACC_FP64)
+                smooth_sum += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
             prob_sum = z_t
             prob_dot = z_t
         lse = _row_lse(row_max, total)
