@@ -1,10 +1,10 @@
-"""Aligned windows of split rows (and of the loss's streamed rows: ``loss.py``). Split rows whose starts are not 16-byte aligned (bf16 rows of
-50257) would be read one element per instruction. The split kernels then take ``ALIGN`` > 1 (the
-elements in 16 bytes): a row is read through a *window* that starts at the aligned element at or
-before it. Each chunk moves the window's whole ALIGN-element groups that lie inside the row as
-vectors, with no per-element mask; the at most 2 * (ALIGN - 1) elements that share a group with a
-neighbouring row travel in a small separate block (``_edge_columns``) that joins the chunk's
-partial and is stored alone."""
+"""Aligned windows of split rows (and of the loss's streamed rows: ``loss.py``). Split rows whose
+starts are not 16-byte aligned (bf16 rows of 50257) would be read one element per instruction. The
+split kernels then take ``ALIGN`` > 1 (the elements in 16 bytes): a row is read through a *window*
+that starts at the aligned element at or before it. Each chunk moves the window's whole
+ALIGN-element groups that lie inside the row as vectors, with no per-element mask; the at most
+2 * (ALIGN - 1) elements that share a group with a neighbouring row travel in a small separate
+block (``_edge_columns``) that joins the chunk's partial and is stored alone."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import _cast, _row_starts, _store
 
@@ -88,16 +88,10 @@ def _window_store(ptr, base, cols, col_stride, mask, value, lead, n_cols, row_ma
 
 @_jit
 def _edge_columns(lead, n_cols, row_mask, first_col, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """``_row_edges`` restricted to the chunk's own columns [first_col, first_col + BLOCK_N)."""
-    cols, mask = _row_edges(lead, n_cols, row_mask, ALIGN)
-    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
-
-
-@_jit
-def _row_edges(lead, n_cols, row_mask, ALIGN: tl.constexpr):
     """The window columns ([2 * ALIGN]) of the row's elements in its first and last group that
-    ``_chunk_mask`` leaves out, and their mask. One row per item (BLOCK_M = 1): the row's values
-    are scalars here, so the block keeps Triton's one-element-per-thread layout."""
+    ``_chunk_mask`` leaves out, and their mask, restricted to the chunk's own columns
+    [first_col, first_col + BLOCK_N). One row per item (BLOCK_M = 1): the row's values are
+    scalars here, so the block keeps Triton's one-element-per-thread layout."""
     lead = tl.sum(lead, 0)
     exists = tl.sum(row_mask.to(tl.int32), 0) > 0
     end = lead + n_cols
@@ -107,6 +101,23 @@ def _row_edges(lead, n_cols, row_mask, ALIGN: tl.constexpr):
     # Descending columns, so that Triton sees no contiguity and gives no thread a vector of them.
     cols = tl.where(j < ALIGN, ALIGN - 1 - j, tail + 2 * ALIGN - 1 - j)
     # A row inside one group has no separate last group.
+    distinct = (j < ALIGN) | (tail >= ALIGN)
+    mask = exists & (cols >= lead) & (cols < end) & ((cols < inner) | (cols >= tail)) & distinct
+    return cols, mask & (cols >= first_col) & (cols < first_col + BLOCK_N)
+
+
+@_jit
+def _row_edges(lead, n_cols, row_mask, ALIGN: tl.constexpr):
+    """``_edge_columns`` of the whole row, whatever chunk holds them (a streamed row folds its edges
+    in once). Written apart, not called by ``_edge_columns``: the split kernels' binaries then
+    stay as they were (called from there, one capped sm_90 loss variant spilled 72 words, not 76)."""
+    lead = tl.sum(lead, 0)
+    exists = tl.sum(row_mask.to(tl.int32), 0) > 0
+    end = lead + n_cols
+    inner = (lead + ALIGN - 1) // ALIGN * ALIGN
+    tail = end // ALIGN * ALIGN
+    j = tl.arange(0, 2 * ALIGN)
+    cols = tl.where(j < ALIGN, ALIGN - 1 - j, tail + 2 * ALIGN - 1 - j)
     distinct = (j < ALIGN) | (tail >= ALIGN)
     return cols, exists & (cols >= lead) & (cols < end) & ((cols < inner) | (cols >= tail)) & distinct
 
