@@ -186,9 +186,9 @@ _TORCH_FIRST_USE = "torch.fx.experimental.symbolic_shapes"
 
 
 def one(kind: str, impl: str, timeline: bool = False) -> dict:
-    """Time the first call of ``kind`` by ``impl`` in this process (``ours-serial``: ours with nothing
-    compiled ahead, each binary at its launch or its record's build); with ``timeline``, ours' compiles'
-    timeline (``probes/compile_timeline.py``) as the result's ``timeline``."""
+    """Time the first call of ``kind`` by ``impl`` in this process (``ours-serial``: ours with
+    nothing compiled ahead, each binary at its launch or its record's build); with ``timeline``,
+    ours' compiles' timeline (``probes/compile_timeline.py``) as the result's ``timeline``."""
     import importlib
     import threading
 
@@ -325,14 +325,15 @@ def main() -> int:
             print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s waiting at "
                   f"the compile door ({cold['compile_requests']} requests: planning's and first launches'; Triton's "
                   f"compile and its launcher's; a sliced record's build's), beside it "
-                  f"{cold.get('ahead_compile', 0.0):.2f} s of compiles started ahead ({cold.get('ahead_requests', 0)} requests: a backward's, a sliced "
-                  f"normalize's)")
+                  f"{cold.get('ahead_compile', 0.0):.2f} s of compiles started ahead "
+                  f"({cold.get('ahead_requests', 0)} requests: a backward's, a sliced normalize's)")
         serial = row.get("ours_cold_serial", {})
         if "seconds" in serial:
             print(f"  {row['case']}: ours cold with nothing compiled ahead (each binary at its launch or build): "
                   f"{serial['seconds']:.2f} s, {serial['in_compile']:.2f} s at the compile door")
     for row in rows:
-        for which, how in (("ours_cold", "with compiles ahead"), ("ours_cold_serial", "with nothing compiled ahead")):
+        for which, how in (("ours_cold", "with compiles ahead"),
+                           ("ours_cold_serial", "with nothing compiled ahead")):
             if row.get(which, {}).get("timeline"):
                 print(f"  {row['case']}: ours cold, {how}: its compiles' timeline (ms from "
                       f"the call's start; main: the call's thread, ahead: compile_ahead's)")
