@@ -45,8 +45,9 @@
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 #   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
-#                  call after `portable-softmax warmup`; the forward + backward cases also cold with
-#                  each backward compiled at the backward, not beside its forward, and those two cold
+#                  call after `portable-softmax warmup`; the forward + backward cases and the sliced
+#                  column also cold with nothing compiled ahead (each backward at the backward, each
+#                  sliced normalize at its launch), and those two cold
 #                  runs' compile timelines per thread (`--timeline`, probes/compile_timeline.py; issue 34;
 #                  FIRSTCALL_ARGS passed on, e.g. `--case "column softmax 32768x1024 bf16, dim 0"`)
 #   shortbwd       shortbwd.py (issue 34 item 9): the backward of short rows, op and through autograd,

@@ -17,10 +17,12 @@ about 2 s), which a training step's ``loss.backward()`` does not, and which impo
 already done. The timer holds the first call's own cost, in a process that has imported its
 libraries, as a training process has before its first step.
 
-The forward + backward cases are also timed cold with each backward compiled at the backward
-(``ours-serial``) instead of beside its forward (``launch_compile.compile_ahead``): what the
-overlap saves on the host at hand. With ``--timeline``, the cold runs of ours of those cases (both
-ways) also print a per-thread timeline of their compiles (``probes/compile_timeline.py``: the
+The forward + backward cases and the column case (sliced: two launches) are also timed cold with
+nothing compiled ahead (``ours-serial``: each backward compiled at the backward, each sliced
+normalize at its launch) instead of beside the compile before it (``launch_compile.compile_ahead``:
+a backward's beside its forward's, a sliced normalize's beside its partials'): what the overlap
+saves on the host at hand. With ``--timeline``, the cold runs of ours of those cases (both ways)
+also print a per-thread timeline of their compiles (``probes/compile_timeline.py``: the
 door, Triton's JIT misses, stages, launcher builds and module loads, lock waits; then how long
 two threads compiled at once).
 
@@ -40,6 +42,9 @@ import time
 from typing import Any
 
 TARGET_S = 1.5
+# The cases of ours that compile ahead (``launch_compile.compile_ahead``): a backward beside its
+# forward, the sliced column's normalize beside its partials.
+AHEAD_KINDS = ("backward", "loss", "column")
 
 # name: (our call, Liger's call or None, warmup arguments for `portable-softmax warmup`)
 CASES = {
@@ -181,9 +186,9 @@ _TORCH_FIRST_USE = "torch.fx.experimental.symbolic_shapes"
 
 
 def one(kind: str, impl: str, timeline: bool = False) -> dict:
-    """Time the first call of ``kind`` by ``impl`` in this process (``ours-serial``: ours with each
-    backward compiled at the backward, not beside its forward); with ``timeline``, ours' compiles'
-    timeline (``probes/compile_timeline.py``) as the result's ``timeline``."""
+    """Time the first call of ``kind`` by ``impl`` in this process (``ours-serial``: ours with
+    nothing compiled ahead, each binary at its launch or its record's build); with ``timeline``,
+    ours' compiles' timeline (``probes/compile_timeline.py``) as the result's ``timeline``."""
     import importlib
     import threading
 
@@ -208,7 +213,8 @@ def one(kind: str, impl: str, timeline: bool = False) -> dict:
 
         def timed(*args):
             # The compile door (planning's, a first launch's; a hit or a wait included): by the call,
-            # or by the thread that compiles a backward beside its forward.
+            # or by a thread compiling ahead (a backward beside its forward, a sliced normalize beside
+            # its partials).
             started = time.perf_counter()
             try:
                 return compiled(*args)
@@ -218,7 +224,7 @@ def one(kind: str, impl: str, timeline: bool = False) -> dict:
                 which[1] += 1
         launch._compiled_resources = loss_launch._compiled_resources = timed
         if impl == "ours-serial":
-            op_calls.compile_ahead = loss_launch.compile_ahead = lambda device, work: None
+            op_calls.compile_ahead = loss_launch.compile_ahead = launch.compile_ahead = lambda device, work: None
         call = _ours
     inputs = _inputs(kind)
     torch.cuda.synchronize()
@@ -263,7 +269,8 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--out", help="folder for first_call.json")
     parser.add_argument("--timeline", action="store_true",
-                        help="print the compiles' per-thread timeline of the forward + backward cases' cold runs")
+                        help="print the compiles' per-thread timeline of the cold runs of the cases that compile "
+                             "ahead (forward + backward, the sliced column)")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--keys", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -280,7 +287,7 @@ def main() -> int:
     for name in args.case or CASES:
         ours_kind, liger_kind, warm_args = CASES[name]
         row = {"case": name}
-        both_ways = ours_kind in ("backward", "loss")
+        both_ways = ours_kind in AHEAD_KINDS
         for impl, kind in (("ours", ours_kind), ("liger", liger_kind if liger else None)):
             if kind is None:
                 continue
@@ -288,8 +295,7 @@ def main() -> int:
             row[f"{impl}_cold"] = _fresh(kind, impl, cache, args.timeline and both_ways and impl == "ours")
             row[f"{impl}_warm"] = _fresh(kind, impl, cache)
         if both_ways:
-            # The same cold call with its backward compiled at the backward: what the compile
-            # beside the forward saves.
+            # The same cold call with nothing compiled ahead: what the compile ahead saves.
             row["ours_cold_serial"] = _fresh(ours_kind, "ours-serial", tempfile.mkdtemp(prefix="first-call-serial-"),
                                              args.timeline)
         if warm_args is not None:
@@ -318,16 +324,18 @@ def main() -> int:
         if "in_compile" in cold:
             print(f"  {row['case']}: ours cold {cold['seconds']:.2f} s, of which {cold['in_compile']:.2f} s waiting at "
                   f"the compile door ({cold['compile_requests']} requests: planning's and first launches'; Triton's "
-                  f"compile and its launcher's), beside it {cold.get('ahead_compile', 0.0):.2f} s of backward "
-                  f"compiles started with the forward ({cold.get('ahead_requests', 0)} requests)")
+                  f"compile and its launcher's; a sliced record's build's), beside it "
+                  f"{cold.get('ahead_compile', 0.0):.2f} s of compiles started ahead "
+                  f"({cold.get('ahead_requests', 0)} requests: a backward's, a sliced normalize's)")
         serial = row.get("ours_cold_serial", {})
         if "seconds" in serial:
-            print(f"  {row['case']}: ours cold with the backward compiled at the backward (not beside the forward): "
+            print(f"  {row['case']}: ours cold with nothing compiled ahead (each binary at its launch or build): "
                   f"{serial['seconds']:.2f} s, {serial['in_compile']:.2f} s at the compile door")
     for row in rows:
-        for which, how in (("ours_cold", "beside the forward"), ("ours_cold_serial", "at the backward")):
+        for which, how in (("ours_cold", "with compiles ahead"),
+                           ("ours_cold_serial", "with nothing compiled ahead")):
             if row.get(which, {}).get("timeline"):
-                print(f"  {row['case']}: ours cold, the backward compiled {how}: its compiles' timeline (ms from "
+                print(f"  {row['case']}: ours cold, {how}: its compiles' timeline (ms from "
                       f"the call's start; main: the call's thread, ahead: compile_ahead's)")
                 for line in row[which]["timeline"]:
                     print(f"    {line}")

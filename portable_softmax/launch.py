@@ -11,7 +11,7 @@ kernel's own launcher (``compat.direct_launcher``): no planning, compiling, argu
 device query.
 
 Compiles go through ``launch_compile`` (planning's, and a first launch's), which also starts a
-backward's compile beside its forward's.
+backward's compile beside its forward's, and a sliced plan's second launch's beside its first's.
 
 The key must hold everything the binary was specialised on: keying on the block size alone once
 served a kernel specialised for aligned rows to a 781-wide bf16 row ("misaligned address").
@@ -32,7 +32,7 @@ from portable_softmax.backend import Backend
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.interpreter import language_unpatched
 from portable_softmax.kernel_resources import table_for
-from portable_softmax.launch_compile import _compiled_resources, _kernel_module, _specialization
+from portable_softmax.launch_compile import _compiled_resources, _kernel_module, _specialization, compile_ahead
 from portable_softmax.launch_plan import (Fusion, Lookup, RowView, Variant, known_resources, plan_softmax,
                                           softmax_call)
 from portable_softmax.plan_grid import LaunchPlan, Target
@@ -198,7 +198,7 @@ class SlicedRecord:
     a buffer of [slices, rows] partials, then each slice's output from all of its row's partials
     (the streamed kernels of sharded rows, ``variants.phases``). Each phase is a ``LaunchRecord``
     of its own; the partials are allocated per call from torch's caching allocator (graph capture
-    takes them from its pool)."""
+    takes them from its pool). Its binaries are compiled when it is built (``_sliced_record``)."""
 
     def __init__(self, direction: str, phases: tuple[LaunchRecord, LaunchRecord], plan: LaunchPlan,
                  stats_shape: tuple[int, ...], stats_dtype: torch.dtype) -> None:
@@ -214,9 +214,34 @@ class SlicedRecord:
         self._normalize((*inputs, stats, output))
         return self.plan
 
+    def compile(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """Compile both phases' binaries for calls on tensors like ``tensors`` (inputs, then the
+        output: their dtypes and 16-byte alignment), without launching: the normalize phase's in
+        a thread beside (``compile_ahead``), the partials' in this one. The first call's launches
+        then find them at the compile door, the normalize's waiting there for its compile where
+        it is still running: a cold first call waits for about 0.6 of the two compiles in series
+        (``compile_ahead``), not for their sum (issue 34 item 4). Under a graph capture nothing
+        compiles ahead: the normalize's launch compiles it, as before."""
+        inputs, output = tensors[:self._inputs], tensors[self._inputs]
+        # The partials, a fresh buffer each call (aligned), stand as their dtype: Triton takes a
+        # dtype for an aligned pointer.
+        ahead = (*(_stand_in(t) for t in inputs), self._stats_dtype, _stand_in(output))
+        normalize = self._normalize
+        compile_ahead(output.device, lambda: normalize.compile(ahead))
+        self._partials.compile((*inputs, self._stats_dtype))
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """What a compile in another thread is given for ``t``: an empty tensor of its dtype where ``t``
+    is 16-byte aligned (a null pointer is: nothing held for the thread, as ``op_calls._backward_ahead``),
+    else ``t`` itself (held until that compile ends, which the call's launch waits for anyway)."""
+    return t if t.data_ptr() % 16 else t.new_empty(0)
+
 
 def _sliced_record(direction: str, module: Any, backend: Backend, device: torch.device, plan: LaunchPlan,
-                   view: RowView, log: bool, acc_fp64: bool) -> SlicedRecord:
+                   view: RowView, log: bool, acc_fp64: bool, tensors: tuple[torch.Tensor, ...]) -> SlicedRecord:
+    """The record of a sliced plan for ``tensors`` (inputs, then the output), its binaries compiled
+    (``SlicedRecord.compile``): planning compiled none (``launch_plan.plan_softmax``)."""
     phases = []
     for phase in variants.phases(direction):
         kernel = getattr(module, variants.sharded_kernel_name(phase))
@@ -228,7 +253,14 @@ def _sliced_record(direction: str, module: Any, backend: Backend, device: torch.
                                    {"num_warps": plan.num_warps, "num_stages": 1}, None))
     # Forward partials are (maximum, sum) pairs; backward ones, sums.
     shape = (plan.chunks, view.n_rows, 2) if direction == "forward" else (plan.chunks, view.n_rows)
-    return SlicedRecord(direction, (phases[0], phases[1]), plan, shape, torch.float64 if acc_fp64 else torch.float32)
+    record = SlicedRecord(direction, (phases[0], phases[1]), plan, shape,
+                          torch.float64 if acc_fp64 else torch.float32)
+    # At the build, not at the first call: a backward's record built ahead of its call, beside
+    # its forward (``op_calls._backward_ahead``), compiles its binaries there too. Its first
+    # launches find them at the compile door; later ones launch as before.
+    if not backend.interpreted:
+        record.compile(tensors)
+    return record
 
 
 def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, log: bool, acc_fp64: bool,
@@ -262,7 +294,7 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     plan, chosen = plan_softmax(target, call, known, compile)
     logger.debug("%s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     if plan.regime == variants.SLICED:
-        return _sliced_record(direction, module, backend, device, plan, view, log, acc_fp64)
+        return _sliced_record(direction, module, backend, device, plan, view, log, acc_fp64, data)
     launches = tuple(variants.constexprs(plan.config, call.facts, phase)
                      for phase in variants.launch_phases(plan.config))
     fallback = None

@@ -3,7 +3,8 @@
 keyed by what Triton specialises a binary on, where a thread asking for a binary another thread is
 compiling waits for it; and the compile ahead (``compile_ahead``): a forward whose input requires
 grad starts its backward's compile in a thread while its own compiles, so that a cold first
-forward + backward waits for the longer of the two instead of their sum (issue 34 item 4).
+forward + backward waits for the longer of the two instead of their sum (issue 34 item 4); a sliced
+record (two launches) compiles its second launch's binary beside its first's in the same way.
 """
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ AHEAD_THREAD = "portable_softmax-compile-ahead"
 
 def compile_ahead(device: torch.device, work: Callable[[], object]) -> Optional[threading.Thread]:
     """Run ``work`` (the building of a launch a later call will make: a backward's, asked for by
-    its forward) in a thread of its own, so that its compiles run beside the caller's: Triton's
+    its forward; or the compile a later launch asks for: a sliced call's normalize, by its
+    record's build) in a thread of its own, so that its compiles run beside the caller's: Triton's
     compile spends most of its time in MLIR, LLVM, ptxas and gcc, outside Python's lock, and two at
     once take about 0.6 of the time of one after the other (``benchmarks/probes/compile_overlap.py``).
     Its compiles are ``_compiled_resources``' own: the later call asks for the same binaries and

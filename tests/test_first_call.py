@@ -177,14 +177,15 @@ class Beside:
 
     def __init__(self, fake: FakeCompiler, held: str, other: str) -> None:
         self.fake, self.held, self.other = fake, held, other
-        self.asked: list[tuple[str, str, str]] = []  # (thread, kernel, key)
+        self.asked: list[tuple[str, str, tuple]] = []  # (thread, kernel, (key, the door's specialization))
         self.other_asked = threading.Event()
         self.overlapped: Optional[bool] = None
 
     def __call__(self, kernel, backend, device, args, constexprs, options) -> KernelResources:
         name, thread = kernel.fn.__name__, threading.current_thread().name
         key = self.fake.key(kernel, args, constexprs, options)
-        self.asked.append((thread, name, key))
+        # Every pointer's dtype and alignment too: a stand-in for a tensor must be keyed as it is.
+        self.asked.append((thread, name, (key, launch_compile._specialization(args))))
         if name.startswith(self.other) and thread == launch_compile.AHEAD_THREAD:
             self.other_asked.set()
         if name.startswith(self.held) and self.overlapped is None:
@@ -194,8 +195,12 @@ class Beside:
 
     def keys(self, ahead: bool, kernel: str) -> list[str]:
         """The keys of ``kernel`` asked for from a compile-ahead thread (or from the others)."""
-        for thread in threading.enumerate():
-            if thread.name == launch_compile.AHEAD_THREAD:
+        # Until none is left: a build ahead starts a compile ahead of its own (``SlicedRecord.compile``).
+        while True:
+            running = [t for t in threading.enumerate() if t.name == launch_compile.AHEAD_THREAD and t.is_alive()]
+            if not running:
+                break
+            for thread in running:
                 thread.join(10)
         return [key for thread, name, key in self.asked
                 if name.startswith(kernel) and (thread == launch_compile.AHEAD_THREAD) == ahead]
@@ -250,6 +255,70 @@ def test_a_cross_entropy_that_writes_its_gradient_compiles_its_rescale_beside_it
     assert compiler.overlapped and len(compiler.keys(True, variants.GRAD_SCALE_KERNEL)) == 1
     (scale,) = [r for r in Launched.records if r.kernel == variants.GRAD_SCALE_KERNEL]
     assert scale.calls == 1
+
+
+H200 = profile_record("h200")
+
+
+class FirstLaunch(Launched):
+    """``Launched`` whose first call asks for its binary at the compile door with the call's
+    tensors, as ``LaunchRecord``'s first launch does."""
+
+    def __call__(self, tensors) -> LaunchPlan:
+        if not self.calls:
+            self.compile(tensors)
+        return super().__call__(tensors)
+
+
+@pytest.fixture
+def h200(beside, monkeypatch):
+    """``beside`` on a recorded H200, whose bf16 column softmax is sliced in both directions
+    (``Tuning.strided_slices``), with records whose first launch asks for its binary."""
+    for module in (launch, launch_compile):
+        monkeypatch.setattr(module, "device_record", lambda device: H200)
+    monkeypatch.setattr(launch, "LaunchRecord", FirstLaunch)
+    return beside
+
+
+# A column softmax (over dim 0) that the H200 slices in both directions, in two launches each.
+COLUMNS = (16384, 64)
+
+
+@pytest.mark.parametrize("direction, aligned", [("forward", True), ("backward", True), ("forward", False)])
+def test_a_sliced_first_call_compiles_its_normalize_beside_its_partials(h200, direction, aligned):
+    """A sliced call's two launches (partials, then normalize): on its first call the normalize's
+    binary is asked for from a thread of its own while the partials' compiles, so before the
+    partials launch, and it is the binary the normalize's launch asks for (for an input not
+    16-byte aligned too). A repeated call asks for nothing. Fails where the first launches
+    compile one after the other."""
+    partials, normalize = (f"softmax_{direction}_{phase}" for phase in ("partials", "normalize"))
+    compiler = h200(partials, normalize)
+    x = torch.empty(COLUMNS[0] * COLUMNS[1] + 1, dtype=torch.bfloat16)[1 - aligned:][:COLUMNS[0] * COLUMNS[1]]
+    x = x.view(COLUMNS)
+    call = ((lambda: ps.softmax(x, 0)) if direction == "forward"
+            else lambda: op_calls._backward(x, torch.empty(COLUMNS, dtype=torch.bfloat16), 0, torch.bfloat16, False))
+    call()
+    assert [r.kernel for r in Launched.records] == [partials, normalize]
+    ahead = compiler.keys(True, normalize)
+    assert compiler.overlapped and len(ahead) == 1 and ahead == compiler.keys(False, normalize)
+    assert not compiler.keys(True, partials)
+    compiler.asked.clear()
+    call()
+    assert compiler.asked == [] and [r.calls for r in Launched.records] == [2, 2]
+
+
+def test_a_sliced_forward_that_requires_grad_compiles_its_sliced_backward_beside_it(h200):
+    """The cold forward + backward of a column softmax, both sliced: the backward's two binaries
+    are asked for from threads ahead while the forward's compile, and they are those its launches
+    ask for. Fails where building a sliced record compiles nothing (its binaries then wait for
+    the backward's launches)."""
+    compiler = h200("softmax_forward_partials", "softmax_backward_partials")
+    x = torch.empty(COLUMNS, dtype=torch.bfloat16, requires_grad=True)
+    ps.softmax(x, 0).backward(torch.empty(COLUMNS, dtype=torch.bfloat16))
+    assert compiler.overlapped
+    for phase in ("partials", "normalize"):
+        ahead = compiler.keys(True, f"softmax_backward_{phase}")
+        assert ahead and set(ahead) == set(compiler.keys(False, f"softmax_backward_{phase}"))
 
 
 def _config(name: str) -> KernelConfig:

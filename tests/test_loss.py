@@ -325,7 +325,7 @@ def test_split_rows_with_every_target_ignored(device, monkeypatch):
 @pytest.mark.parametrize("regime", ["tile", "loop", "split", "pipelined"])
 def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatch, regime, dtype):
     # Ignored rows whose exponentials are NaN (a +inf logit, a NaN, a row of -inf only): their
-    # gradient is 0, exactly, in every regime. Every other factor is folded into one coefficient a
+    # loss and their gradient are 0, exactly, in every regime. Every other factor is folded into one coefficient a
     # row (loss_terms._grad_of), which a NaN exponential would turn into NaN: the zeros are selected
     # there, or, for a 16-bit gradient of the split kernel, stored apart (loss_split._write_gradient).
     if regime in SPLIT_REGIMES:
@@ -338,6 +338,12 @@ def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatc
     x[3, 250] = float("nan")
     x = x.to(dtype)
     target = torch.tensor([299, -100, -100, -100], device=device)
+    # Their loss is 0 too, as torch's: an ignored row's +inf logit made it NaN until 2026-11-28.
+    for reduction in ("none", "sum", "mean"):
+        ours = ps.cross_entropy(x, target, reduction=reduction)
+        theirs = F.cross_entropy(x.double(), target, reduction=reduction)
+        assert torch.equal(ours.isnan(), theirs.isnan()), (reduction, ours, theirs)
+        assert relative_error(ours, theirs) <= TOLERANCE[dtype], (reduction, ours, theirs)
     x.requires_grad_()
     (grad,) = torch.autograd.grad(ps.cross_entropy(x, target, reduction="sum"), x)
     assert torch.equal(grad[1:], torch.zeros_like(grad[1:]))

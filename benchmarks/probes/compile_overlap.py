@@ -1,6 +1,7 @@
 """Whether two Triton compiles in two threads of one process overlap (issue 34 item 4): the pairs a
 cold first call compiles one after the other, the softmax's split forward then its split backward,
-and the cross-entropy's split forward (with the gradient) then the gradient-rescale kernel.
+the cross-entropy's split forward (with the gradient) then the gradient-rescale kernel, and a
+sliced column softmax's partials then its normalize.
 
 The variants are found as ``first_call_compiles.py`` finds them (an sm_90 record, launches
 stubbed). Each pair is then compiled for sm_90 in a fresh process with an empty Triton cache,
@@ -12,13 +13,14 @@ alternate between the two ways; the best and the median of ``--repeat`` each are
 whether every run built the same binaries (a race inside the compiler would show there). Run with
 ``PYTHONPATH`` at a Triton 3.6 target to see the GPU host's release.
 
-Then the same two first calls through the package (``--calls``): ``ps.softmax(x).backward(dy)`` and
-``ps.cross_entropy(logits, target).backward()``, each in a fresh process with an empty cache, the
-launch layer pointed at the recorded chip, the compile below the package's compile door
-(``launch_compile._compile``) a real sm_90 compile (and launcher build), the launches stubbed
-(a first launch asks the door for its binaries, as ``LaunchRecord``'s does); timed with the
-backward's compile started beside the forward's (``launch_compile.compile_ahead``) and without;
-with ``--timeline``, each way's median run's per-thread timeline (``compile_timeline.py``).
+Then the same first calls through the package (``--calls``): ``ps.softmax(x).backward(dy)``,
+``ps.cross_entropy(logits, target).backward()`` and ``ps.softmax(columns, 0)``, each in a fresh
+process with an empty cache, the launch layer pointed at the recorded chip, the compile below the
+package's compile door (``launch_compile._compile``) a real sm_90 compile (and launcher build), the
+launches stubbed (a first launch asks the door for its binaries, as ``LaunchRecord``'s does); timed
+with the second compile started beside the first's (``launch_compile.compile_ahead``: the
+backward's, the sliced normalize's) and without; with ``--timeline``, each way's median run's
+per-thread timeline (``compile_timeline.py``).
 
     PYTHONPATH=.[:/tmp/t36] python benchmarks/probes/compile_overlap.py [--repeat N] [--profile h200] [--calls]
         [--timeline]
@@ -44,7 +46,8 @@ import compile_stages as stages  # noqa: E402  (sets the environment: no interpr
 import first_call_compiles as found  # noqa: E402
 
 PAIRS = {"softmax fwd+bwd 4096x50257 bf16": "softmax+backward 4096x50257 bf16",
-         "cross_entropy fwd+bwd 4096x50257 bf16": "cross_entropy fwd+bwd 4096x50257 bf16"}
+         "cross_entropy fwd+bwd 4096x50257 bf16": "cross_entropy fwd+bwd 4096x50257 bf16",
+         "column softmax 32768x1024 bf16, dim 0": "column softmax 32768x1024 bf16 dim 0"}
 
 
 def _specs(case: str, profile: str) -> list[dict[str, Any]]:
@@ -140,7 +143,7 @@ def _call(case: str, profile: str, ahead: bool, timeline: bool = False) -> dict[
     launch.LaunchRecord = loss_launch.LaunchRecord = Record
     launch_compile._compile = compile
     if not ahead:
-        op_calls.compile_ahead = loss_launch.compile_ahead = lambda device, work: None
+        op_calls.compile_ahead = loss_launch.compile_ahead = launch.compile_ahead = lambda device, work: None
     if timeline:  # after the stubs above: it wraps the compile they put in
         import compile_timeline
 
@@ -196,7 +199,7 @@ def main() -> int:
 
 
 def _calls(repeat: int, profile: str, timeline: bool) -> int:
-    print(f"{'first call':<40} {'backward':<12} {'best s':>7} {'median s':>8}  compiles (kernel: start-end s)")
+    print(f"{'first call':<40} {'2nd compile':<12} {'best s':>7} {'median s':>8}  compiles (kernel: start-end s)")
     for label, case in PAIRS.items():
         runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
         for _ in range(repeat):

@@ -6,10 +6,12 @@ launch layer told that the device is an H100 (its recorded profile) and its comp
 (``launch._compiled_resources``) replaced by a real cross-compile for sm_90 (``crosscompile``'s
 ``compile_variant``, Triton's own compiler, in this process, with an empty Triton cache). Nothing
 launches: the launch records are stubs that note the variants they would launch, which the real
-first launch compiles if planning did not (a two-launch split's second phase, a sliced plan's
-phases). The time is what these compiles take on this machine's CPU, not an H100 host's. With
-``--detail``, each compile and what each record launches (its plan and options): run it with
-``PYTHONPATH`` at another copy of the package to compare the plans two versions make.
+first launch compiles if planning did not (a two-launch split's second phase), and those a sliced
+record's build compiles (its phases: here the normalize's at its first launch, the CPU device being
+an interpreted one to ``compile_ahead``). The time is what these compiles take on this machine's
+CPU, not an H100 host's. With ``--detail``, each compile and what each record launches (its plan and
+options): run it with ``PYTHONPATH`` at another copy of the package to compare the plans two
+versions make.
 
     PYTHONPATH=. python benchmarks/probes/first_call_compiles.py [--case NAME ...] [--detail]
 """
@@ -101,21 +103,26 @@ def install(counter: Counter, profile: str = "h100") -> None:
             self._launched = [(kernel, scalars, c, options) for c in launches]
             self._done = False
 
+        def compile(self, tensors, why: str = "build"):
+            """Compile what a first launch on ``tensors`` runs (``LaunchRecord.compile``: a sliced
+            record's build asks for its phases' binaries)."""
+            for kernel, scalars, constexprs, options in self._launched:
+                name = kernel.fn.__name__
+                arity = len(variants.TENSORS["backward" if "backward" in name else "forward"])
+                if name.startswith("softmax_") and len(tensors) == arity and "partials" not in name \
+                        and "normalize" not in name:
+                    tensors = (*tensors, tensors[0], tensors[0])  # as LaunchRecord pads them
+                scratch = (torch.int64, torch.int32) if name.endswith("_split") else ()
+                args = (*tensors, *scratch, *scalars)
+                key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), tuple(sorted(options.items())),
+                       launch._specialization(args))
+                if key not in keys:
+                    keys[key] = KernelResources(0, 0, 1)
+                    counter.compile(kernel, args, constexprs, options, why)
+
         def __call__(self, tensors):
             if not self._done:
-                for kernel, scalars, constexprs, options in self._launched:
-                    name = kernel.fn.__name__
-                    arity = len(variants.TENSORS["backward" if "backward" in name else "forward"])
-                    if name.startswith("softmax_") and len(tensors) == arity and "partials" not in name \
-                            and "normalize" not in name:
-                        tensors = (*tensors, tensors[0], tensors[0])  # as LaunchRecord pads them
-                    scratch = (torch.int64, torch.int32) if name.endswith("_split") else ()
-                    args = (*tensors, *scratch, *scalars)
-                    key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), tuple(sorted(options.items())),
-                           launch._specialization(args))
-                    if key not in keys:
-                        keys[key] = KernelResources(0, 0, 1)
-                        counter.compile(kernel, args, constexprs, options, "first launch")
+                self.compile(tensors, "first launch")
                 self._done = True
             return self.plan
 
@@ -158,7 +165,7 @@ def _one(name: str, detail: bool) -> None:
     install(counter)
     CASES[name]()
     planning = sum(1 for _, _, why in counter.compiles if why == "planning")
-    launched = sum(1 for _, _, why in counter.compiles if why == "first launch")
+    launched = sum(1 for _, _, why in counter.compiles if why in ("build", "first launch"))
     total = sum(s for _, s, _ in counter.compiles)
     print(f"{name:<44} {len(counter.compiles):>8} {planning:>8} {launched:>6} {total:>8.1f}", flush=True)
     if detail:

@@ -130,12 +130,12 @@ def _cross_entropy(lse, z_t, w_t, smooth_sum, prob_sum, prob_dot, weight_sum, sm
 @_jit
 def _scaled_loss(ce, z_lse, row_max, ignored, valid, ce_scale, z_scale, z_loss, Z_LOSS: tl.constexpr):
     """ce times the reduction's scale, plus the z-loss of ``z_lse`` (the row's lse): 0 (times the
-    scales) where ignored, NaN for a target outside the classes or a +inf logit (torch's
-    log_softmax gives NaN there)."""
+    scales) where ignored, whatever its logits (torch's nll_loss skips the row); NaN for a target
+    outside the classes or a +inf logit in a counted row (torch's log_softmax gives NaN there)."""
     loss = tl.where(ignored, 0.0, ce) * ce_scale
     if Z_LOSS:
         loss += tl.where(ignored, 0.0, z_loss * z_lse * z_lse) * z_scale
-    return tl.where((valid | ignored) & (row_max != float("inf")), loss, float("nan"))
+    return tl.where(ignored | (valid & (row_max != float("inf"))), loss, float("nan"))
 
 
 @_jit
