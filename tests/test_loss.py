@@ -39,7 +39,8 @@ def reference(x, target, weight=None, ignore_index=-100, reduction="mean", label
     if z_loss:
         lse = torch.logsumexp(z, 0 if z.dim() == 1 else 1)
         counted = torch.ones_like(lse) if prob else (t != ignore_index).double()
-        extra = z_loss * lse**2 * counted
+        # An ignored position adds nothing, whatever its logits (a NaN or +inf lse times 0 is NaN).
+        extra = torch.where(counted > 0, z_loss * lse**2, 0.0)
         if reduction == "mean":
             extra = extra.sum() / counted.sum()
         elif reduction == "sum":
