@@ -145,6 +145,28 @@ def grad_scale_ahead(grad: torch.Tensor, dloss_dtype: torch.dtype) -> None:
     compile_ahead(grad.device, lambda: record.compile((grad, dloss)))
 
 
+def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: torch.Tensor, n_classes: int,
+                 ignore_index: int) -> LaunchRecord:
+    """The record of ``cross_entropy_stats`` over a contiguous ``target`` (with class weights
+    ``weight``, contiguous, if given; ``kept``: the call's values in ``variants.LOSS_STATS``' layout
+    and the accumulation dtype), called with (target, weight or kept, kept, stats). Built on each
+    call: ``loss_rows._stats`` keeps it per layout. Where the backend compiles, its compile starts
+    beside the caller's (``compile_ahead``) and the first launch waits for it."""
+    device = target.device
+    backend = backend_for(device)
+    # One block of targets: one program, which walks them all in a fixed order.
+    plan = plan_elementwise(target_for(device_record(device)), variants.STATS_BLOCK, variants.STATS_BLOCK)
+    kernel = getattr(_kernel_module(backend), variants.STATS_KERNEL)
+    constexprs = {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight is not None,
+                  "ACC_FP64": kept.dtype == torch.float64}
+    record = LaunchRecord(kernel, backend, device, plan, (target.numel(), n_classes, ignore_index), (constexprs,),
+                          {"num_warps": plan.num_warps, "num_stages": 1}, None)
+    if not backend.interpreted:
+        tensors = (target, weight if weight is not None else kept, kept, kept)
+        compile_ahead(device, lambda: record.compile(tensors))
+    return record
+
+
 def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
     """The record of ``run_grad_scale`` on these tensors: found by their signature, built on a miss."""
     device = grad.device
