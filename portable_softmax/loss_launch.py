@@ -146,12 +146,13 @@ def grad_scale_ahead(grad: torch.Tensor, dloss_dtype: torch.dtype) -> None:
 
 
 def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: torch.Tensor, n_classes: int,
-                 ignore_index: int) -> LaunchRecord:
+                 ignore_index: int) -> tuple[LaunchRecord, bool]:
     """The record of ``cross_entropy_stats`` over a contiguous ``target`` (with class weights
     ``weight``, contiguous, if given; ``kept``: the call's values in ``variants.LOSS_STATS``' layout
-    and the accumulation dtype), called with (target, weight or kept, kept, stats). Built on each
-    call: ``loss_rows._stats`` keeps it per layout. Where the backend compiles, its compile starts
-    beside the caller's (``compile_ahead``) and the first launch waits for it."""
+    and the accumulation dtype), called with (target, weight or kept, kept, stats); and whether
+    its compile started beside the caller's (``compile_ahead``: where the backend compiles), for
+    the caller to form this call's stats otherwise. Built on each call: ``loss_rows._stats``
+    keeps it per layout."""
     device = target.device
     backend = backend_for(device)
     # One block of targets: one program, which walks them all in a fixed order.
@@ -161,10 +162,8 @@ def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: tor
                   "ACC_FP64": kept.dtype == torch.float64}
     record = LaunchRecord(kernel, backend, device, plan, (target.numel(), n_classes, ignore_index), (constexprs,),
                           {"num_warps": plan.num_warps, "num_stages": 1}, None)
-    if not backend.interpreted:
-        tensors = (target, weight if weight is not None else kept, kept, kept)
-        compile_ahead(device, lambda: record.compile(tensors))
-    return record
+    tensors = (target, weight if weight is not None else kept, kept, kept)
+    return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
 
 
 def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:

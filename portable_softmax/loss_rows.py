@@ -190,13 +190,13 @@ def _launched_stats(target: torch.Tensor, weight: Optional[torch.Tensor], option
         if len(loss_launch.calls) >= _CALLS_LIMIT:
             loss_launch.calls.clear()
         kept = _counted_constants(target.device, acc, options)[1]
-        record = None
+        record, ahead = None, False
         if target.is_contiguous() and (weight is None or weight.is_contiguous()):
-            record = loss_launch.stats_record(target, weight, kept, options.n_classes, options.ignore_index)
-        loss_launch.calls[key] = (record, kept)
-        if record is None or not record.backend.interpreted:
+            record, ahead = loss_launch.stats_record(target, weight, kept, options.n_classes, options.ignore_index)
+        found = loss_launch.calls[key] = (record, kept)
+        if ahead:
+            # Its compile runs beside the forward's: this call's stats by torch's operations.
             return None
-        found = (record, kept)
     record, kept = found
     if record is None:
         return None

@@ -75,6 +75,26 @@ def test_stats_over_several_blocks_of_targets_and_classes(monkeypatch, weighted)
     torch.testing.assert_close(ours, _torch_stats(monkeypatch, x, target, weight, options), rtol=1e-6, atol=0.0)
 
 
+@pytest.mark.parametrize("shape", [(variants.STATS_BLOCK + 300, 7), (3, variants.STATS_BLOCK + 52)],
+                         ids=["targets", "classes"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_losses_over_several_blocks_of_targets_or_classes(shape, weighted):
+    # Against torch: the count and summed weights over every block of targets, W over every block
+    # of classes (the smoothing's term reads it).
+    torch.manual_seed(3)
+    x = torch.randn(shape)
+    target = torch.randint(0, shape[1], (shape[0],))
+    target[torch.rand(shape[0]) < 0.3] = -100
+    target[0] = 1
+    weight = torch.rand(shape[1]) + 0.5 if weighted else None
+    before = dict(loss_launch.calls)
+    ours = ps.cross_entropy(x, target, weight, label_smoothing=0.1)
+    assert [found[0] is not None for key, found in loss_launch.calls.items()
+            if key[0] == "stats" and key not in before] == [True]
+    theirs = F.cross_entropy(x.double(), target, None if weight is None else weight.double(), label_smoothing=0.1)
+    assert abs(ours.item() - theirs.item()) <= 1e-5 * abs(theirs.item())
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
 def test_stats_of_no_counted_target(weighted):
     x = torch.empty(5, 9)
