@@ -143,11 +143,11 @@ def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor]
     'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
     for the z-loss; positions for probability targets), W, eps, the z-loss factor, the softcap.
 
-    Few operations, each a launch and some microseconds of host time every call: a kept constant
-    where no value depends on the tensors; the unweighted 'mean' of class targets, the count and
-    one launch (``_launched_stats``) for a 'mean' of class targets, weighted or not; the count and
-    one ``where`` that puts it in the denominators' places among kept constants (three kernels),
-    or for weights some fifteen operations, where that cannot take the target in place."""
+    Few operations, each some microseconds of host time every call: a kept constant where no
+    value depends on the tensors; for a 'mean' of class targets, weighted or not, one buffer and
+    one launch (``_launched_stats``). Where that kernel cannot take the target in place (or serves
+    no call yet), torch's: unweighted, the count and one ``where`` that puts it in the
+    denominators' places among kept constants (three kernels); weighted, some fifteen operations."""
     acc = _acc(x.dtype)
     counted_mean = options.reduction == "mean" and not options.prob_target
     if counted_mean:
