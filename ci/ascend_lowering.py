@@ -141,6 +141,9 @@ def lowering_jobs():
                    variants.loss_constexprs("forward", split, facts, phase))
     yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
            {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False})
+    for weight in (False, True):
+        yield (variants.STATS_KERNEL, "stats", f"BLOCK={variants.STATS_BLOCK} WEIGHT={int(weight)}",
+               {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight, "ACC_FP64": False})
 
 
 def load_module(name, path, package=False):
@@ -164,9 +167,14 @@ variants = load_module("portable_softmax_variants", VARIANTS_PY)
 def kernel_parameters(kernel):
     """The variant table's tensors (name -> element type, None for the data's) and parameter
     names of ``kernel``: (direction, regime), a phase of sharded rows (partials in fp32), a
-    cross-entropy kernel ("loss", direction, probability targets, regime), or the gradient's rescale."""
+    cross-entropy kernel ("loss", direction, probability targets, regime), the gradient's rescale or
+    the stats of a 'mean'."""
     if kernel == "grad_scale":
         return {"grad_ptr": None, "dloss_ptr": None}, variants.GRAD_SCALE_PARAMETERS
+    if kernel == "stats":
+        # Class targets int64; weights, the kept values and the stats fp32.
+        return ({"target_ptr": "i64", "weight_ptr": "fp32", "kept_ptr": "fp32", "stats_ptr": "fp32"},
+                variants.STATS_PARAMETERS)
     if isinstance(kernel, str):
         tensors = {f"{t}_ptr": ("fp32" if t == "stats" else None) for t in variants.SHARDED_TENSORS[kernel]}
         return tensors, variants.sharded_parameter_names(kernel)

@@ -145,6 +145,27 @@ def grad_scale_ahead(grad: torch.Tensor, dloss_dtype: torch.dtype) -> None:
     compile_ahead(grad.device, lambda: record.compile((grad, dloss)))
 
 
+def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: torch.Tensor, n_classes: int,
+                 ignore_index: int) -> tuple[LaunchRecord, bool]:
+    """The record of ``cross_entropy_stats`` over a contiguous ``target`` (with class weights
+    ``weight``, contiguous, if given; ``kept``: the call's values in ``variants.LOSS_STATS``' layout
+    and the accumulation dtype), called with (target, weight or kept, kept, stats); and whether
+    its compile started beside the caller's (``compile_ahead``: where the backend compiles), for
+    the caller to form this call's stats otherwise. Built on each call: ``loss_rows._stats``
+    keeps it per layout."""
+    device = target.device
+    backend = backend_for(device)
+    # One block of targets: one program, which walks them all in a fixed order.
+    plan = plan_elementwise(target_for(device_record(device)), variants.STATS_BLOCK, variants.STATS_BLOCK)
+    kernel = getattr(_kernel_module(backend), variants.STATS_KERNEL)
+    constexprs = {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight is not None,
+                  "ACC_FP64": kept.dtype == torch.float64}
+    record = LaunchRecord(kernel, backend, device, plan, (target.numel(), n_classes, ignore_index), (constexprs,),
+                          {"num_warps": plan.num_warps, "num_stages": 1}, None)
+    tensors = (target, weight if weight is not None else kept, kept, kept)
+    return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
+
+
 def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
     """The record of ``run_grad_scale`` on these tensors: found by their signature, built on a miss."""
     device = grad.device

@@ -143,11 +143,17 @@ def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor]
     'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
     for the z-loss; positions for probability targets), W, eps, the z-loss factor, the softcap.
 
-    Few operations, each a launch and some microseconds of host time every call: a kept constant
-    where no value depends on the tensors; the unweighted 'mean' of class targets, the count and
-    one ``where`` that puts it in the denominators' places among kept constants (three kernels)."""
+    Few operations, each some microseconds of host time every call: a kept constant where no
+    value depends on the tensors; for a 'mean' of class targets, weighted or not, one buffer and
+    one launch (``_launched_stats``). Where that kernel cannot take the target in place (or serves
+    no call yet), torch's: unweighted, the count and one ``where`` that puts it in the
+    denominators' places among kept constants (three kernels); weighted, some fifteen operations."""
     acc = _acc(x.dtype)
     counted_mean = options.reduction == "mean" and not options.prob_target
+    if counted_mean:
+        stats = _launched_stats(target, weight, options, acc)
+        if stats is not None:
+            return stats
     if weight is None and counted_mean:
         places, kept = _counted_constants(x.device, acc, options)
         return torch.where(places, torch.sum(target != options.ignore_index, dtype=acc), kept)
@@ -159,14 +165,44 @@ def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor]
     pieces = []
     if counted_mean:
         counted = target != options.ignore_index
-        # A target outside the classes reads class 0's weight here: its loss is NaN anyway.
-        summed = torch.where(counted, weight.to(acc)[target.clamp(0, options.n_classes - 1)], 0).sum()
+        # A target outside the classes reads class 0's weight here: its loss is NaN anyway. (An
+        # index of int16 or int8 needs widening.)
+        summed = torch.where(counted, weight.to(acc)[target.clamp(0, options.n_classes - 1).long()], 0).sum()
         pieces += [summed.reshape(1), counted.sum(dtype=acc).reshape(1)]
     else:
         positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
         pieces.append(_constant(x.device, acc, (positions, positions)))
     pieces += [weight.sum(dtype=acc).reshape(1), _constant(x.device, acc, tail)]
     return torch.cat(pieces)
+
+
+def _launched_stats(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
+                    acc: torch.dtype) -> Optional[torch.Tensor]:
+    """The stats of a 'mean' of class targets by ``cross_entropy_stats`` (one launch into one
+    buffer); None where its target is not contiguous, or its weights, and on the first call of a
+    layout where the kernel compiles beside it (the caller's torch operations serve that call).
+    Kept per layout as ``_launch``'s records: a repeated call is one lookup."""
+    key = ("stats", options, target.device, acc, target.numel(), target.dtype, target.is_contiguous(),
+           target.data_ptr() % 16 == 0,
+           None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0))
+    found = loss_launch.calls.get(key)
+    if found is None:
+        if len(loss_launch.calls) >= _CALLS_LIMIT:
+            loss_launch.calls.clear()
+        kept = _counted_constants(target.device, acc, options)[1]
+        record, ahead = None, False
+        if target.is_contiguous() and (weight is None or weight.is_contiguous()):
+            record, ahead = loss_launch.stats_record(target, weight, kept, options.n_classes, options.ignore_index)
+        found = loss_launch.calls[key] = (record, kept)
+        if ahead:
+            # Its compile runs beside the forward's: this call's stats by torch's operations.
+            return None
+    record, kept = found
+    if record is None:
+        return None
+    stats = kept.new_empty(len(variants.LOSS_STATS))
+    record((target, weight if weight is not None else kept, kept, stats))
+    return stats
 
 
 def _check_targets(target: torch.Tensor, options: Options) -> None:

@@ -95,7 +95,7 @@ class PlannedLaunch:
 IN_TABLE = "in the table"
 ESTIMATED = "estimated"
 # Kernels whose grid is not sized from their resources (a sliced plan's two phases, the loss's
-# gradient scale): compiled at their first launch.
+# stats and gradient scale): compiled at their first launch.
 UNSIZED = "not sized from resources"
 
 
@@ -119,8 +119,11 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
                                     target.record.cooperative_launch)
         known = _known(target, table, call.dtype, loss.writes_gradient, size)
         plan, chosen = launch_plan.plan_cross_entropy(target, loss, known, known)
-        found = [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
-            plan.config)))]
+        # The denominators of the default 'mean' first: one program (``loss_rows._stats``).
+        stats = plan_elementwise(target, variants.STATS_BLOCK, variants.STATS_BLOCK)
+        found = [PlannedLaunch("stats", stats, ((variants.STATS_KERNEL, UNSIZED),)),
+                 PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
+                     plan.config)))]
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
             found.append(PlannedLaunch("gradient scale", scale, ((variants.GRAD_SCALE_KERNEL, UNSIZED),)))

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "ci" / "ascend_lowering.py"
 KERNELS = ("softmax_forward_tile", "softmax_forward_loop", "softmax_backward_tile", "softmax_backward_loop",
            "cross_entropy_forward_tile", "cross_entropy_forward_loop", "cross_entropy_forward_split",
-           "cross_entropy_backward", "cross_entropy_grad_scale")
+           "cross_entropy_backward", "cross_entropy_grad_scale", "cross_entropy_stats")
 
 
 def _ascend_python() -> Path | None:

@@ -31,7 +31,9 @@ from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 
 H100 = profile_record("h100")
-TORCH_POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64"}
+# (The loss's stats kernel takes the class targets first.)
+TORCH_POINTERS = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64",
+                  torch.int64: "*i64"}
 
 
 def _shipped() -> list[ResourceTable]:
@@ -255,6 +257,22 @@ def test_a_cross_entropy_that_writes_its_gradient_compiles_its_rescale_beside_it
     assert compiler.overlapped and len(compiler.keys(True, variants.GRAD_SCALE_KERNEL)) == 1
     (scale,) = [r for r in Launched.records if r.kernel == variants.GRAD_SCALE_KERNEL]
     assert scale.calls == 1
+
+
+def test_a_cross_entropy_mean_compiles_its_stats_beside_its_forward(beside):
+    """The stats of a 'mean' of class targets (``cross_entropy_stats``): compiled ahead, beside
+    the forward's compile, while the first call of the layout forms them with torch's operations;
+    the next call launches the record it was compiled for."""
+    compiler = beside("cross_entropy_forward", variants.STATS_KERNEL)
+    logits = torch.empty(64, 50257, dtype=torch.bfloat16)
+    target = torch.zeros(64, dtype=torch.int64)
+    ps.cross_entropy(logits, target)
+    assert compiler.overlapped and len(compiler.keys(True, variants.STATS_KERNEL)) == 1
+    (stats,) = [r for r in Launched.records if r.kernel == variants.STATS_KERNEL]
+    assert stats.calls == 0 and stats.plan.programs == 1
+    ps.cross_entropy(logits, target)
+    assert stats.calls == 1 and [r for r in Launched.records if r.kernel == variants.STATS_KERNEL] == [stats]
+    assert compiler.keys(False, variants.STATS_KERNEL) == []
 
 
 H200 = profile_record("h200")

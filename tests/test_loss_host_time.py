@@ -23,11 +23,13 @@ from regimes import force_regime
 TIMES_TORCH = 3.5
 GROWTH = 1.3
 # The torch ops a repeated call dispatches (2026-11-28, split regime, the default options): the
-# forward's count (!=, sum) and stats (where), lse and the shares (new_empty), the loss (sum); the
-# backward adds the gradient's buffer and the engine's seed and accumulation (ones_like, detach).
-# Each is ~5 us of host time on a GPU; the path before made 9 and 14.
-FORWARD_OPS = 6
-TRAINING_OPS = 9
+# forward's stats, lse and the shares (new_empty: the stats formed by a launch of their own,
+# ``cross_entropy_stats``), the loss (sum); the backward adds the gradient's buffer and the
+# engine's seed and accumulation (ones_like, detach). Each is ~7.5-15 us of host time on an H200
+# (a launch ~7.3); the path before made 6 and 9 (the stats by !=, sum and where), and before that 9
+# and 14. Class weights add no op (they took 9 more before).
+FORWARD_OPS = 4
+TRAINING_OPS = 7
 
 
 def _per_call(step, calls: int) -> float:
@@ -90,14 +92,20 @@ def test_cross_entropy_repeated_call_dispatches_few_ops(monkeypatch):
         x.grad = None
         ps.cross_entropy(x, target).backward()
 
+    weight = torch.rand(300)
+
+    def weighted() -> None:
+        ps.cross_entropy(logits, target, weight)
+
     train()
     logits = x.detach()
     ps.cross_entropy(logits, target)
-    for step, most, records in ((lambda: ps.cross_entropy(logits, target), FORWARD_OPS, 1),
-                                (train, TRAINING_OPS, 2)):
+    weighted()
+    for step, most, records in ((lambda: ps.cross_entropy(logits, target), FORWARD_OPS, 2),
+                                (weighted, FORWARD_OPS, 2), (train, TRAINING_OPS, 3)):
         launches.clear()
         with DispatchedOps() as ops:
             step()
         assert len(ops.names) <= most, ops.names
-        # One record a direction: the forward's, and the held gradient's rescale.
+        # One record a launch: the stats', the forward's, and the held gradient's rescale.
         assert len(launches) == records, launches

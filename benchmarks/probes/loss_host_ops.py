@@ -63,7 +63,8 @@ def _case(name: str, kwargs: dict, launches: collections.Counter, args: argparse
     else:
         target = torch.randint(0, shape[1], (shape[0],), device=args.device)
     if "weight" in kwargs:
-        kwargs["weight"] = torch.rand(shape[1], device=args.device)
+        # In the logits' dtype: torch's own call refuses weights of another (bf16 on the GPU, v30).
+        kwargs["weight"] = torch.rand(shape[1], device=args.device).to(x.dtype)
     theirs_kwargs = {k: v for k, v in kwargs.items() if k not in ("z_loss", "softcap")}
     ours, theirs = _steps(ps.cross_entropy, x, target, kwargs), _steps(F.cross_entropy, x, target, theirs_kwargs)
     synchronize = getattr(torch, x.device.type).synchronize if x.device.type != "cpu" else lambda: None

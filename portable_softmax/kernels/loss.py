@@ -19,6 +19,9 @@ Kernels (``variants.LOSS_KERNELS``):
   (one value, or one per position for ``reduction='none'``): one read, one write.
 * ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
   the device: no host synchronisation).
+* ``cross_entropy_stats``: the denominators of a 'mean' of class targets and the summed class
+  weights, into the stats the other kernels read: one launch where torch takes three to fifteen
+  operations (``loss_rows._stats``).
 """
 from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _row_starts, _store,
     _tile_rows, _wide)
@@ -329,3 +332,44 @@ def cross_entropy_grad_scale(grad_ptr, dloss_ptr, n_elements, BLOCK: tl.constexp
             mask = where < n_elements
             g = _wide(tl.load(grad_ptr + where, mask=mask, other=0.0), ACC_FP64)
             tl.store(grad_ptr + where, _cast(g * dloss, grad_ptr.dtype.element_ty), mask=mask)
+
+
+@_jit
+def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, n_classes, ignore_index,
+                        BLOCK: tl.constexpr, WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr):
+    """``variants.LOSS_STATS`` of a 'mean' of class targets (a contiguous ``target`` of
+    ``n_targets``): the summed weights of the counted targets (their count without ``WEIGHT``),
+    their count, W (the summed class weights; without ``WEIGHT`` the kept C), then the kept values
+    (``kept``: ``LOSS_STATS``' layout). One program, summing per lane then across: the same order,
+    and result, every run. A target outside [0, C) reads no weight (its loss is NaN anyway)."""
+    offsets = tl.arange(0, BLOCK)
+    count = tl.zeros([BLOCK], tl.int64)
+    summed = _wide(tl.zeros([BLOCK], tl.float32), ACC_FP64)
+    for start in tl.range(0, n_targets, BLOCK):
+        where = start + offsets
+        mask = where < n_targets
+        target = tl.load(target_ptr + where, mask=mask, other=0).to(tl.int64)
+        # Masked by ``mask`` itself: ``other`` is cast to the target's dtype, which need not hold
+        # ignore_index.
+        counted = mask & (target != ignore_index)
+        count += counted.to(tl.int64)
+        if WEIGHT:
+            valid = counted & (target >= 0) & (target < n_classes)
+            summed += _wide(tl.load(weight_ptr + tl.where(valid, target, 0), mask=valid, other=0.0), ACC_FP64)
+    counted_sum = _wide(tl.sum(count, 0), ACC_FP64)
+    if WEIGHT:
+        totals = _wide(tl.zeros([BLOCK], tl.float32), ACC_FP64)
+        for start in tl.range(0, n_classes, BLOCK):
+            classes = start + offsets
+            totals += _wide(tl.load(weight_ptr + classes, mask=classes < n_classes, other=0.0), ACC_FP64)
+        ce_denominator = tl.sum(summed, 0)
+        weight_sum = tl.sum(totals, 0)
+    else:
+        ce_denominator = counted_sum
+        weight_sum = _wide(tl.load(kept_ptr + 2), ACC_FP64)
+    ty = stats_ptr.dtype.element_ty
+    tl.store(stats_ptr, _cast(ce_denominator, ty))
+    tl.store(stats_ptr + 1, _cast(counted_sum, ty))
+    tl.store(stats_ptr + 2, _cast(weight_sum, ty))
+    for i in tl.static_range(3, 6):
+        tl.store(stats_ptr + i, tl.load(kept_ptr + i))

@@ -1,0 +1,143 @@
+"""The stats of a 'mean' of class targets formed by one launch (``cross_entropy_stats``, called by
+``loss_rows._stats``) against the torch operations that formed them before (still the path of a
+strided target), and the losses built on them against torch's (``test_loss.py``: every regime).
+
+The kernel runs through Triton's interpreter on CPU: a few hundred targets, two blocks where the
+case needs more than one (``variants.STATS_BLOCK``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import portable_softmax as ps
+from portable_softmax import loss_launch, loss_rows, variants
+
+# The values kept (smoothing, z-loss, softcap) are copied, not recomputed: float64 stats are exact.
+TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-15}
+
+
+def _options(n_classes, weighted, ignore_index=-100, smoothing=0.1, z_loss=0.01, softcap=7.0):
+    return loss_rows.Options(n_classes, False, "mean", ignore_index, smoothing, z_loss, softcap, weighted)
+
+
+def _torch_stats(monkeypatch, x, target, weight, options):
+    """The stats as the torch operations form them (the kernel's launch left out)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(loss_rows, "_launched_stats", lambda *args: None)
+        return loss_rows._stats(x, target, weight, options)
+
+
+def _launched(x, target, weight, options):
+    """The kernel's stats, and whether the call launched it (its layout kept with a record)."""
+    before = dict(loss_launch.calls)
+    stats = loss_rows._stats(x, target, weight, options)
+    kept = [found for key, found in loss_launch.calls.items() if key[0] == "stats" and key not in before]
+    return stats, bool(kept) and kept[0][0] is not None
+
+
+@pytest.mark.parametrize("acc", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("target_dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_stats_match_the_torch_operations(monkeypatch, acc, target_dtype, weighted):
+    torch.manual_seed(0)
+    n_classes = 40
+    x = torch.empty(300, n_classes, dtype=acc)
+    target = torch.randint(0, n_classes, (300,))
+    # ignore_index inside the classes for uint8 (it cannot hold -100: torch counts every target then).
+    ignore_index = 3 if target_dtype == torch.uint8 else -100
+    target[torch.rand(300) < 0.3] = ignore_index
+    target = target.to(target_dtype)
+    weight = torch.rand(n_classes, dtype=acc) + 0.5 if weighted else None
+    options = _options(n_classes, weighted, ignore_index)
+    ours, launched = _launched(x, target, weight, options)
+    theirs = _torch_stats(monkeypatch, x, target, weight, options)
+    assert launched
+    assert ours.dtype == theirs.dtype == acc and ours.shape == (len(variants.LOSS_STATS),)
+    torch.testing.assert_close(ours, theirs, rtol=TOLERANCE[acc], atol=0.0)
+    # The count exact; the kept values copied bit for bit.
+    assert ours[1].item() == int((target.long() != ignore_index).sum())
+    assert torch.equal(ours[3:], theirs[3:])
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_stats_over_several_blocks_of_targets_and_classes(monkeypatch, weighted):
+    torch.manual_seed(1)
+    n_classes = variants.STATS_BLOCK + 52
+    positions = variants.STATS_BLOCK + 300
+    x = torch.empty(positions, n_classes)
+    target = torch.randint(0, n_classes, (positions,))
+    target[torch.rand(positions) < 0.2] = -100
+    weight = torch.rand(n_classes) + 0.5 if weighted else None
+    options = _options(n_classes, weighted)
+    ours, launched = _launched(x, target, weight, options)
+    assert launched
+    torch.testing.assert_close(ours, _torch_stats(monkeypatch, x, target, weight, options), rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("shape", [(variants.STATS_BLOCK + 300, 7), (3, variants.STATS_BLOCK + 52)],
+                         ids=["targets", "classes"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_losses_over_several_blocks_of_targets_or_classes(shape, weighted):
+    # Against torch: the count and summed weights over every block of targets, W over every block
+    # of classes (the smoothing's term reads it).
+    torch.manual_seed(3)
+    x = torch.randn(shape)
+    target = torch.randint(0, shape[1], (shape[0],))
+    target[torch.rand(shape[0]) < 0.3] = -100
+    target[0] = 1
+    weight = torch.rand(shape[1]) + 0.5 if weighted else None
+    before = dict(loss_launch.calls)
+    ours = ps.cross_entropy(x, target, weight, label_smoothing=0.1)
+    assert [found[0] is not None for key, found in loss_launch.calls.items()
+            if key[0] == "stats" and key not in before] == [True]
+    theirs = F.cross_entropy(x.double(), target, None if weight is None else weight.double(), label_smoothing=0.1)
+    assert abs(ours.item() - theirs.item()) <= 1e-5 * abs(theirs.item())
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_stats_of_no_counted_target(weighted):
+    x = torch.empty(5, 9)
+    weight = torch.rand(9) + 0.5 if weighted else None
+    for target in (torch.full((5,), -100), torch.zeros(0, dtype=torch.long)):
+        stats, launched = _launched(x[:target.numel()], target, weight, _options(9, weighted))
+        assert launched and stats[0].item() == 0.0 and stats[1].item() == 0.0
+        assert stats[2].item() == pytest.approx(weight.sum().item() if weighted else 9.0)
+
+
+def test_a_target_out_of_range_reads_no_weight():
+    # (On CPU a call raises on it before: ``_check_targets``; an accelerator's loss there is NaN.)
+    x = torch.empty(4, 6)
+    weight = torch.tensor([100.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    target = torch.tensor([1, 6, -7, 2])
+    stats, launched = _launched(x, target, weight, _options(6, True))
+    assert launched
+    # Its weight 0, read from nowhere (the torch operations read class 0's); counted all the same.
+    assert stats[:3].tolist() == [3.0, 4.0, 115.0]
+
+
+def test_a_strided_target_takes_the_torch_operations():
+    torch.manual_seed(2)
+    x = torch.randn(6, 11, requires_grad=True)
+    target = torch.randint(0, 11, (6, 2))[:, 0]
+    target[1] = -100
+    weight = torch.rand(11) + 0.5
+    for options in (dict(), dict(weight=weight, label_smoothing=0.1)):
+        before = dict(loss_launch.calls)
+        ours = ps.cross_entropy(x, target, **options)
+        kept = [found for key, found in loss_launch.calls.items() if key[0] == "stats" and key not in before]
+        assert kept and kept[0][0] is None
+        torch.testing.assert_close(ours.double(), F.cross_entropy(x.double(), target, **{
+            k: v.double() if torch.is_tensor(v) else v for k, v in options.items()}), rtol=1e-5, atol=0.0)
+
+
+def test_sum_and_probability_targets_keep_their_constants():
+    x = torch.empty(3, 5)
+    before = len(loss_launch.calls)
+    for options in (loss_rows.Options(5, False, "sum", -100, 0.0, 0.0, None, False),
+                    loss_rows.Options(5, True, "mean", -100, 0.0, 0.0, None, False)):
+        target = torch.zeros(3, dtype=torch.long) if not options.prob_target else torch.full((3, 5), 0.2)
+        first, again = loss_rows._stats(x, target, None, options), loss_rows._stats(x, target, None, options)
+        # The same kept tensor each call: no launch, no operation.
+        assert first is again
+    assert len(loss_launch.calls) == before
