@@ -42,6 +42,8 @@
 #   losshost       loss_host.py (v29): the loss's host time per call window by window, wall per call
 #                  back to back and do_bench three times in a row, fwd+bwd and fwd, ours against torch
 #                  eager and Liger from .whl/, 8192x32000 and 4096x50257 bf16 (LOSS_HOST_CASES)
+#   losshost-ab    loss_host.py in this tree and in ab_base/ (a base's package: `git archive REV
+#                  portable_softmax | tar -x -C ab_base`, carried), new base new base, ours and torch
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
 #   firstcall      first_call.py: each case's first call in a fresh process with an empty Triton cache
 #                  (cold), then with the cache it left (warm), beside Liger's (from .whl/), and a first
@@ -172,6 +174,12 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       peer_wheels
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 400 python3 benchmarks/loss_host.py "$OUT/losshost" 2>&1 | quiet \
         | tee "$OUT/losshost.log" ;;
+    losshost-ab)
+      # The same in this tree (new) and in ab_base/ (base), alternated, no peers: a host-path change's A/B.
+      for s in new base new base; do
+        side "$s" timeout 140 python3 benchmarks/loss_host.py "$OUT/losshost-$s" 2>&1 | quiet | grep -E "ours|torch" \
+          | sed "s/^/$s /" | tee -a "$OUT/losshost-ab.log"
+      done ;;
     enable)
       timeout 240 python3 benchmarks/enable_bench.py --steps 5 2>&1 | quiet | tee "$OUT/enable.log" ;;
     firstcall)
