@@ -82,6 +82,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "alone-loop-c8k": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 8192, "loss_loop_warps": 8},
     "alone-loop-c16k": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 16384, "loss_loop_warps": 8},
     "alone-loop-c8k-w4": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 8192, "loss_loop_warps": 4},
+    # The forward alone of short rows as one tile a row (v39: the short rows' forward alone reads
+    # 0.71-0.74, kernel-bound): a program holds its whole row, every load in flight at once, one
+    # reduction; rows of up to 32768 (8192x32000) or 65536 (4096x50257) elements. The forward
+    # that writes the gradient holds half as many (its plans unchanged at these rows).
+    "alone-tile32k": {"row_elements": 32768},
+    "alone-tile64k": {"row_elements": 65536},
     # Programs a unit for the split forms (the register cap fitted to them).
     "ppu3": {"split_programs_per_unit": 3},
     "ppu4": {"split_programs_per_unit": 4},
