@@ -24,7 +24,7 @@ from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
 from portable_softmax.launch_compile import compile_ahead
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
-from portable_softmax.loss_planner import plan_elementwise
+from portable_softmax.loss_planner import plan_elementwise, plan_stats
 from portable_softmax.planner import call_windows
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
@@ -156,9 +156,9 @@ def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: tor
     device = target.device
     backend = backend_for(device)
     # One block of targets: one program, which walks them all in a fixed order.
-    plan = plan_elementwise(target_for(device_record(device)), variants.STATS_BLOCK, variants.STATS_BLOCK)
+    plan = plan_stats(target_for(device_record(device)), variants.STATS_BLOCK)
     kernel = getattr(_kernel_module(backend), variants.STATS_KERNEL)
-    constexprs = {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight is not None,
+    constexprs = {"BLOCK": plan.block_n, "WEIGHT": weight is not None,
                   "ACC_FP64": kept.dtype == torch.float64}
     record = LaunchRecord(kernel, backend, device, plan, (target.numel(), n_classes, ignore_index), (constexprs,),
                           {"num_warps": plan.num_warps, "num_stages": 1}, None)

@@ -28,7 +28,7 @@ from portable_softmax.arguments import parse_tensor_shape
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import ResourceTable, table_for
 from portable_softmax.launch_plan import RowView, Variant
-from portable_softmax.loss_planner import plan_elementwise
+from portable_softmax.loss_planner import plan_elementwise, plan_stats
 from portable_softmax.plan_grid import LaunchPlan, Target
 from portable_softmax.planner import DTYPE_BYTES, call_windows
 from portable_softmax.profiles import profile_names, profile_record
@@ -120,7 +120,7 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         known = _known(target, table, call.dtype, loss.writes_gradient, size)
         plan, chosen = launch_plan.plan_cross_entropy(target, loss, known, known)
         # The denominators of the default 'mean' first: one program (``loss_rows._stats``).
-        stats = plan_elementwise(target, variants.STATS_BLOCK, variants.STATS_BLOCK)
+        stats = plan_stats(target, variants.STATS_BLOCK)
         found = [PlannedLaunch("stats", stats, ((variants.STATS_KERNEL, UNSIZED),)),
                  PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
                      plan.config)))]

@@ -343,7 +343,8 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
     (``kept``: ``LOSS_STATS``' layout). One program, summing per lane then across: the same order,
     and result, every run. A target outside [0, C) reads no weight (its loss is NaN anyway)."""
     offsets = tl.arange(0, BLOCK)
-    count = tl.zeros([BLOCK], tl.int64)
+    # Per lane, int32 (a lane counts one target a block); the total in int64.
+    count = tl.zeros([BLOCK], tl.int32)
     summed = _wide(tl.zeros([BLOCK], tl.float32), ACC_FP64)
     for start in tl.range(0, n_targets, BLOCK):
         where = start + offsets
@@ -352,11 +353,11 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
         # Masked by ``mask`` itself: ``other`` is cast to the target's dtype, which need not hold
         # ignore_index.
         counted = mask & (target != ignore_index)
-        count += counted.to(tl.int64)
+        count += counted.to(tl.int32)
         if WEIGHT:
             valid = counted & (target >= 0) & (target < n_classes)
             summed += _wide(tl.load(weight_ptr + tl.where(valid, target, 0), mask=valid, other=0.0), ACC_FP64)
-    counted_sum = _wide(tl.sum(count, 0), ACC_FP64)
+    counted_sum = _wide(tl.sum(count.to(tl.int64), 0), ACC_FP64)
     if WEIGHT:
         totals = _wide(tl.zeros([BLOCK], tl.float32), ACC_FP64)
         for start in tl.range(0, n_classes, BLOCK):
