@@ -144,6 +144,7 @@ def lowering_jobs():
     for weight in (False, True):
         yield (variants.STATS_KERNEL, "stats", f"BLOCK={variants.STATS_BLOCK} WEIGHT={int(weight)}",
                {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight, "ACC_FP64": False})
+    yield (variants.SUM_KERNEL, "sum", f"BLOCK={variants.SUM_BLOCK}", {"BLOCK": variants.SUM_BLOCK, "ACC_FP64": False})
 
 
 def load_module(name, path, package=False):
@@ -167,10 +168,13 @@ variants = load_module("portable_softmax_variants", VARIANTS_PY)
 def kernel_parameters(kernel):
     """The variant table's tensors (name -> element type, None for the data's) and parameter
     names of ``kernel``: (direction, regime), a phase of sharded rows (partials in fp32), a
-    cross-entropy kernel ("loss", direction, probability targets, regime), the gradient's rescale or
-    the stats of a 'mean'."""
+    cross-entropy kernel ("loss", direction, probability targets, regime), the gradient's rescale,
+    the stats of a 'mean' or a reduced loss's sum."""
     if kernel == "grad_scale":
         return {"grad_ptr": None, "dloss_ptr": None}, variants.GRAD_SCALE_PARAMETERS
+    if kernel == "sum":
+        # The loss's terms fp32, the loss the data's dtype.
+        return {"terms_ptr": "fp32", "out_ptr": None}, variants.SUM_PARAMETERS
     if kernel == "stats":
         # Class targets int64; weights, the kept values and the stats fp32.
         return ({"target_ptr": "i64", "weight_ptr": "fp32", "kept_ptr": "fp32", "stats_ptr": "fp32"},

@@ -257,6 +257,13 @@ MUTANTS = [
            "        for start in tl.range(0, BLOCK, BLOCK):\n",
            _ids("tests/test_loss_stats.py::test_losses_over_several_blocks_of_targets_or_classes",
                 "weighted-classes")),
+    # The reduced loss summed by one launch (kernels/loss.py's cross_entropy_sum): the terms past
+    # the first block dropped.
+    Mutant("sum_first_block_alone", f"{KERNELS}/loss.py",
+           "    for start in tl.range(0, n_terms, BLOCK):\n",
+           "    for start in tl.range(0, BLOCK, BLOCK):\n",
+           _ids("tests/test_loss_stats.py::test_reduced_loss_sums_every_block_and_rounds_once", "bf16", "fp32",
+                "fp64")),
     Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",

@@ -166,6 +166,21 @@ def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: tor
     return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
 
 
+def sum_record(terms: torch.Tensor, dtype: torch.dtype) -> tuple[LaunchRecord, bool]:
+    """The record of ``cross_entropy_sum`` over the contiguous ``terms`` into a loss of ``dtype``,
+    called with (terms, out); and whether its compile started beside the caller's, as
+    ``stats_record``'s. Built on each call: ``loss_rows._reduced`` keeps it per layout."""
+    device = terms.device
+    backend = backend_for(device)
+    plan = plan_stats(target_for(device_record(device)), variants.SUM_BLOCK)
+    kernel = getattr(_kernel_module(backend), variants.SUM_KERNEL)
+    constexprs = {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype)}
+    record = LaunchRecord(kernel, backend, device, plan, (terms.numel(),), (constexprs,),
+                          {"num_warps": plan.num_warps, "num_stages": 1}, None)
+    out = terms.new_empty((), dtype=dtype)
+    return record, compile_ahead(device, lambda: record.compile((terms, out))) is not None
+
+
 def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
     """The record of ``run_grad_scale`` on these tensors: found by their signature, built on a miss."""
     device = grad.device

@@ -322,6 +322,11 @@ GRAD_SCALE_BLOCK = 4096
 STATS_KERNEL = "cross_entropy_stats"
 STATS_PARAMETERS = ("target_ptr", "weight_ptr", "kept_ptr", "stats_ptr", "n_targets", "n_classes", "ignore_index")
 STATS_BLOCK = 16384
+# A reduced loss from its terms, summed and cast by one program (``loss_rows._reduced``): its
+# parameters and largest block.
+SUM_KERNEL = "cross_entropy_sum"
+SUM_PARAMETERS = ("terms_ptr", "out_ptr", "n_terms")
+SUM_BLOCK = 16384
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         stats = plan_stats(target, variants.STATS_BLOCK)
         found = [PlannedLaunch("stats", stats, ((variants.STATS_KERNEL, UNSIZED),)),
                  PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
-                     plan.config)))]
+                     plan.config))),
+                 # The 'mean' from the forward's terms (``loss_rows._reduced``): one program.
+                 PlannedLaunch("loss sum", plan_stats(target, variants.SUM_BLOCK), ((variants.SUM_KERNEL, UNSIZED),))]
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
             found.append(PlannedLaunch("gradient scale", scale, ((variants.GRAD_SCALE_KERNEL, UNSIZED),)))

@@ -324,7 +324,9 @@ def _check_op_count(rank: int, world: int) -> None:
         with torch.no_grad():
             distributed.cross_entropy(x, target)
 
-    for step, most, records in ((forward, FORWARD_OPS, 1), (train, TRAINING_OPS, 2)):
+    # Launches: the slice's loss rows and the loss's sum (``cross_entropy_sum``), and in training the
+    # gradient's.
+    for step, most, records in ((forward, FORWARD_OPS, 2), (train, TRAINING_OPS, 3)):
         step()  # the first call plans and keeps its constants
         launches.clear()
         with DispatchedOps() as ops:

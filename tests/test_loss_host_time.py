@@ -23,8 +23,9 @@ from regimes import force_regime
 TIMES_TORCH = 3.5
 GROWTH = 1.3
 # The torch ops a repeated call dispatches (2026-11-28, split regime, the default options): the
-# forward's stats, lse and the shares (new_empty: the stats formed by a launch of their own,
-# ``cross_entropy_stats``), the loss (sum); the backward adds the gradient's buffer and the
+# forward's stats, lse, the shares and the loss (new_empty: the stats formed by a launch of their
+# own, ``cross_entropy_stats``, and the loss summed and cast by another, ``cross_entropy_sum``,
+# where torch's sum and, for bf16, its cast were two more kernels); the backward adds the gradient's buffer and the
 # engine's seed and accumulation (ones_like, detach). Each is ~7.5-15 us of host time on an H200
 # (a launch ~7.3); the path before made 6 and 9 (the stats by !=, sum and where), and before that 9
 # and 14. Class weights add no op (they took 9 more before).
@@ -101,11 +102,12 @@ def test_cross_entropy_repeated_call_dispatches_few_ops(monkeypatch):
     logits = x.detach()
     ps.cross_entropy(logits, target)
     weighted()
-    for step, most, records in ((lambda: ps.cross_entropy(logits, target), FORWARD_OPS, 2),
-                                (weighted, FORWARD_OPS, 2), (train, TRAINING_OPS, 3)):
+    for step, most, records in ((lambda: ps.cross_entropy(logits, target), FORWARD_OPS, 3),
+                                (weighted, FORWARD_OPS, 3), (train, TRAINING_OPS, 4)):
         launches.clear()
         with DispatchedOps() as ops:
             step()
         assert len(ops.names) <= most, ops.names
-        # One record a launch: the stats', the forward's, and the held gradient's rescale.
+        # One record a launch: the stats', the forward's, the loss's sum, and the held gradient's
+        # rescale.
         assert len(launches) == records, launches

@@ -1,6 +1,7 @@
 """The stats of a 'mean' of class targets formed by one launch (``cross_entropy_stats``, called by
 ``loss_rows._stats``) against the torch operations that formed them before (still the path of a
-strided target), and the losses built on them against torch's (``test_loss.py``: every regime).
+strided target), and the losses built on them against torch's (``test_loss.py``: every regime);
+the reduced loss summed and cast by one launch (``cross_entropy_sum``, ``loss_rows._reduced``).
 
 The kernel runs through Triton's interpreter on CPU: a few hundred targets, two blocks where the
 case needs more than one (``variants.STATS_BLOCK``)."""
@@ -141,3 +142,22 @@ def test_sum_and_probability_targets_keep_their_constants():
         # The same kept tensor each call: no launch, no operation.
         assert first is again
     assert len(loss_launch.calls) == before
+
+
+@pytest.mark.parametrize("terms_dtype, dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32),
+                                               (torch.float64, torch.float64)], ids=["bf16", "fp32", "fp64"])
+def test_reduced_loss_sums_every_block_and_rounds_once(monkeypatch, terms_dtype, dtype):
+    # Terms over two blocks, of both signs and mixed magnitudes: a sum of the first block alone, or
+    # one rounded to the loss's dtype block by block, is off by far more than one rounding.
+    torch.manual_seed(5)
+    options = _options(7, False)
+    terms = torch.randn(variants.SUM_BLOCK + 300, dtype=terms_dtype) * torch.logspace(-3, 3, 7).repeat(
+        variants.SUM_BLOCK // 7 + 50)[:variants.SUM_BLOCK + 300].to(terms_dtype)
+    # No layout kept from other tests: this call builds its record and launches it.
+    monkeypatch.setattr(loss_launch, "calls", {})
+    ours = loss_rows._reduced(terms, dtype, options)
+    assert [found is not None for key, found in loss_launch.calls.items() if key[0] == "sum"] == [True]
+    expected = terms.double().sum().to(dtype)
+    assert ours.dtype == dtype and ours.shape == ()
+    tolerance = {torch.bfloat16: 0.0, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    assert abs(ours.double() - expected.double()) <= tolerance * abs(expected.double()), (ours, expected)

@@ -29,8 +29,8 @@ def test_on_the_interpreter_it_plans_and_compiles_nothing(capsys, monkeypatch):
     assert code == 0 and not compiled
     assert "Triton's interpreter: nothing to compile" in out
     lines = [line for line in out.splitlines()[1:] if line.strip()]
-    # softmax forward and backward, the loss's stats, forward and its gradient's rescale
-    assert len(lines) == 5 and all(line.rstrip().endswith("nothing to compile") for line in lines)
+    # softmax forward and backward, the loss's stats, forward, sum and its gradient's rescale
+    assert len(lines) == 6 and all(line.rstrip().endswith("nothing to compile") for line in lines)
     assert "warmup [1/2] softmax 4096x50257 bfloat16 dim -1 forward+backward" in err  # the progress, tqdm or not
 
 
@@ -53,6 +53,9 @@ def test_for_a_recorded_chip_it_lists_one_kernel_per_launch(capsys):
     stats = launches[("cross_entropy 4096x50257 bfloat16 forward+backward", "stats")]
     assert stats["kernels"] == [{"kernel": "cross_entropy_stats", "resources": warmup.UNSIZED}]
     assert stats["programs"] == 1
+    summed = launches[("cross_entropy 4096x50257 bfloat16 forward+backward", "loss sum")]
+    assert summed["kernels"] == [{"kernel": "cross_entropy_sum", "resources": warmup.UNSIZED}]
+    assert summed["programs"] == 1
 
 
 def test_the_calls_it_warms(capsys):

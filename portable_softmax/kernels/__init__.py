@@ -32,7 +32,7 @@ Shared pieces: ``common`` (rows of a tile, loads and stores, the forward and bac
 ``fused`` (the fused scale, masks and causal terms), ``jit`` (which decorator this copy uses).
 """
 from .loss import (cross_entropy_backward, cross_entropy_forward_loop, cross_entropy_forward_tile,
-                   cross_entropy_grad_scale, cross_entropy_stats)
+                   cross_entropy_grad_scale, cross_entropy_stats, cross_entropy_sum)
 from .loss_split import cross_entropy_forward_split
 from .partials import (softmax_backward_normalize, softmax_backward_partials, softmax_forward_normalize,
                        softmax_forward_partials)
@@ -41,7 +41,7 @@ from .split import softmax_backward_split, softmax_forward_split
 
 __all__ = [
     "cross_entropy_backward", "cross_entropy_forward_loop", "cross_entropy_forward_split", "cross_entropy_forward_tile",
-    "cross_entropy_grad_scale", "cross_entropy_stats",
+    "cross_entropy_grad_scale", "cross_entropy_stats", "cross_entropy_sum",
     "softmax_backward_loop", "softmax_backward_normalize", "softmax_backward_partials", "softmax_backward_split",
     "softmax_backward_tile", "softmax_forward_loop", "softmax_forward_normalize", "softmax_forward_partials",
     "softmax_forward_split", "softmax_forward_tile",

@@ -19,6 +19,9 @@ Kernels (``variants.LOSS_KERNELS``):
   (one value, or one per position for ``reduction='none'``): one read, one write.
 * ``cross_entropy_grad_scale``: a held gradient times the incoming one, unless that is 1 (read on
   the device: no host synchronisation).
+* ``cross_entropy_sum``: a reduced loss from the terms the forward wrote (its rows' losses, or a
+  split plan's shares), summed and rounded to the loss's dtype: one launch where torch took two
+  kernels (a sum and a cast).
 * ``cross_entropy_stats``: the denominators of a 'mean' of class targets and the summed class
   weights, into the stats the other kernels read: one launch where torch takes three to fifteen
   operations (``loss_rows._stats``).
@@ -374,3 +377,16 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
     tl.store(stats_ptr + 2, _cast(weight_sum, ty))
     for i in tl.static_range(3, 6):
         tl.store(stats_ptr + i, tl.load(kept_ptr + i))
+
+
+@_jit
+def cross_entropy_sum(terms_ptr, out_ptr, n_terms, BLOCK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """The sum of the ``n_terms`` contiguous ``terms`` (the rows' losses of a 'mean' or 'sum',
+    already scaled, or a split plan's shares of them), rounded once to ``out``'s dtype. One program,
+    per lane then across: the same order, and result, every run."""
+    offsets = tl.arange(0, BLOCK)
+    total = _wide(tl.zeros([BLOCK], tl.float32), ACC_FP64)
+    for start in tl.range(0, n_terms, BLOCK):
+        where = start + offsets
+        total += _wide(tl.load(terms_ptr + where, mask=where < n_terms, other=0.0), ACC_FP64)
+    tl.store(out_ptr, _cast(tl.sum(total, 0), out_ptr.dtype.element_ty))
