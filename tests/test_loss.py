@@ -9,6 +9,7 @@ target kind. Shapes are labelled with the path they take.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -351,6 +352,76 @@ def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatc
     leaf = x.detach()[:1].double().requires_grad_()
     F.cross_entropy(leaf, target[:1], reduction="sum").backward()
     assert relative_error(grad[:1], leaf.grad) <= TOLERANCE[dtype]
+
+
+def _same_lse(ours, theirs):
+    """``ours`` (float32) is torch's logsumexp ``theirs`` (float64): NaN, +inf and -inf where it is,
+    the finite values within float32's rounding."""
+    theirs = theirs.to(ours.dtype)
+    assert torch.equal(ours.isnan(), theirs.isnan()), (ours, theirs)
+    infinite = theirs.isinf()
+    assert torch.equal(ours.isinf(), infinite) and torch.equal(ours[infinite], theirs[infinite]), (ours, theirs)
+    finite = theirs.isfinite()
+    assert relative_error(ours[finite], theirs[finite]) < 1e-6
+
+
+def _same_nans(ours, theirs, tol):
+    """``ours`` is NaN where ``theirs`` is, and within ``tol`` of it elsewhere."""
+    assert torch.equal(ours.isnan(), theirs.isnan()), (ours, theirs)
+    finite = ~theirs.isnan()
+    assert relative_error(ours[finite], theirs[finite]) <= tol
+
+
+@pytest.mark.parametrize("regime", ["tile", "loop", "split", "arrival", "ticketed", "pipelined"])
+def test_lse_of_rows_holding_infinities_is_torchs(device, monkeypatch, regime):
+    # torch's logsumexp takes its exponentials against 0 where a row's maximum is infinite: a row
+    # holding +inf has lse +inf (NaN with a NaN too), where against the maximum, inf - inf, ours was
+    # NaN until 2026-11-28 (kernels.common._lse_reference; the split's exchange, MAXIMA_LSE). The
+    # loss and the gradient of a counted row holding +inf stay NaN, torch's (the gradient's
+    # p = exp(z - lse) would be 0 but at the +inf); an ignored one's are 0, its lse +inf. Rows of
+    # 300 classes: the split regimes' chunks of 128 take the +inf in one chunk, or in two, beside
+    # a NaN in its own chunk or in another. The forward alone (logsumexp, 'none') and with the
+    # gradient ('sum'); the split forward alone by arrival, or (the others) by the waiting exchange.
+    if regime == "tile":
+        force_regime(monkeypatch, regime, device)
+    elif regime == "loop":
+        force_regime(monkeypatch, regime, device)
+        loss_launch._records.clear()
+    else:
+        _split(monkeypatch, device, "split" if regime == "arrival" else regime, loss_arrival=regime == "arrival")
+    inf, nan = float("inf"), float("nan")
+    x = logits((9, 300), torch.float32, device)
+    x[1, 40] = inf
+    x[2, 5], x[2, 250] = inf, inf
+    x[3, 10], x[3, 200] = inf, nan
+    x[4, 20], x[4, 60] = nan, inf
+    x[5] = -inf
+    x[6, 100] = nan
+    x[7, 290] = inf
+    x[8, :128] = -inf
+    x[8, 131] = inf
+    target = torch.tensor([1, 2, 3, 4, 5, 6, 7, -100, 299], device=device)
+    theirs = torch.logsumexp(x.double(), 1)
+    _same_lse(ps.logsumexp(x, 1), theirs)
+    # Plain, and with the z-loss (its term 2 z_loss lse p, inf times 0, was NaN where the plain
+    # gradient was not) and smoothing.
+    for reduction, options in itertools.product(("none", "sum"), ({}, dict(label_smoothing=0.1, z_loss=0.01))):
+        ours_x = x.clone().requires_grad_()
+        loss, lse = ps.cross_entropy(ours_x, target, reduction=reduction, return_lse=True, **options)
+        _same_lse(lse, theirs)
+        expected, leaf = reference(x, target, reduction=reduction, **options)
+        _same_nans(loss.detach(), expected.detach(), TOLERANCE[torch.float32])
+        loss.backward(torch.ones_like(loss))
+        expected.backward(torch.ones_like(expected))
+        # The ignored row's gradient 0 where torch's is NaN (log_softmax's backward of a NaN row,
+        # times 0): test_ignored_rows_of_infinite_logits_have_a_zero_gradient.
+        counted = target != -100
+        _same_nans(ours_x.grad[counted], leaf.grad[counted], TOLERANCE[torch.float32])
+        assert torch.equal(ours_x.grad[7], torch.zeros_like(ours_x.grad[7]))
+    if regime in ("tile", "loop"):
+        assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
+    else:
+        assert _forward_regimes() == {regime} | ({"split"} if regime == "arrival" else set())
 
 
 def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
