@@ -195,7 +195,9 @@ def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype
     # chunks, a head edge in the first, a tail edge in the third. "odd-stride": rows 307 apart
     # from an aligned start, so their leads take every value; "sliced": rows of a padded
     # vocabulary (320), each starting aligned: a tail edge only. Extremes in the edges: a row's
-    # largest logit, a +inf and a NaN (NaN, as torch), a row of -inf but its target.
+    # largest logit, a +inf and a NaN (NaN, as torch), a row of -inf but its target; a +inf at
+    # both edges of a row, and one beside a NaN in the head edge: lse as torch's logsumexp's
+    # (+inf, or NaN with a NaN).
     force_regime(monkeypatch, "loop", device)
     n_rows, n_cols = 9, 301
     stride = 307 if layout == "odd-stride" else 320
@@ -208,10 +210,16 @@ def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype
     x[4] = -float("inf")
     x[4, 0] = 0.0
     target[4] = 0
+    x[5, 0], x[5, -1] = float("inf"), float("inf")
+    x[6, 0], x[6, 1] = float("nan"), float("inf")
     options = dict(options)
     if options.pop("weight", False):
         options["weight"] = torch.rand(n_cols, device=device, dtype=dtype) + 0.5
-    ours = ps.cross_entropy(x, target, reduction="none", **options)
+    ours, lse = ps.cross_entropy(x, target, reduction="none", return_lse=True, **options)
+    z = x.double()
+    if options.get("softcap") is not None:
+        z = options["softcap"] * torch.tanh(z / options["softcap"])
+    _same_lse(lse, torch.logsumexp(z, 1))
     expected, _ = reference(x, target, reduction="none", **options)
     assert torch.equal(ours.isnan(), expected.isnan()), (ours, expected)
     finite = ~expected.isnan()
