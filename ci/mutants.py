@@ -240,6 +240,11 @@ MUTANTS = [
            _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-tile", "cpu-loop",
                 "cpu-split")
            + _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows", "cpu-fp32-odd-stride-plain")),
+    # The loss's lanes likewise (kernels/common.py's _lane_update, written apart: see there).
+    Mutant("loss_lane_reference_of_plus_inf_kept", f"{KERNELS}/common.py",
+           "        ref = tl.where((high == -float(\"inf\")) | (high == float(\"inf\")), 0.0, high)\n",
+           "        ref = tl.where(high == -float(\"inf\"), 0.0, high)\n",
+           _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-loop")),
     # The split loss's exchange rescales its chunks' sums to 0 where the row's maximum is +inf.
     Mutant("loss_exchange_plus_inf_reference_dropped", f"{KERNELS}/exchange.py",
            "        if MAXIMA == MAXIMA_LSE:\n",
