@@ -387,9 +387,11 @@ def test_lse_of_rows_holding_infinities_is_torchs(device, monkeypatch, regime):
     # NaN until 2026-11-28 (kernels.common._lse_reference; the split's exchange, MAXIMA_LSE). The
     # loss and the gradient of a counted row holding +inf stay NaN, torch's (the gradient's
     # p = exp(z - lse) would be 0 but at the +inf); an ignored one's are 0, its lse +inf. Rows of
-    # 300 classes: the split regimes' chunks of 128 take the +inf in one chunk, or in two, beside
-    # a NaN in its own chunk or in another. The forward alone (logsumexp, 'none') and with the
-    # gradient ('sum'); the split forward alone by arrival, or (the others) by the waiting exchange.
+    # 301 classes: the split regimes' chunks of 128 take the +inf in one chunk, or in two, beside
+    # a NaN in its own chunk or in another; off 16-byte boundaries, the split and the loop's
+    # forward alone read them through aligned windows, a +inf in a head edge (row 1, its lead 1)
+    # and in a tail edge (row 7). The forward alone (logsumexp, 'none') and with the gradient
+    # ('sum'); the split forward alone by arrival, or (the others) by the waiting exchange.
     if regime == "tile":
         force_regime(monkeypatch, regime, device)
     elif regime == "loop":
@@ -398,17 +400,17 @@ def test_lse_of_rows_holding_infinities_is_torchs(device, monkeypatch, regime):
     else:
         _split(monkeypatch, device, "split" if regime == "arrival" else regime, loss_arrival=regime == "arrival")
     inf, nan = float("inf"), float("nan")
-    x = logits((9, 300), torch.float32, device)
-    x[1, 40] = inf
+    x = logits((9, 301), torch.float32, device)
+    x[1, 0] = inf
     x[2, 5], x[2, 250] = inf, inf
     x[3, 10], x[3, 200] = inf, nan
     x[4, 20], x[4, 60] = nan, inf
     x[5] = -inf
     x[6, 100] = nan
-    x[7, 290] = inf
+    x[7, 300] = inf
     x[8, :128] = -inf
     x[8, 131] = inf
-    target = torch.tensor([1, 2, 3, 4, 5, 6, 7, -100, 299], device=device)
+    target = torch.tensor([1, 2, 3, 4, 5, 6, 7, -100, 300], device=device)
     theirs = torch.logsumexp(x.double(), 1)
     _same_lse(ps.logsumexp(x, 1), theirs)
     # Plain, and with the z-loss (its term 2 z_loss lse p, inf times 0, was NaN where the plain
@@ -430,6 +432,10 @@ def test_lse_of_rows_holding_infinities_is_torchs(device, monkeypatch, regime):
         assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
     else:
         assert _forward_regimes() == {regime} | ({"split"} if regime == "arrival" else set())
+    # Windows (4 fp32 elements) wherever the forward reads them: the loop's forward alone, the split's
+    # unpipelined forms.
+    aligns = {record.plan.align for key, record in loss_launch._records.items() if key[0] == "forward"}
+    assert aligns == {"tile": {1}, "loop": {1, 4}, "pipelined": {1}}.get(regime, {4}), aligns
 
 
 def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):
