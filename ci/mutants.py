@@ -264,6 +264,30 @@ MUTANTS = [
            "    for start in tl.range(0, BLOCK, BLOCK):\n",
            _ids("tests/test_loss_stats.py::test_reduced_loss_sums_every_block_and_rounds_once", "bf16", "fp32",
                 "fp64")),
+    # A loss row's (or lane's, or chunk's) exponentials against 0 where its maximum is +inf too
+    # (kernels/common.py's _lse_reference), as torch's logsumexp: against +inf its lse is NaN.
+    Mutant("loss_reference_of_plus_inf_kept", f"{KERNELS}/common.py",
+           "    return tl.where(tl.abs(v) == float(\"inf\"), 0.0, v)\n",
+           "    return tl.where(v == -float(\"inf\"), 0.0, v)\n",
+           _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-tile", "cpu-loop",
+                "cpu-split")
+           + _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows", "cpu-fp32-odd-stride-plain")),
+    # The loss's lanes likewise (kernels/common.py's _lane_update, written apart: see there).
+    Mutant("loss_lane_reference_of_plus_inf_kept", f"{KERNELS}/common.py",
+           "        ref = tl.where((high == -float(\"inf\")) | (high == float(\"inf\")), 0.0, high)\n",
+           "        ref = tl.where(high == -float(\"inf\"), 0.0, high)\n",
+           _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-loop")),
+    # The split loss's exchange rescales its chunks' sums to 0 where the row's maximum is +inf.
+    Mutant("loss_exchange_plus_inf_reference_dropped", f"{KERNELS}/exchange.py",
+           "        if MAXIMA == MAXIMA_LSE:\n",
+           "        if MAXIMA == 7:\n",
+           _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-split", "cpu-arrival")),
+    # A counted row with lse +inf: its gradient NaN throughout, as torch's, not 0 but at the +inf.
+    Mutant("loss_gradient_of_plus_inf_row_not_nan", f"{KERNELS}/loss_terms.py",
+           "    a = tl.where(ignored | (valid & (lse != float(\"inf\"))), a, float(\"nan\")) * e_scale\n",
+           "    a = tl.where(valid | ignored, a, float(\"nan\")) * e_scale\n",
+           _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-tile", "cpu-loop",
+                "cpu-split")),
     Mutant("interpreter_truncates_bfloat16", "portable_softmax/interpreter.py",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar in (_tl.float32, _tl.float64):\n",
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",

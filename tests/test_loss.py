@@ -9,6 +9,7 @@ target kind. Shapes are labelled with the path they take.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -194,7 +195,9 @@ def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype
     # chunks, a head edge in the first, a tail edge in the third. "odd-stride": rows 307 apart
     # from an aligned start, so their leads take every value; "sliced": rows of a padded
     # vocabulary (320), each starting aligned: a tail edge only. Extremes in the edges: a row's
-    # largest logit, a +inf and a NaN (NaN, as torch), a row of -inf but its target.
+    # largest logit, a +inf and a NaN (NaN, as torch), a row of -inf but its target; a +inf at
+    # both edges of a row, and one beside a NaN in the head edge: lse as torch's logsumexp's
+    # (+inf, or NaN with a NaN).
     force_regime(monkeypatch, "loop", device)
     n_rows, n_cols = 9, 301
     stride = 307 if layout == "odd-stride" else 320
@@ -207,10 +210,16 @@ def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype
     x[4] = -float("inf")
     x[4, 0] = 0.0
     target[4] = 0
+    x[5, 0], x[5, -1] = float("inf"), float("inf")
+    x[6, 0], x[6, 1] = float("nan"), float("inf")
     options = dict(options)
     if options.pop("weight", False):
         options["weight"] = torch.rand(n_cols, device=device, dtype=dtype) + 0.5
-    ours = ps.cross_entropy(x, target, reduction="none", **options)
+    ours, lse = ps.cross_entropy(x, target, reduction="none", return_lse=True, **options)
+    z = x.double()
+    if options.get("softcap") is not None:
+        z = options["softcap"] * torch.tanh(z / options["softcap"])
+    _same_lse(lse, torch.logsumexp(z, 1))
     expected, _ = reference(x, target, reduction="none", **options)
     assert torch.equal(ours.isnan(), expected.isnan()), (ours, expected)
     finite = ~expected.isnan()
@@ -351,6 +360,82 @@ def test_ignored_rows_of_infinite_logits_have_a_zero_gradient(device, monkeypatc
     leaf = x.detach()[:1].double().requires_grad_()
     F.cross_entropy(leaf, target[:1], reduction="sum").backward()
     assert relative_error(grad[:1], leaf.grad) <= TOLERANCE[dtype]
+
+
+def _same_lse(ours, theirs):
+    """``ours`` (float32) is torch's logsumexp ``theirs`` (float64): NaN, +inf and -inf where it is,
+    the finite values within float32's rounding."""
+    theirs = theirs.to(ours.dtype)
+    assert torch.equal(ours.isnan(), theirs.isnan()), (ours, theirs)
+    infinite = theirs.isinf()
+    assert torch.equal(ours.isinf(), infinite) and torch.equal(ours[infinite], theirs[infinite]), (ours, theirs)
+    finite = theirs.isfinite()
+    assert relative_error(ours[finite], theirs[finite]) < 1e-6
+
+
+def _same_nans(ours, theirs, tol):
+    """``ours`` is NaN where ``theirs`` is, and within ``tol`` of it elsewhere."""
+    assert torch.equal(ours.isnan(), theirs.isnan()), (ours, theirs)
+    finite = ~theirs.isnan()
+    assert relative_error(ours[finite], theirs[finite]) <= tol
+
+
+@pytest.mark.parametrize("regime", ["tile", "loop", "split", "arrival", "ticketed", "pipelined"])
+def test_lse_of_rows_holding_infinities_is_torchs(device, monkeypatch, regime):
+    # torch's logsumexp takes its exponentials against 0 where a row's maximum is infinite: a row
+    # holding +inf has lse +inf (NaN with a NaN too), where against the maximum, inf - inf, ours was
+    # NaN until 2026-11-28 (kernels.common._lse_reference; the split's exchange, MAXIMA_LSE). The
+    # loss and the gradient of a counted row holding +inf stay NaN, torch's (the gradient's
+    # p = exp(z - lse) would be 0 but at the +inf); an ignored one's are 0, its lse +inf. Rows of
+    # 301 classes: the split regimes' chunks of 128 take the +inf in one chunk, or in two, beside
+    # a NaN in its own chunk or in another; off 16-byte boundaries, the split and the loop's
+    # forward alone read them through aligned windows, a +inf in a head edge (row 1, its lead 1)
+    # and in a tail edge (row 7). The forward alone (logsumexp, 'none') and with the gradient
+    # ('sum'); the split forward alone by arrival, or (the others) by the waiting exchange.
+    if regime == "tile":
+        force_regime(monkeypatch, regime, device)
+    elif regime == "loop":
+        force_regime(monkeypatch, regime, device)
+        loss_launch._records.clear()
+    else:
+        _split(monkeypatch, device, "split" if regime == "arrival" else regime, loss_arrival=regime == "arrival")
+    inf, nan = float("inf"), float("nan")
+    x = logits((9, 301), torch.float32, device)
+    x[1, 0] = inf
+    x[2, 5], x[2, 250] = inf, inf
+    x[3, 10], x[3, 200] = inf, nan
+    x[4, 20], x[4, 60] = nan, inf
+    x[5] = -inf
+    x[6, 100] = nan
+    x[7, 300] = inf
+    x[8, :128] = -inf
+    x[8, 131] = inf
+    target = torch.tensor([1, 2, 3, 4, 5, 6, 7, -100, 300], device=device)
+    theirs = torch.logsumexp(x.double(), 1)
+    _same_lse(ps.logsumexp(x, 1), theirs)
+    # Plain, and with the z-loss (its term 2 z_loss lse p, inf times 0, was NaN where the plain
+    # gradient was not) and smoothing.
+    for reduction, options in itertools.product(("none", "sum"), ({}, dict(label_smoothing=0.1, z_loss=0.01))):
+        ours_x = x.clone().requires_grad_()
+        loss, lse = ps.cross_entropy(ours_x, target, reduction=reduction, return_lse=True, **options)
+        _same_lse(lse, theirs)
+        expected, leaf = reference(x, target, reduction=reduction, **options)
+        _same_nans(loss.detach(), expected.detach(), TOLERANCE[torch.float32])
+        loss.backward(torch.ones_like(loss))
+        expected.backward(torch.ones_like(expected))
+        # The ignored row's gradient 0 where torch's is NaN (log_softmax's backward of a NaN row,
+        # times 0): test_ignored_rows_of_infinite_logits_have_a_zero_gradient.
+        counted = target != -100
+        _same_nans(ours_x.grad[counted], leaf.grad[counted], TOLERANCE[torch.float32])
+        assert torch.equal(ours_x.grad[7], torch.zeros_like(ours_x.grad[7]))
+    if regime in ("tile", "loop"):
+        assert {record.plan.regime for record in loss_launch._records.values() if record.plan.tiles > 1} == {regime}
+    else:
+        assert _forward_regimes() == {regime} | ({"split"} if regime == "arrival" else set())
+    # Windows (4 fp32 elements) wherever the forward reads them: the loop's forward alone, the split's
+    # unpipelined forms.
+    aligns = {record.plan.align for key, record in loss_launch._records.items() if key[0] == "forward"}
+    assert aligns == {"tile": {1}, "loop": {1, 4}, "pipelined": {1}}.get(regime, {4}), aligns
 
 
 def test_split_rows_confident_bf16_and_far_below_zero(device, monkeypatch):

@@ -125,7 +125,9 @@ def _lane_update(lane_max, lane_sum, z, EXACT: tl.constexpr):
     maximum is paid once a block. While a lane is -inf (padding, masked rows) its reference is
     finite (``_finite_floor``; the loss's 0) and its sum stays 0, never 0 * inf (the rescale is
     from the lane's previous maximum, not its reference); a NaN makes the lane's sum NaN (its
-    exponential is NaN), as does a +inf (inf - inf).
+    exponential is NaN), as does a +inf in the softmax's (inf - inf). The loss's take a +inf
+    maximum's exponentials against 0 too (``_lse_reference``): the lane's sum is then +inf (NaN
+    with a NaN), and its rescales, exp(inf) or exp(m), keep it so.
 
     ``EXACT``: the exponentials of z - ref (exact near the maximum; a subtract and a multiply an
     element): the softmax, whose output pass takes them so and divides by this sum. Else of
@@ -137,8 +139,12 @@ def _lane_update(lane_max, lane_sum, z, EXACT: tl.constexpr):
         lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(
             tl.exp2((z - ref[:, None, :]) * LOG2E), 1)
     else:
-        # Against 0, not the floor: the floor times log2(e) would overflow to -inf.
-        ref = tl.where(high == -float("inf"), 0.0, high)
+        # Against 0, not the floor: the floor times log2(e) would overflow to -inf; against 0 for
+        # +inf too (``_lse_reference``'s reference, written as two compares that LLVM folds into
+        # one of |high|: with ``_lse_reference``'s own form here as well as after the loop, ptxas
+        # took 76 registers where the -inf test took 64 (sm_90, the fp32 forward alone in blocks
+        # of 8192); so its SASS is the -inf test's but for that compare's operand).
+        ref = tl.where((high == -float("inf")) | (high == float("inf")), 0.0, high)
         scaled_ref = ref * LOG2E
         lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
             tl.exp2(z * LOG2E - scaled_ref[:, None, :]), 1)
@@ -160,12 +166,25 @@ def _finite_floor(v):
 
 
 @_jit
+def _lse_reference(v):
+    """The reference a loss row's (or lane's) exponentials are taken against: its maximum ``v``, or
+    0 where that is infinite, as torch's logsumexp takes it. A row of -inf only then sums to 0
+    (lse -inf, never -inf - -inf); a row holding +inf to +inf, its lse +inf (torch's), or NaN
+    with a NaN there too, where against the maximum, inf - inf, its sum was NaN. One compare
+    (|v|, a source modifier) and one select a row or lane, never an element's. (``_lane_update``
+    writes its own the other way: see there.)"""
+    return tl.where(tl.abs(v) == float("inf"), 0.0, v)
+
+
+@_jit
 def _lane_combine(lane_max, lane_sum):
-    """Each row's maximum and its sum of exponentials against it (against 0 for a row of -inf)
-    from its lanes': the one cross-thread reduction of a streamed row. A lane still at -inf has
-    sum 0 and contributes 0."""
+    """Each row's maximum and its sum of exponentials against it (``_lse_reference``: against 0
+    for a row of -inf, or of the loss's, holding +inf) from its lanes': the one cross-thread
+    reduction of a streamed row. A lane still at -inf has sum 0 and contributes 0; one holding
+    +inf, summed against 0 (the loss's lanes), inf times exp(inf): inf, or NaN with a NaN. The
+    softmax's lanes of +inf summed NaN (``_finite_floor``): their row's total stays NaN."""
     row_max = tl.max(lane_max, 1)
-    ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+    ref = _lse_reference(row_max)
     return row_max, tl.sum(lane_sum * tl.exp2((lane_max - ref[:, None]) * LOG2E), 1)
 
 

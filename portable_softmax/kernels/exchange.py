@@ -35,6 +35,12 @@ EXCHANGE_PUBLISH = tl.constexpr(1)
 EXCHANGE_READ = tl.constexpr(2)
 EXCHANGE_ARRIVE = tl.constexpr(3)
 
+# ``MAXIMA`` for the loss (True: the softmax's): a row whose maximum is +inf takes its chunks' sums
+# against 0, as each of its chunks took its own (``common._lse_reference``): its total +inf (NaN
+# with a NaN), its lse +inf as torch's, not exp(inf - inf) = NaN. (The softmax's chunk of +inf
+# summed NaN against itself: its row's total is NaN either way, and its kernel keeps no select.)
+MAXIMA_LSE = tl.constexpr(2)
+
 
 
 @_jit
@@ -124,7 +130,7 @@ def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.conste
     v = tl.load(first_slot + peers, mask=present, other=EMPTY_SLOT, cache_modifier=".cg")
     peer_max, peer_sum = _peer_values(v)
     row_max = tl.max(peer_max, 0)
-    total = _peer_total(peer_max, peer_sum, row_max, True)
+    total = _peer_total(peer_max, peer_sum, row_max, MAXIMA_LSE)
     tl.store(counter, 0, mask=last)
     return last, row_max, total
 
@@ -211,10 +217,16 @@ def _peer_values(v):
 def _peer_total(peer_max, peer_sum, row_max, MAXIMA: tl.constexpr):
     """What partials contribute to their row's total. With ``MAXIMA`` (the forward) a partial
     is a chunk's maximum and its sum of exp(x - that maximum) (0 for a chunk of -inf only),
-    rescaled here to the row's maximum; without, a partial is a sum."""
+    rescaled here to the row's maximum (``MAXIMA_LSE``: to 0 where that is +inf); without, a
+    partial is a sum."""
     if MAXIMA:
+        ref = row_max
+        if MAXIMA == MAXIMA_LSE:
+            # One select a row: a chunk of +inf (its sum +inf against 0) times exp(inf), others
+            # times exp(their maximum): the total +inf, or NaN with a NaN.
+            ref = tl.where(row_max == float("inf"), 0.0, row_max)
         # A row of -inf only gives -inf - -inf = NaN here, and NaN outputs, as torch does.
-        peer_sum = peer_sum * tl.exp2((peer_max - row_max) * LOG2E)
+        peer_sum = peer_sum * tl.exp2((peer_max - ref) * LOG2E)
     return tl.sum(peer_sum, 0)
 
 

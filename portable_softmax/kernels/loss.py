@@ -26,8 +26,8 @@ Kernels (``variants.LOSS_KERNELS``):
   weights, into the stats the other kernels read: one launch where torch takes three to fifteen
   operations (``loss_rows._stats``).
 """
-from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _row_starts, _store,
-    _tile_rows, _wide)
+from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _lse_reference,
+    _row_starts, _store, _tile_rows, _wide)
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .loss_terms import (_capped, _class_terms, _constants, _grad, _grad_of, _row_loss, _row_lse, _smoothed,
                          _store_rows, _weights)
@@ -58,7 +58,7 @@ def cross_entropy_forward_tile(
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, "")
         z, t = _capped(x, mask, softcap, SOFTCAP)
         row_max = tl.max(z, 1)
-        ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+        ref = _lse_reference(row_max)
         # One exponential an element, its argument one fused multiply-add (``_grad``): summed, and
         # with the gradient, the probabilities e / total.
         e = tl.exp2(z * LOG2E - (ref * LOG2E)[:, None])
@@ -238,9 +238,10 @@ def cross_entropy_forward_loop(
                     lane_dot += tl.sum(w * finite_z, 1)
         row_max, total = _lane_combine(lane_max, lane_sum)
         if ALIGN > 1:
-            # The edges taken in as one more block (``_lane_update``'s step: against 0 while -inf).
+            # The edges taken in as one more block (``_lane_update``'s step: against 0 while -inf or
+            # once +inf).
             high = tl.maximum(row_max, tl.max(z_edge, 0))
-            scaled_ref = tl.where(high == -float("inf"), 0.0, high) * LOG2E
+            scaled_ref = _lse_reference(high) * LOG2E
             total = total * tl.exp2(row_max * LOG2E - scaled_ref) + tl.sum(
                 tl.exp2(z_edge * LOG2E - tl.sum(scaled_ref, 0)), 0)
             row_max = high

@@ -31,8 +31,9 @@ kernel does not exchange (the planner keeps them on tiles and loops). float32 ac
 the exchange packs float32 partials (the planner keeps float64 rows off the split path).
 """
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
-from .common import LOG2E, _cast, _load, _row_starts
-from .exchange import EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, _arrive, _empty_last, _empty_previous, _exchange, _float_bits
+from .common import LOG2E, _cast, _load, _lse_reference, _row_starts
+from .exchange import (EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, MAXIMA_LSE, _arrive, _empty_last, _empty_previous, _exchange,
+                       _float_bits)
 from .loss import _target_logit
 from .loss_terms import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                          _weights)
@@ -90,8 +91,9 @@ def cross_entropy_forward_split(
         else:
             # No edges: their names stand for nothing (every use is under ALIGN > 1).
             edge, edge_mask, edge_cols, z_edge, t_edge = lead, row_mask, lead, chunk_max, chunk_max
-        # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf.
-        ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+        # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf; one
+        # holding +inf sums to +inf (``_lse_reference``), as the exchange takes it (``MAXIMA_LSE``).
+        ref = _lse_reference(chunk_max)
         # One exponential per element: summed now, and once lse is known, the probabilities. Its
         # argument z log2(e) - ref log2(e): one fused multiply-add an element (``loss._grad``).
         e = tl.exp2(z * LOG2E - (ref * LOG2E)[:, None])
@@ -136,7 +138,7 @@ def cross_entropy_forward_split(
             z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
             packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
             row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,
-                                           CHUNKS_P2, True, STAGES, WAIT_ATOMIC, PHASE)
+                                           CHUNKS_P2, MAXIMA_LSE, STAGES, WAIT_ATOMIC, PHASE)
         # A row's are scalars: as blocks of its one row, as the loss's helpers take rows.
         row_max = tl.full([BLOCK_M], 0.0, tl.float32) + row_max
         row_total = tl.full([BLOCK_M], 0.0, tl.float32) + row_total

@@ -30,7 +30,7 @@ it is never used as an address. Column offsets are 32-bit (the row view makes a 
 spanning 2**31 elements contiguous first), except in rows of 2**31 columns or more, whose loop
 counter Triton types as 64-bit.
 """
-from .common import LOG2E, _row_starts, _wide
+from .common import LOG2E, _lse_reference, _row_starts, _wide
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 
 TWO_LOG2E = tl.constexpr(2.8853900817779268)
@@ -150,8 +150,9 @@ def _store_rows(loss_ptr, lse_ptr, outer, rows, row_mask, loss_outer_stride, los
 @_jit
 def _row_lse(row_max, total):
     """log sum exp from the maximum and the sum of exponentials taken against it (against 0 for a
-    row of -inf, whose lse is then -inf)."""
-    ref = tl.where(row_max == -float("inf"), 0.0, row_max)
+    row of -inf, whose lse is then -inf, or one holding +inf, whose lse is then +inf, or NaN with
+    a NaN: torch's; ``_lse_reference``)."""
+    ref = _lse_reference(row_max)
     return ref + tl.log(total)
 
 
@@ -191,7 +192,9 @@ def _grad_of(e, e_scale, t, lse, hit, w_t, w, q, prob_sum, ignored, valid, ce_sc
         a = coef * ce_scale
     if Z_LOSS:
         a += 2.0 * z_loss * lse * z_scale
-    a = tl.where(valid | ignored, a, float("nan")) * e_scale
+    # A counted row holding +inf (lse +inf) is NaN throughout, as torch's: its p = exp(z - lse)
+    # would be 0 but at the +inf (NaN).
+    a = tl.where(ignored | (valid & (lse != float("inf"))), a, float("nan")) * e_scale
     g = e * a[:, None]
     if PROB_TARGET:
         g -= w * q * ce_scale
