@@ -129,7 +129,11 @@ def compile_ahead(device: torch.device, work: Callable[[], object]) -> Optional[
     # process; the call needs them too), not raced from two.
     device_record(device)
     _kernel_module(backend)
-    thread = threading.Thread(target=_ahead, args=(device, work), name=AHEAD_THREAD, daemon=True)
+    # Not a daemon: the interpreter's exit waits for it. A call may return before its compile ahead
+    # ends (the loss's stats and sum: that call takes torch's operations), and a daemon thread still
+    # inside Triton's compiler at exit is stopped by a forced unwind that its C++ frames swallow:
+    # "FATAL: exception not rethrown", the process aborted (H200, a script of one loss call, v39).
+    thread = threading.Thread(target=_ahead, args=(device, work), name=AHEAD_THREAD, daemon=False)
     thread.start()
     return thread
 

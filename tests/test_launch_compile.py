@@ -6,6 +6,8 @@ runs alone."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -119,6 +121,25 @@ def test_compile_ahead_runs_its_work_in_a_thread_of_its_own_and_drops_its_errors
     # Nothing where nothing compiles.
     monkeypatch.setattr(launch_compile, "backend_for", lambda device: get_backend("interpreter"))
     assert launch_compile.compile_ahead(torch.device("cpu"), work) is None and len(ran) == 1
+
+
+def test_the_process_exit_waits_for_a_compile_ahead(tmp_path):
+    # A call may return before its compile ahead ends (the loss's stats and sum); a daemon thread
+    # still in Triton's compiler when the interpreter exits aborted the process on the H200
+    # ("FATAL: exception not rethrown", v39). Here the work outlives the script's last line.
+    done = tmp_path / "done"
+    script = f"""
+import time, torch
+from portable_softmax import launch_compile
+from portable_softmax.backend import get_backend
+launch_compile.backend_for = lambda device: get_backend("cuda")
+launch_compile.device_record = lambda device: None
+launch_compile._kernel_module = lambda backend: None
+launch_compile.compile_ahead(torch.device("cpu"), lambda: (time.sleep(0.5), open({str(done)!r}, "w").close()))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert done.exists()
 
 
 def _holding(hold, order: list, name: str) -> str:
