@@ -347,6 +347,10 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
     (``kept``: ``LOSS_STATS``' layout). One program, summing per lane then across: the same order,
     and result, every run. A target outside [0, C) reads no weight (its loss is NaN anyway)."""
     offsets = tl.arange(0, BLOCK)
+    # The kept values read first, beside the targets: read after the stores below (which may
+    # alias them, as far as the compiler knows) each would wait for its own round trip.
+    places = tl.arange(0, 8)
+    kept = tl.load(kept_ptr + places, mask=places < 6, other=0.0)
     # Per lane, int32 (a lane counts one target a block); the total in int64.
     count = tl.zeros([BLOCK], tl.int32)
     summed = _wide(tl.zeros([BLOCK], tl.float32), ACC_FP64)
@@ -371,13 +375,13 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
         weight_sum = tl.sum(totals, 0)
     else:
         ce_denominator = counted_sum
-        weight_sum = _wide(tl.load(kept_ptr + 2), ACC_FP64)
+        weight_sum = _wide(tl.sum(tl.where(places == 2, kept, 0.0), 0), ACC_FP64)
+    # One store of the six: the three formed here, then the kept ones.
     ty = stats_ptr.dtype.element_ty
-    tl.store(stats_ptr, _cast(ce_denominator, ty))
-    tl.store(stats_ptr + 1, _cast(counted_sum, ty))
-    tl.store(stats_ptr + 2, _cast(weight_sum, ty))
-    for i in tl.static_range(3, 6):
-        tl.store(stats_ptr + i, tl.load(kept_ptr + i))
+    stats = tl.where(places == 0, _cast(ce_denominator, ty),
+                     tl.where(places == 1, _cast(counted_sum, ty),
+                              tl.where(places == 2, _cast(weight_sum, ty), kept.to(ty))))
+    tl.store(stats_ptr + places, stats, mask=places < 6)
 
 
 @_jit
