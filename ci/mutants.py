@@ -257,13 +257,13 @@ MUTANTS = [
            "        for start in tl.range(0, BLOCK, BLOCK):\n",
            _ids("tests/test_loss_stats.py::test_losses_over_several_blocks_of_targets_or_classes",
                 "weighted-classes")),
-    # The reduced loss summed by one launch (kernels/loss.py's cross_entropy_sum): the terms past
-    # the first block dropped.
-    Mutant("sum_first_block_alone", f"{KERNELS}/loss.py",
-           "    for start in tl.range(0, n_terms, BLOCK):\n",
-           "    for start in tl.range(0, BLOCK, BLOCK):\n",
-           _ids("tests/test_loss_stats.py::test_reduced_loss_sums_every_block_and_rounds_once", "bf16", "fp32",
-                "fp64")),
+    # The reduced loss summed by one launch (kernels/loss.py's cross_entropy_sum): its last term
+    # dropped.
+    Mutant("sum_last_term_dropped", f"{KERNELS}/loss.py",
+           "    total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms, other=0.0), ACC_FP64), 0)\n",
+           "    total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms - 1, other=0.0), ACC_FP64), 0)\n",
+           _ids("tests/test_loss_stats.py::test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once", "bf16",
+                "fp32", "fp64")),
     # A loss row's (or lane's, or chunk's) exponentials against 0 where its maximum is +inf too
     # (kernels/common.py's _lse_reference), as torch's logsumexp: against +inf its lse is NaN.
     Mutant("loss_reference_of_plus_inf_kept", f"{KERNELS}/common.py",

@@ -169,13 +169,16 @@ def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: tor
     return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
 
 
-def sum_record(terms: torch.Tensor, dtype: torch.dtype) -> tuple[LaunchRecord, bool]:
+def sum_record(terms: torch.Tensor, dtype: torch.dtype) -> tuple[Optional[LaunchRecord], bool]:
     """The record of ``cross_entropy_sum`` over the contiguous ``terms`` into a loss of ``dtype``,
-    called with (terms, out); and whether its compile started beside the caller's, as
-    ``stats_record``'s. Built on each call: ``loss_rows._reduced`` keeps it per layout."""
+    called with (terms, out), or None where they are more than its one block holds; and whether
+    its compile started beside the caller's, as ``stats_record``'s. Built on each call:
+    ``loss_rows._reduced`` keeps it per layout."""
     device = terms.device
     backend = backend_for(device)
     plan = plan_stats(target_for(device_record(device)), variants.SUM_BLOCK)
+    if terms.numel() > plan.block_n:
+        return None, False
     kernel = getattr(_kernel_module(backend), variants.SUM_KERNEL)
     constexprs = {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype)}
     record = LaunchRecord(kernel, backend, device, plan, (terms.numel(),), (constexprs,),

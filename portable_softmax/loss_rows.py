@@ -379,20 +379,24 @@ def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.
 def _launched_sum(terms: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """The sum of ``terms`` in ``dtype`` by ``cross_entropy_sum`` (one launch: torch's sum and cast
     were two kernels, 4.8 and 2.0 us on the H200 after a 140 us loss, NOTES v39); None where the
-    terms are not a plain contiguous tensor (a traced call's, an empty one) and on the first call of
-    a layout where the kernel compiles beside it (torch's operations serve that call). Kept per
-    layout as ``_launch``'s records: a repeated call is one lookup."""
+    terms are not a plain contiguous tensor (a traced call's, an empty one) or more than its one
+    block (torch's sum spreads them over the chip), and on the first call of a layout where the
+    kernel compiles beside it (torch's operations serve that call). Kept per layout as
+    ``_launch``'s records: a repeated call is one lookup."""
     if type(terms) is not torch.Tensor or not terms.numel() or not terms.is_contiguous():
         return None
     key = ("sum", terms.device, terms.numel(), terms.dtype, dtype, terms.data_ptr() % 16 == 0)
-    record = loss_launch.calls.get(key)
-    if record is None:
+    found = loss_launch.calls.get(key)
+    if found is None:
         if len(loss_launch.calls) >= _CALLS_LIMIT:
             loss_launch.calls.clear()
         record, ahead = loss_launch.sum_record(terms, dtype)
-        loss_launch.calls[key] = record
+        found = loss_launch.calls[key] = (record,)
         if ahead:
             return None
+    (record,) = found
+    if record is None:
+        return None
     out = terms.new_empty((), dtype=dtype)
     record((terms, out))
     return out

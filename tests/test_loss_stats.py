@@ -147,18 +147,25 @@ def test_sum_and_probability_targets_keep_their_constants():
 
 @pytest.mark.parametrize("terms_dtype, dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32),
                                                (torch.float64, torch.float64)], ids=["bf16", "fp32", "fp64"])
-def test_reduced_loss_sums_every_block_and_rounds_once(monkeypatch, terms_dtype, dtype):
-    # Terms over two blocks, of both signs and mixed magnitudes: a sum of the first block alone, or
-    # one rounded to the loss's dtype block by block, is off by far more than one rounding.
+def test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once(monkeypatch, terms_dtype, dtype):
+    # Terms of both signs and mixed magnitudes, a block's worth less a few, the largest last: a sum
+    # that drops a term, or rounds to the loss's dtype before the end, is off by far more than one
+    # rounding. One more block's worth takes torch's sum (no launch kept).
     torch.manual_seed(5)
     options = _options(7, False)
-    terms = torch.randn(variants.SUM_BLOCK + 300, dtype=terms_dtype) * torch.logspace(-3, 3, 7).repeat(
-        variants.SUM_BLOCK // 7 + 50)[:variants.SUM_BLOCK + 300].to(terms_dtype)
+    n_terms = variants.SUM_BLOCK - 3
+    terms = (torch.randn(n_terms, dtype=terms_dtype)
+             * torch.logspace(-3, 3, 7).repeat(n_terms // 7 + 1)[:n_terms].to(terms_dtype))
+    terms[-1] = 1000.0
     # No layout kept from other tests: this call builds its record and launches it.
     monkeypatch.setattr(loss_launch, "calls", {})
     ours = loss_rows._reduced(terms, dtype, options)
-    assert [found is not None for key, found in loss_launch.calls.items() if key[0] == "sum"] == [True]
+    assert [found[0] is not None for key, found in loss_launch.calls.items() if key[0] == "sum"] == [True]
     expected = terms.double().sum().to(dtype)
     assert ours.dtype == dtype and ours.shape == ()
     tolerance = {torch.bfloat16: 0.0, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
     assert abs(ours.double() - expected.double()) <= tolerance * abs(expected.double()), (ours, expected)
+    more = torch.cat([terms, terms])
+    assert loss_rows._reduced(more, dtype, options).double() == more.sum().to(dtype).double()
+    assert [found[0] is None for key, found in loss_launch.calls.items()
+            if key[0] == "sum" and key[2] == more.numel()] == [True]
