@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
-from portable_softmax import distributed_loss, head, head_chunks, loss_rows
+from portable_softmax import distributed_loss, head, head_chunks, loss_arguments, loss_reduction
 from portable_softmax.distributed_loss import Exchanged
 from portable_softmax.head_chunks import Gradients, HeadCall
 
@@ -61,7 +61,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, b
     gradient wanted) and the gradients the forward forms (``HeadCall.grad_in_forward``, for an
     incoming gradient of 1)."""
     options = call.options
-    acc = loss_rows._acc(hidden.dtype)
+    acc = loss_arguments._acc(hidden.dtype)
     scales = distributed_loss.factors(target, class_weight, options, acc)
     rows = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
     lse = torch.empty_like(rows)
@@ -85,7 +85,7 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, b
     if grads is not None and grads.hidden is not None:
         dist.all_reduce(grads.hidden, group=group)
     kept = Exchanged.joined(parts) if parts else None
-    return loss_rows._reduced(rows, call.loss_dtype, options), lse, kept, grads
+    return loss_reduction.reduced(rows, call.loss_dtype, options), lse, kept, grads
 
 
 def _backward(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], saved: Exchanged,

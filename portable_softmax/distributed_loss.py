@@ -50,8 +50,8 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 import torch.distributed as dist
 
-from portable_softmax import loss, loss_rows
-from portable_softmax.loss_rows import Options
+from portable_softmax import loss, loss_arguments, loss_reduction, loss_rows
+from portable_softmax.loss_arguments import Options
 
 _NAME = "portable_softmax.distributed.cross_entropy"
 # Slice sizes cross the MAX all-reduce in the partials' dtype as two parts, each exact in float32.
@@ -132,7 +132,7 @@ def _local_lse(x: torch.Tensor, lse: torch.Tensor, scratch: torch.Tensor, kept: 
         lse.fill_(-math.inf)
         return
     kernel_options = Options(x.shape[1], False, "none", -1, 0.0, 0.0, options.softcap, False)
-    stats = loss_rows._stats(x, kept.ignored, None, kernel_options)  # a kept constant: no op
+    stats = loss_reduction.stats(x, kept.ignored, None, kernel_options)  # a kept constant: no op
     if not loss_rows.launch_forward(x, kept.ignored, None, stats, scratch, lse, None, kernel_options):
         loss_rows.launch_forward(x.contiguous(), kept.ignored, None, stats, scratch, lse, None, kernel_options)
 
@@ -148,7 +148,7 @@ def _smoothing_sum(x: torch.Tensor, local_weight: Optional[torch.Tensor], out: t
     acc = out.dtype
     target = torch.ones((), dtype=acc, device=x.device).expand(x.shape)
     kernel_options = Options(x.shape[1], True, "none", -100, 0.0, 0.0, options.softcap, local_weight is not None)
-    stats = loss_rows._stats(x, target, local_weight, kernel_options)
+    stats = loss_reduction.stats(x, target, local_weight, kernel_options)
     if not loss_rows.launch_forward(x, target, local_weight, stats, out, lse, None, kernel_options):
         loss_rows.launch_forward(x.contiguous(), target, local_weight, stats, out, lse, None, kernel_options)
     if local_weight is None:
@@ -167,7 +167,7 @@ def _target_weights(target: torch.Tensor, counted: torch.Tensor, weight: torch.T
 def _factors(target: torch.Tensor, counted: torch.Tensor, w_t: Optional[torch.Tensor], options: Options,
              acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     if options.reduction != "mean":
-        one = loss_rows._constant(target.device, acc, (1.0,))
+        one = loss_reduction.constant(target.device, acc, (1.0,))
         return one, one
     count = counted.sum(dtype=acc).reciprocal_()
     return (count if w_t is None else w_t.sum().reciprocal_()), count
@@ -176,7 +176,7 @@ def _factors(target: torch.Tensor, counted: torch.Tensor, w_t: Optional[torch.Te
 def factors(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options, acc: torch.dtype
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The reduction's factors (ce, zs) of a batch of targets, on the device: 1 / the denominators
-    of 'mean' (the summed weights of the counted targets, their count: ``loss_rows._stats``'s),
+    of 'mean' (the summed weights of the counted targets, their count: ``loss_reduction.stats``'s),
     1 otherwise."""
     counted = target != options.ignore_index
     w_t = None if weight is None or options.reduction != "mean" else _target_weights(target, counted, weight, acc)
@@ -225,7 +225,7 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     all-reduces' buffers in place, the constants are kept (``_kept``), and what the default
     options do not need (target weights, smoothing sums, C as a float) is not formed."""
     rank, ranks = _group_ranks(group)
-    acc = loss_rows._acc(x.dtype)
+    acc = loss_arguments._acc(x.dtype)
     n_local, positions = x.shape[1], tuple(target.shape)
     n = target.numel()
     eps, weighted = options.smoothing, weight is not None
@@ -326,13 +326,13 @@ def _kernel_call(x: torch.Tensor, saved: Exchanged, incoming: torch.Tensor, a: O
         # u = 1 (unweighted): f = dl b C_l, and k = a / (b C_l) = W' / C_l + 2 zl' LSE, b = eps ce / C.
         b_local = saved.ce * (eps * n_local) / saved.classes
         factor = torch.where(saved.counted, incoming * b_local, zero)
-        one = loss_rows._constant(x.device, acc, (1.0,))
+        one = loss_reduction.constant(x.device, acc, (1.0,))
         stats = torch.cat([one, one, saved.classes.reshape(1) / eps, one, (saved.zs * zl / b_local).reshape(1),
-                           loss_rows._constant(x.device, acc, (options.softcap or 1.0,))])
+                           loss_reduction.constant(x.device, acc, (options.softcap or 1.0,))])
         return factor, None, stats, Options(n_local, False, "none", ignore, 1.0, zl, options.softcap, False)
     # u = 0 (the uniform term silenced), k = 1: f = dl a.
     factor = torch.where(saved.counted, incoming * a if a is not None else incoming, zero)
-    stats = loss_rows._constant(x.device, acc, (1.0, 1.0, float(n_local), 1.0, 0.0, options.softcap or 1.0))
+    stats = loss_reduction.constant(x.device, acc, (1.0, 1.0, float(n_local), 1.0, 0.0, options.softcap or 1.0))
     return factor, _zeros(x.device, acc, n_local), stats, Options(n_local, False, "none", ignore, 1.0, 0.0,
                                                                     options.softcap, True)
 
@@ -419,7 +419,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(x, *saved)
         lse = saved.lse
         ctx.mark_non_differentiable(lse)
-        return loss_rows._reduced(rows, x.dtype, options), lse
+        return loss_reduction.reduced(rows, x.dtype, options), lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -434,7 +434,7 @@ def validate(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.
     if isinstance(target, torch.Tensor) and target.is_floating_point():
         raise NotImplementedError(f"{_NAME}: class probabilities over a sharded vocabulary are not supported "
                                   f"(neither are they by torch's loss_parallel); pass class indices")
-    options = loss_rows.validate(logits, target, None, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = loss_arguments.validate(logits, target, None, ignore_index, reduction, label_smoothing, z_loss, softcap)
     if weight is not None:
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 1:
             raise TypeError(f"{_NAME}: weight must be a 1-D floating tensor of one value per class (all C classes, "
@@ -483,7 +483,7 @@ def cross_entropy(logits_local: torch.Tensor, target: torch.Tensor, weight: Opti
         result, lse = _VocabParallelCrossEntropy.apply(x, target, weight, options, group)
     else:
         rows, saved = forward(x, target, weight, options, group)
-        result, lse = loss_rows._reduced(rows, x.dtype, options), saved.lse
+        result, lse = loss_reduction.reduced(rows, x.dtype, options), saved.lse
     if one_dim:
         lse = lse.reshape(())
         result = result.reshape(()) if options.reduction == "none" else result

@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from portable_softmax import head_chunks, head_ops, loss, loss_rows, op_arguments, ops
+from portable_softmax import head_chunks, head_ops, loss, loss_arguments, op_arguments, ops
 from portable_softmax.head_chunks import HeadCall
 
 _NAME = "portable_softmax.linear_cross_entropy"
@@ -106,7 +106,7 @@ def _check_factors(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 
 
 def _accumulate(accumulate_dtype: Optional[torch.dtype], dtype: torch.dtype) -> torch.dtype:
-    wide = loss_rows._acc(dtype)
+    wide = loss_arguments._acc(dtype)
     if accumulate_dtype is None:
         return wide
     if accumulate_dtype not in (dtype, torch.float32, torch.float64):
@@ -159,7 +159,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     # (N, V) logits that holds one element.
     flat_target = target.reshape(-1)
     stand_in = hidden.new_empty(1).expand(flat_target.shape[0], n_classes)
-    options = loss_rows.validate(stand_in, flat_target, class_weight, ignore_index, reduction, label_smoothing,
+    options = loss_arguments.validate(stand_in, flat_target, class_weight, ignore_index, reduction, label_smoothing,
                                  z_loss, softcap)
     hidden, weight, bias, loss_dtype = _autocast(hidden, weight, bias)
     _check_factors(hidden, weight, bias)

@@ -8,7 +8,7 @@ a gradient is wanted, the gradient of the chunk's logits over the logits themsel
 math, rounded once). From that gradient, still in the forward: the chunk's rows of the hidden
 states' gradient (``grad_logits @ weight``), and the weight's and bias's gradients accumulated
 over the chunks in float32 (``accumulate_dtype``). The reduction's values are formed once, on the
-device, from the whole target (``loss_rows._stats``): a chunk's 'mean' divides by the
+device, from the whole target (``loss_reduction.stats``): a chunk's 'mean' divides by the
 denominator of the whole batch, so the chunks' gradients add up to the whole's, and the loss rows
 are summed once at the end, as ``cross_entropy`` sums them.
 
@@ -29,8 +29,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from portable_softmax import loss_rows
-from portable_softmax.loss_rows import Options
+from portable_softmax import loss_arguments, loss_reduction, loss_rows
+from portable_softmax.loss_arguments import Options
 
 CHUNK_LIMIT_BYTES = 1 << 30
 """The default budget of one chunk's logits: at most 1 GiB ..."""
@@ -210,8 +210,8 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bi
     options = call.options
     if hidden.device.type == "cpu":
         loss_rows._check_targets(target, options)
-    stats = loss_rows._stats(hidden, target, class_weight, options)
-    rows = torch.empty(hidden.shape[0], dtype=loss_rows._acc(hidden.dtype), device=hidden.device)
+    stats = loss_reduction.stats(hidden, target, class_weight, options)
+    rows = torch.empty(hidden.shape[0], dtype=loss_arguments._acc(hidden.dtype), device=hidden.device)
     lse = torch.empty_like(rows)
     budget_bytes = budget(hidden.device, call.chunk_bytes)
     single = narrow and _single(hidden, weight, budget_bytes)
@@ -224,7 +224,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bi
             raise RuntimeError("portable_softmax.linear_cross_entropy: a chunk's logits are not walkable rows")
         if write:
             _add_chunk(grads, z, chunk, weight, start, start == 0, budget_bytes)
-    return loss_rows._reduced(rows, call.loss_dtype, options), lse, stats, grads
+    return loss_reduction.reduced(rows, call.loss_dtype, options), lse, stats, grads
 
 
 def backward(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],

@@ -22,9 +22,9 @@ from typing import Any, Optional
 
 import torch
 
-from portable_softmax import head_chunks, loss_ops, loss_rows
+from portable_softmax import head_chunks, loss_arguments, loss_ops
 from portable_softmax.head_chunks import HeadCall
-from portable_softmax.loss_rows import Options
+from portable_softmax.loss_arguments import Options
 from portable_softmax.torch_ops import HAS_CUSTOM_OP, NAMESPACE
 
 AVAILABLE = False
@@ -35,7 +35,7 @@ def fake(hidden: torch.Tensor, weight: torch.Tensor, call: HeadCall) -> tuple[to
     """The loss and lse of a call on (N, H) hidden states as shapes and dtypes."""
     n_rows = hidden.shape[0]
     loss = hidden.new_empty((n_rows,) if call.options.reduction == "none" else (), dtype=call.loss_dtype)
-    return loss, hidden.new_empty(n_rows, dtype=loss_rows._acc(hidden.dtype))
+    return loss, hidden.new_empty(n_rows, dtype=loss_arguments._acc(hidden.dtype))
 
 
 def _call(weight: torch.Tensor, class_weight: Optional[torch.Tensor], ignore_index: int,
@@ -67,7 +67,7 @@ def _forward_fake(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tens
     loss, lse = fake(hidden, weight, call)
     held = call.grad_in_forward
     wide = call.accumulate_dtype
-    return (loss, lse, hidden.new_empty(6, dtype=loss_rows._acc(hidden.dtype)),
+    return (loss, lse, hidden.new_empty(6, dtype=loss_arguments._acc(hidden.dtype)),
             torch.empty_like(hidden) if held and call.grad_hidden else hidden.new_empty(0),
             weight.new_empty(weight.shape, dtype=wide) if held and call.grad_weight else weight.new_empty(0),
             weight.new_empty(weight.shape[0], dtype=wide) if held and call.grad_bias and bias is not None

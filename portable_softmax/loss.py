@@ -15,8 +15,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from portable_softmax import loss_ops, loss_rows, op_arguments, ops
-from portable_softmax.loss_rows import Options
+from portable_softmax import loss_arguments, loss_ops, loss_rows, op_arguments, ops
+from portable_softmax.loss_arguments import Options
 
 _NAME = "portable_softmax.cross_entropy"
 
@@ -176,7 +176,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
         return _dtensor_call(input, target, weight, ignore_index=ignore_index, reduction=reduction,
                              label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap, return_lse=return_lse,
                              inplace_backward=inplace_backward)
-    options = loss_rows.validate(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = loss_arguments.validate(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     x = _after_autocast(input)
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or target.requires_grad)
     if x.device.type == "meta":

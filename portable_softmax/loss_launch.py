@@ -25,6 +25,7 @@ from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, 
 from portable_softmax.launch_compile import compile_ahead
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
 from portable_softmax.loss_planner import plan_elementwise, plan_stats
+from portable_softmax.plan_grid import LaunchPlan
 from portable_softmax.planner import call_windows
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
@@ -39,6 +40,16 @@ _RECORDS_LIMIT = 4096
 # launches, the split plan's chunks): a repeated call is one lookup here, with no views made or
 # records looked up. Emptied with the records.
 calls: dict[tuple, Any] = {}
+# ``calls``' bound, as the records': a full dictionary is emptied.
+_CALLS_LIMIT = 4096
+
+
+def keep(key: tuple, value: Any) -> Any:
+    """``value`` kept in ``calls`` under ``key`` (emptied first where full); returns it."""
+    if len(calls) >= _CALLS_LIMIT:
+        calls.clear()
+    calls[key] = value
+    return value
 
 
 def _forget() -> None:
@@ -151,40 +162,41 @@ def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: tor
     ``weight``, contiguous, if given; ``kept``: the call's values in ``variants.LOSS_STATS``' layout
     and the accumulation dtype), called with (target, weight or kept, kept, stats); and whether
     its compile started beside the caller's (``compile_ahead``: where the backend compiles), for
-    the caller to form this call's stats otherwise. Built on each call: ``loss_rows._stats``
+    the caller to form this call's stats otherwise. Built on each call: ``loss_reduction.stats``
     keeps it per layout."""
     device = target.device
-    backend = backend_for(device)
     # One block of targets: one program, which walks them all in a fixed order. Half as many in
     # float64, whose two sums a lane take twice the registers (sm_90, weighted, 16 warps: 128
     # registers and 84 spilled words a thread at 16384).
     wide = kept.dtype == torch.float64
     plan = plan_stats(target_for(device_record(device)), variants.STATS_BLOCK // (2 if wide else 1))
-    kernel = getattr(_kernel_module(backend), variants.STATS_KERNEL)
-    constexprs = {"BLOCK": plan.block_n, "WEIGHT": weight is not None,
-                  "ACC_FP64": wide}
-    record = LaunchRecord(kernel, backend, device, plan, (target.numel(), n_classes, ignore_index), (constexprs,),
-                          {"num_warps": plan.num_warps, "num_stages": 1}, None)
-    tensors = (target, weight if weight is not None else kept, kept, kept)
-    return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
+    return _one_program(device, plan, variants.STATS_KERNEL, (target.numel(), n_classes, ignore_index),
+                        {"BLOCK": plan.block_n, "WEIGHT": weight is not None, "ACC_FP64": wide},
+                        (target, weight if weight is not None else kept, kept, kept))
 
 
 def sum_record(terms: torch.Tensor, dtype: torch.dtype) -> tuple[Optional[LaunchRecord], bool]:
     """The record of ``cross_entropy_sum`` over the contiguous ``terms`` into a loss of ``dtype``,
     called with (terms, out), or None where they are more than its one block holds; and whether
     its compile started beside the caller's, as ``stats_record``'s. Built on each call:
-    ``loss_rows._reduced`` keeps it per layout."""
+    ``loss_reduction.reduced`` keeps it per layout."""
     device = terms.device
-    backend = backend_for(device)
     plan = plan_stats(target_for(device_record(device)), variants.SUM_BLOCK)
     if terms.numel() > plan.block_n:
         return None, False
-    kernel = getattr(_kernel_module(backend), variants.SUM_KERNEL)
-    constexprs = {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype)}
-    record = LaunchRecord(kernel, backend, device, plan, (terms.numel(),), (constexprs,),
+    return _one_program(device, plan, variants.SUM_KERNEL, (terms.numel(),),
+                        {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype)},
+                        (terms, terms.new_empty((), dtype=dtype)))
+
+
+def _one_program(device: torch.device, plan: LaunchPlan, name: str, scalars: tuple, constexprs: dict[str, Any],
+                 tensors: tuple[torch.Tensor, ...]) -> tuple[LaunchRecord, bool]:
+    """The record of the one-program kernel ``name`` (``plan``: ``loss_planner.plan_stats``), and
+    whether its compile on ``tensors`` started beside the caller's (``compile_ahead``)."""
+    backend = backend_for(device)
+    record = LaunchRecord(getattr(_kernel_module(backend), name), backend, device, plan, scalars, (constexprs,),
                           {"num_warps": plan.num_warps, "num_stages": 1}, None)
-    out = terms.new_empty((), dtype=dtype)
-    return record, compile_ahead(device, lambda: record.compile((terms, out))) is not None
+    return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
 
 
 def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:

@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 import torch
 
-from portable_softmax import loss_rows
-from portable_softmax.loss_rows import Options
+from portable_softmax import loss_arguments, loss_rows
+from portable_softmax.loss_arguments import Options
 from portable_softmax.torch_ops import HAS_CUSTOM_OP, NAMESPACE
 
 AVAILABLE = False
@@ -32,14 +32,14 @@ AVAILABLE = False
 
 def fake(x: torch.Tensor, options: Options) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss and lse of a call as shapes and dtypes (meta and fake tensors)."""
-    positions = loss_rows._positions(x.shape)
+    positions = loss_arguments._positions(x.shape)
     loss = x.new_empty(positions if options.reduction == "none" else (), dtype=x.dtype)
-    return loss, x.new_empty(positions, dtype=loss_rows._acc(x.dtype))
+    return loss, x.new_empty(positions, dtype=loss_arguments._acc(x.dtype))
 
 
 def _options(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
              reduction: str, label_smoothing: float, z_loss: float, softcap: Optional[float]) -> Options:
-    return loss_rows.validate(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    return loss_arguments.validate(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
 
 
 def _forward_impl(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
@@ -57,7 +57,7 @@ def _forward_fake(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     options = _options(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     loss, lse = fake(input, options)
     grad = torch.empty_like(input) if write_grad else input.new_empty(0)
-    return loss, lse, grad, input.new_empty(6, dtype=loss_rows._acc(input.dtype))
+    return loss, lse, grad, input.new_empty(6, dtype=loss_arguments._acc(input.dtype))
 
 
 def _backward_impl(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,

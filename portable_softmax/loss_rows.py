@@ -1,5 +1,6 @@
-"""The row work of ``loss.cross_entropy``: validation, the reduction's values formed on the
-device, and the launches of the cross-entropy kernels (``kernels/loss.py``) forward and backward.
+"""The row work of ``loss.cross_entropy``: the launches of the cross-entropy kernels
+(``kernels/loss.py``) forward and backward, between the arguments' validation
+(``loss_arguments``) and the reduction's values formed on the device (``loss_reduction``).
 
 The loss of an (N, C) or (N, C, d1, ...) input is formed per position by the kernels (float32
 math, float64 for float64 input), then reduced here. Where the input needs a gradient and the
@@ -9,7 +10,7 @@ backward only rescales it by the incoming gradient (``rescale``: decided on the 
 when it is 1). With 'none' ``backward`` recomputes the gradient from the saved lse and the incoming
 gradient of each position: one more read of the logits.
 
-No host synchronisation: the denominators of 'mean' are formed on the device (``_stats``) and
+No host synchronisation: the denominators of 'mean' are formed on the device (``loss_reduction.stats``) and
 read by the kernels through a pointer. A target outside [0, C) that is not ``ignore_index`` raises
 on CPU (checked with torch operations there) and gives NaN at its position on an accelerator.
 
@@ -18,191 +19,17 @@ softmax kernels for its backward (``softmax_times``).
 """
 from __future__ import annotations
 
-import functools
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Real
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
-from portable_softmax import row_layout, loss_launch, op_arguments, ops, variants
-
-REDUCTIONS = ("none", "mean", "sum")
-_NAME = "portable_softmax.cross_entropy"
-
-
-class Options(NamedTuple):
-    """A validated call's options (hashable: part of launch signatures). A named tuple, not a
-    dataclass: every call hashes and compares it (``_launch``'s key), which a tuple does in C."""
-
-    n_classes: int
-    prob_target: bool
-    reduction: str
-    ignore_index: int
-    smoothing: float
-    z_loss: float
-    softcap: Optional[float]
-    weighted: bool
-
-
-def _positions(shape: Sequence[int]) -> tuple[int, ...]:
-    """The shape of one value per position: the input's without its class dim (dim 1; a 1-D
-    input's class dim is 0, with one position)."""
-    shape = tuple(shape)
-    return () if len(shape) == 1 else (shape[0], *shape[2:])
-
-
-def validate(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
-             reduction: str, label_smoothing: float, z_loss: float, softcap: Optional[float]) -> Options:
-    """The options of a call, or one error naming the argument at fault."""
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(f"{_NAME}: input must be a tensor, got {type(input).__name__}")
-    if input.dtype not in op_arguments.FLOATING:
-        raise TypeError(f"{_NAME}: input must be float16, bfloat16, float32 or float64, got {input.dtype}")
-    if input.dim() == 0:
-        raise ValueError(f"{_NAME}: input must have a class dimension (shape (C,), (N, C) or (N, C, d1, ...)), "
-                         f"got a 0-d tensor")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{_NAME}: target must be a tensor, got {type(target).__name__}")
-    n_classes = input.shape[0 if input.dim() == 1 else 1]
-    prob = target.is_floating_point()
-    if prob:
-        if target.shape != input.shape:
-            raise ValueError(f"{_NAME}: target of class probabilities must have input's shape {tuple(input.shape)}, "
-                             f"got {tuple(target.shape)}")
-        if ignore_index >= 0:
-            raise ValueError(f"{_NAME}: ignore_index ({ignore_index}) is not supported with class probabilities")
-    elif target.dtype == torch.bool or target.is_complex():
-        raise TypeError(f"{_NAME}: target must hold class indices (an integer dtype) or class probabilities "
-                        f"(floating), got {target.dtype}")
-    elif target.shape != _positions(input.shape):
-        raise ValueError(f"{_NAME}: target of class indices must have shape {_positions(input.shape)} for input of "
-                         f"shape {tuple(input.shape)}, got {tuple(target.shape)}")
-    if target.device != input.device:
-        raise ValueError(f"{_NAME}: target is on {target.device}, input on {input.device}; move it to input's device")
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-            raise TypeError(f"{_NAME}: weight must be a floating tensor of one value per class, got "
-                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
-        if weight.shape != (n_classes,):
-            raise ValueError(f"{_NAME}: weight must have shape ({n_classes},) (one value per class), got "
-                             f"{tuple(weight.shape)}")
-        if weight.device != input.device:
-            raise ValueError(f"{_NAME}: weight is on {weight.device}, input on {input.device}; move it to input's "
-                             f"device")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{_NAME}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{_NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not _real(label_smoothing) or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"{_NAME}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
-    if not _real(z_loss) or not math.isfinite(z_loss):
-        raise ValueError(f"{_NAME}: z_loss must be a finite number, got {z_loss!r}")
-    if softcap is not None and (not _real(softcap) or not 0.0 < softcap < math.inf):
-        raise ValueError(f"{_NAME}: softcap must be a positive number or None, got {softcap!r}")
-    return Options(n_classes, prob, reduction, ignore_index, float(label_smoothing), float(z_loss),
-                   None if softcap is None else float(softcap), weight is not None)
-
-
-def _real(value: object) -> bool:
-    # A float first: the usual value, which skips the abstract class's check.
-    return type(value) is float or (isinstance(value, Real) and not isinstance(value, bool))
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
+from portable_softmax import loss_launch, loss_reduction, ops, row_layout, variants
+from portable_softmax.loss_arguments import _NAME, Options, _acc, _positions
 
 def _facts(x: torch.Tensor, options: Options, write_grad: bool) -> variants.LossFacts:
     return variants.LossFacts(x.dtype == torch.float64, options.weighted, options.prob_target,
                               options.smoothing > 0, options.z_loss != 0, options.softcap is not None, write_grad)
-
-
-@functools.lru_cache(maxsize=256)
-def _constant(device: torch.device, dtype: torch.dtype, values: tuple[float, ...]) -> torch.Tensor:
-    """A device tensor of ``values``, made once (its copy to the device is the first call's)."""
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
-# Where the denominators of 'mean' sit in ``variants.LOSS_STATS``.
-_DENOMINATORS = tuple(name.endswith("_denominator") for name in variants.LOSS_STATS)
-
-
-@functools.lru_cache(maxsize=256)
-def _counted_constants(device: torch.device, acc: torch.dtype, options: Options) -> tuple[torch.Tensor, torch.Tensor]:
-    """What ``_stats`` keeps for an unweighted 'mean' of class targets: the denominators' places,
-    and the values of the others (one lookup a call)."""
-    values = (0.0, 0.0, float(options.n_classes), options.smoothing, options.z_loss, options.softcap or 1.0)
-    return _constant(device, torch.bool, _DENOMINATORS), _constant(device, acc, values)
-
-
-def _stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options) -> torch.Tensor:
-    """``variants.LOSS_STATS`` on the device, in the accumulation dtype: the denominators of
-    'mean' (torch's: the summed weights of the counted targets for the cross-entropy, their count
-    for the z-loss; positions for probability targets), W, eps, the z-loss factor, the softcap.
-
-    Few operations, each some microseconds of host time every call: a kept constant where no
-    value depends on the tensors; for a 'mean' of class targets, weighted or not, one buffer and
-    one launch (``_launched_stats``). Where that kernel cannot take the target in place (or serves
-    no call yet), torch's: unweighted, the count and one ``where`` that puts it in the
-    denominators' places among kept constants (three kernels); weighted, some fifteen operations."""
-    acc = _acc(x.dtype)
-    counted_mean = options.reduction == "mean" and not options.prob_target
-    if counted_mean:
-        stats = _launched_stats(target, weight, options, acc)
-        if stats is not None:
-            return stats
-    if weight is None and counted_mean:
-        places, kept = _counted_constants(x.device, acc, options)
-        return torch.where(places, torch.sum(target != options.ignore_index, dtype=acc), kept)
-    tail = (options.smoothing, options.z_loss, options.softcap or 1.0)
-    classes = float(options.n_classes)
-    if weight is None:
-        positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
-        return _constant(x.device, acc, (positions, positions, classes, *tail))
-    pieces = []
-    if counted_mean:
-        counted = target != options.ignore_index
-        # A target outside the classes reads class 0's weight here: its loss is NaN anyway. (An
-        # index of int16 or int8 needs widening.)
-        summed = torch.where(counted, weight.to(acc)[target.clamp(0, options.n_classes - 1).long()], 0).sum()
-        pieces += [summed.reshape(1), counted.sum(dtype=acc).reshape(1)]
-    else:
-        positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
-        pieces.append(_constant(x.device, acc, (positions, positions)))
-    pieces += [weight.sum(dtype=acc).reshape(1), _constant(x.device, acc, tail)]
-    return torch.cat(pieces)
-
-
-def _launched_stats(target: torch.Tensor, weight: Optional[torch.Tensor], options: Options,
-                    acc: torch.dtype) -> Optional[torch.Tensor]:
-    """The stats of a 'mean' of class targets by ``cross_entropy_stats`` (one launch into one
-    buffer); None where its target is not contiguous, or its weights, and on the first call of a
-    layout where the kernel compiles beside it (the caller's torch operations serve that call).
-    Kept per layout as ``_launch``'s records: a repeated call is one lookup."""
-    key = ("stats", options, target.device, acc, target.numel(), target.dtype, target.is_contiguous(),
-           target.data_ptr() % 16 == 0,
-           None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0))
-    found = loss_launch.calls.get(key)
-    if found is None:
-        if len(loss_launch.calls) >= _CALLS_LIMIT:
-            loss_launch.calls.clear()
-        kept = _counted_constants(target.device, acc, options)[1]
-        record, ahead = None, False
-        if target.is_contiguous() and (weight is None or weight.is_contiguous()):
-            record, ahead = loss_launch.stats_record(target, weight, kept, options.n_classes, options.ignore_index)
-        found = loss_launch.calls[key] = (record, kept)
-        if ahead:
-            # Its compile runs beside the forward's: this call's stats by torch's operations.
-            return None
-    record, kept = found
-    if record is None:
-        return None
-    stats = kept.new_empty(len(variants.LOSS_STATS))
-    record((target, weight if weight is not None else kept, kept, stats))
-    return stats
 
 
 def _check_targets(target: torch.Tensor, options: Options) -> None:
@@ -247,13 +74,13 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     in place, a contiguous copy)."""
     if x.device.type == "cpu" and not options.prob_target:
         _check_targets(target, options)
-    stats = _stats(x, target, weight, options)
+    stats = loss_reduction.stats(x, target, weight, options)
     # Buffers from the stats' dtype and device (the accumulation's): ``new_empty`` parses no
     # device, the cheaper call.
     lse = stats.new_empty(_positions(x.shape))
     if x.numel() == 0:
         grad = torch.zeros_like(x) if write_grad else None
-        return _reduced(torch.empty_like(lse), x.dtype, options), lse, grad, stats, x
+        return loss_reduction.reduced(torch.empty_like(lse), x.dtype, options), lse, grad, stats, x
     grad = (x if inplace else torch.empty_like(x)) if write_grad else None
     # A reduced loss is the sum of whatever the launch wrote its terms into (``_launch``).
     rows = torch.empty_like(lse) if options.reduction == "none" else None
@@ -263,7 +90,7 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
         if write_grad:
             grad = x if inplace else torch.empty_like(x)
         terms = _launch(x, target, weight, stats, rows, lse, grad, options)
-    return _reduced(terms, x.dtype, options), lse, grad, stats, x
+    return loss_reduction.reduced(terms, x.dtype, options), lse, grad, stats, x
 
 
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
@@ -300,14 +127,12 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
            None if grad is None else (grad.stride(), grad.dtype, grad.data_ptr() % 16 == 0))
     found = loss_launch.calls.get(key)
     if found is None:
-        if len(loss_launch.calls) >= _CALLS_LIMIT:
-            loss_launch.calls.clear()
         if grad is not None:
             # The backward rescales this gradient (``rescale``, by the loss's gradient, of the
             # loss's dtype): its kernel compiles beside this forward's.
             loss_launch.grad_scale_ahead(grad, x.dtype)
         shaped = rows if rows is not None else stats.new_empty(_positions(x.shape))
-        found = loss_launch.calls[key] = _Launch.build(x, target, weight, stats, shaped, lse, grad, options)
+        found = loss_launch.keep(key, _Launch.build(x, target, weight, stats, shaped, lse, grad, options))
     if found.record is None:
         return None
     if not found.chunks:
@@ -328,10 +153,6 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     else:
         rows.copy_(shares[0])
     return rows
-
-
-# Layouts kept by ``_launch`` and ``_launch_backward``; bounded as the records are.
-_CALLS_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -364,44 +185,6 @@ class _Launch:
                                               scalars), record.plan.chunks)
 
 
-def _reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:
-    """The loss from its rows (already divided by the denominators of 'mean'; for 'mean' and
-    'sum', any tensor of terms that sum to it, as a split plan's shares); 'mean' of no position is
-    NaN, as torch's."""
-    if options.reduction == "none":
-        return rows.to(dtype)
-    if rows.numel() == 0 and options.reduction == "mean":
-        return torch.full((), math.nan, dtype=dtype, device=rows.device)
-    summed = _launched_sum(rows, dtype)
-    return summed if summed is not None else rows.sum().to(dtype)
-
-
-def _launched_sum(terms: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
-    """The sum of ``terms`` in ``dtype`` by ``cross_entropy_sum`` (one launch: torch's sum and cast
-    were two kernels, 4.8 and 2.0 us on the H200 after a 140 us loss, NOTES v39); None where the
-    terms are not a plain contiguous tensor (a traced call's, an empty one) or more than its one
-    block (torch's sum spreads them over the chip), and on the first call of a layout where the
-    kernel compiles beside it (torch's operations serve that call). Kept per layout as
-    ``_launch``'s records: a repeated call is one lookup."""
-    if type(terms) is not torch.Tensor or not terms.numel() or not terms.is_contiguous():
-        return None
-    key = ("sum", terms.device, terms.numel(), terms.dtype, dtype, terms.data_ptr() % 16 == 0)
-    found = loss_launch.calls.get(key)
-    if found is None:
-        if len(loss_launch.calls) >= _CALLS_LIMIT:
-            loss_launch.calls.clear()
-        record, ahead = loss_launch.sum_record(terms, dtype)
-        found = loss_launch.calls[key] = (record,)
-        if ahead:
-            return None
-    (record,) = found
-    if record is None:
-        return None
-    out = terms.new_empty((), dtype=dtype)
-    record((terms, out))
-    return out
-
-
 def backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
              lse: torch.Tensor, dloss: torch.Tensor, options: Options, inplace: bool) -> torch.Tensor:
     """The gradient with respect to the logits from the saved lse: one read, one write (into x's
@@ -432,8 +215,6 @@ def _launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[tor
            None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0))
     found = loss_launch.calls.get(key)
     if found is None:
-        if len(loss_launch.calls) >= _CALLS_LIMIT:
-            loss_launch.calls.clear()
         incoming = dloss if options.reduction == "none" else dloss.reshape(()).expand(lse.shape)
         tensors = _rows(x, target, lse, incoming, grad)
         view = row_layout.row_view(tensors[0].shape, 1, *tensors)
@@ -442,7 +223,7 @@ def _launch_backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[tor
             found = loss_launch.record_for("backward", (x_rows, target_rows, weight if weight is not None else x_rows,
                                                         stats, lse_rows, dloss_rows, grad_rows),
                                            view, _facts(x, options, False), (options.ignore_index,))
-        loss_launch.calls[key] = found = _Launch(None if view is None else found, 0)
+        found = loss_launch.keep(key, _Launch(None if view is None else found, 0))
     if found.record is None:
         return False
     found.record((x, target, weight if weight is not None else x, stats, lse, dloss, grad))

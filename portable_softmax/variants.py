@@ -317,12 +317,12 @@ GRAD_SCALE_PARAMETERS = ("grad_ptr", "dloss_ptr", "n_elements")
 GRAD_SCALE_BLOCK = 4096
 # The stats of a 'mean' of class targets formed by one program (``kernels/loss.py``): the counted
 # targets' summed weights and count, W, and the rest copied from a kept constant of the call's
-# values (``loss_rows._stats``). Its parameters; its largest block of targets (one program: a fixed
+# values (``loss_reduction.stats``). Its parameters; its largest block of targets (one program: a fixed
 # order; ``loss_planner.plan_stats``).
 STATS_KERNEL = "cross_entropy_stats"
 STATS_PARAMETERS = ("target_ptr", "weight_ptr", "kept_ptr", "stats_ptr", "n_targets", "n_classes", "ignore_index")
 STATS_BLOCK = 16384
-# A reduced loss from its terms, summed and cast by one program (``loss_rows._reduced``): its
+# A reduced loss from its terms, summed and cast by one program (``loss_reduction.reduced``): its
 # parameters and largest block.
 SUM_KERNEL = "cross_entropy_sum"
 SUM_PARAMETERS = ("terms_ptr", "out_ptr", "n_terms")

@@ -17,7 +17,7 @@ LAYERS = [
     ("runtime", {"variants", "kernels", "interpreter", "launch_plan", "launch_compile", "launch", "loss_launch"}),
     ("public API and torch integration", {"ops", "op_arguments", "row_layout", "op_calls", "op_autograd", "torch_ops",
                                           "distributed", "distributed_loss", "distributed_dtensor", "distributed_head", "fused", "enable",
-                                          "__init__", "loss", "loss_rows", "loss_ops", "nn", "head", "head_chunks",
+                                          "__init__", "loss", "loss_arguments", "loss_rows", "loss_reduction", "loss_ops", "nn", "head", "head_chunks",
                                           "head_ops"}),
     ("tools", {"cli", "__main__", "arguments", "bench", "bench_cases", "host_time", "validate", "selfcheck", "crosscompile",
                "machine_code", "bench_loss", "bench_head", "warmup"}),

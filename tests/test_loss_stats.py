@@ -1,7 +1,7 @@
 """The stats of a 'mean' of class targets formed by one launch (``cross_entropy_stats``, called by
-``loss_rows._stats``) against the torch operations that formed them before (still the path of a
+``loss_reduction.stats``) against the torch operations that formed them before (still the path of a
 strided target), and the losses built on them against torch's (``test_loss.py``: every regime);
-the reduced loss summed and cast by one launch (``cross_entropy_sum``, ``loss_rows._reduced``).
+the reduced loss summed and cast by one launch (``cross_entropy_sum``, ``loss_reduction.reduced``).
 
 The kernel runs through Triton's interpreter on CPU: a few hundred targets, two blocks where the
 case needs more than one (``variants.STATS_BLOCK``)."""
@@ -12,27 +12,27 @@ import torch
 import torch.nn.functional as F
 
 import portable_softmax as ps
-from portable_softmax import loss_launch, loss_rows, variants
+from portable_softmax import loss_arguments, loss_launch, loss_reduction, variants
 
 # The values kept (smoothing, z-loss, softcap) are copied, not recomputed: float64 stats are exact.
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-15}
 
 
 def _options(n_classes, weighted, ignore_index=-100, smoothing=0.1, z_loss=0.01, softcap=7.0):
-    return loss_rows.Options(n_classes, False, "mean", ignore_index, smoothing, z_loss, softcap, weighted)
+    return loss_arguments.Options(n_classes, False, "mean", ignore_index, smoothing, z_loss, softcap, weighted)
 
 
 def _torch_stats(monkeypatch, x, target, weight, options):
     """The stats as the torch operations form them (the kernel's launch left out)."""
     with monkeypatch.context() as patch:
-        patch.setattr(loss_rows, "_launched_stats", lambda *args: None)
-        return loss_rows._stats(x, target, weight, options)
+        patch.setattr(loss_reduction, "_launched_stats", lambda *args: None)
+        return loss_reduction.stats(x, target, weight, options)
 
 
 def _launched(x, target, weight, options):
     """The kernel's stats, and whether the call launched it (its layout kept with a record)."""
     before = dict(loss_launch.calls)
-    stats = loss_rows._stats(x, target, weight, options)
+    stats = loss_reduction.stats(x, target, weight, options)
     kept = [found for key, found in loss_launch.calls.items() if key[0] == "stats" and key not in before]
     return stats, bool(kept) and kept[0][0] is not None
 
@@ -136,10 +136,10 @@ def test_a_strided_target_takes_the_torch_operations():
 def test_sum_and_probability_targets_keep_their_constants():
     x = torch.empty(3, 5)
     before = len(loss_launch.calls)
-    for options in (loss_rows.Options(5, False, "sum", -100, 0.0, 0.0, None, False),
-                    loss_rows.Options(5, True, "mean", -100, 0.0, 0.0, None, False)):
+    for options in (loss_arguments.Options(5, False, "sum", -100, 0.0, 0.0, None, False),
+                    loss_arguments.Options(5, True, "mean", -100, 0.0, 0.0, None, False)):
         target = torch.zeros(3, dtype=torch.long) if not options.prob_target else torch.full((3, 5), 0.2)
-        first, again = loss_rows._stats(x, target, None, options), loss_rows._stats(x, target, None, options)
+        first, again = loss_reduction.stats(x, target, None, options), loss_reduction.stats(x, target, None, options)
         # The same kept tensor each call: no launch, no operation.
         assert first is again
     assert len(loss_launch.calls) == before
@@ -159,13 +159,13 @@ def test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once(monkeypatch, t
     terms[-1] = 1000.0
     # No layout kept from other tests: this call builds its record and launches it.
     monkeypatch.setattr(loss_launch, "calls", {})
-    ours = loss_rows._reduced(terms, dtype, options)
+    ours = loss_reduction.reduced(terms, dtype, options)
     assert [found[0] is not None for key, found in loss_launch.calls.items() if key[0] == "sum"] == [True]
     expected = terms.double().sum().to(dtype)
     assert ours.dtype == dtype and ours.shape == ()
     tolerance = {torch.bfloat16: 0.0, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
     assert abs(ours.double() - expected.double()) <= tolerance * abs(expected.double()), (ours, expected)
     more = torch.cat([terms, terms])
-    assert loss_rows._reduced(more, dtype, options).double() == more.sum().to(dtype).double()
+    assert loss_reduction.reduced(more, dtype, options).double() == more.sum().to(dtype).double()
     assert [found[0] is None for key, found in loss_launch.calls.items()
             if key[0] == "sum" and key[2] == more.numel()] == [True]

@@ -24,7 +24,7 @@ Kernels (``variants.LOSS_KERNELS``):
   kernels (a sum and a cast).
 * ``cross_entropy_stats``: the denominators of a 'mean' of class targets and the summed class
   weights, into the stats the other kernels read: one launch where torch takes three to fifteen
-  operations (``loss_rows._stats``).
+  operations (``loss_reduction.stats``).
 """
 from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _lse_reference,
     _row_starts, _store, _tile_rows, _wide)
@@ -390,7 +390,7 @@ def cross_entropy_sum(terms_ptr, out_ptr, n_terms, BLOCK: tl.constexpr, ACC_FP64
     already scaled, or a split plan's shares of them; at most ``BLOCK``), rounded once to ``out``'s
     dtype. One program, one block, every load in flight at once: the same order, and result, every
     run. (Blocks walked one after another by one program cost a round trip each: 7.4 us for two
-    on the H200; more terms take torch's sum, ``loss_rows._launched_sum``.)"""
+    on the H200; more terms take torch's sum, ``loss_reduction._launched_sum``.)"""
     where = tl.arange(0, BLOCK)
     total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms, other=0.0), ACC_FP64), 0)
     tl.store(out_ptr, _cast(total, out_ptr.dtype.element_ty))
