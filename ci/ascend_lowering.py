@@ -144,7 +144,9 @@ def lowering_jobs():
     for weight in (False, True):
         yield (variants.STATS_KERNEL, "stats", f"BLOCK={variants.STATS_BLOCK} WEIGHT={int(weight)}",
                {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight, "ACC_FP64": False})
-    yield (variants.SUM_KERNEL, "sum", f"BLOCK={variants.SUM_BLOCK}", {"BLOCK": variants.SUM_BLOCK, "ACC_FP64": False})
+    for counted in (False, True):
+        yield (variants.SUM_KERNEL, "sum", f"BLOCK={variants.SUM_BLOCK} COUNTED={int(counted)}",
+               {"BLOCK": variants.SUM_BLOCK, "ACC_FP64": False, "COUNTED": counted})
 
 
 def load_module(name, path, package=False):
@@ -173,8 +175,8 @@ def kernel_parameters(kernel):
     if kernel == "grad_scale":
         return {"grad_ptr": None, "dloss_ptr": None}, variants.GRAD_SCALE_PARAMETERS
     if kernel == "sum":
-        # The loss's terms fp32, the loss the data's dtype.
-        return {"terms_ptr": "fp32", "out_ptr": None}, variants.SUM_PARAMETERS
+        # The loss's terms fp32, class targets int64, the loss the data's dtype.
+        return {"terms_ptr": "fp32", "target_ptr": "i64", "out_ptr": None}, variants.SUM_PARAMETERS
     if kernel == "stats":
         # Class targets int64; weights, the kept values and the stats fp32.
         return ({"target_ptr": "i64", "weight_ptr": "fp32", "kept_ptr": "fp32", "stats_ptr": "fp32"},

@@ -264,6 +264,13 @@ MUTANTS = [
            "    total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms - 1, other=0.0), ACC_FP64), 0)\n",
            _ids("tests/test_loss_stats.py::test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once", "bf16",
                 "fp32", "fp64")),
+    # The forward alone's 'mean' divided in the sum's launch (COUNTED): ignored targets counted.
+    Mutant("sum_counted_ignored_targets", f"{KERNELS}/loss.py",
+           "        counted = tl.sum((in_range & (target != ignore_index)).to(tl.int32), 0)\n",
+           "        counted = tl.sum(in_range.to(tl.int32), 0)\n",
+           _ids("tests/test_loss_stats.py::test_the_forward_alone_of_a_counted_mean_divides_in_the_sum",
+                "plain-int64", "every-option-uint8")
+           + _ids("tests/test_loss_stats.py::test_counted_mean_up_to_a_block_and_beyond", "fp32")),
     # A loss row's (or lane's, or chunk's) exponentials against 0 where its maximum is +inf too
     # (kernels/common.py's _lse_reference), as torch's logsumexp: against +inf its lse is NaN.
     Mutant("loss_reference_of_plus_inf_kept", f"{KERNELS}/common.py",

@@ -191,7 +191,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
         if needs_grad:
             loss, lse = _CrossEntropy.apply(x, target, weight, (options, write_grad, inplace_backward))
         else:
-            loss, lse, _, _, _ = loss_rows.forward(x, target, weight, options, False, False)
+            loss, lse = loss_rows.forward_alone(x, target, weight, options)
     return (loss, lse) if return_lse else loss
 
 

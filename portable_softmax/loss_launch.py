@@ -175,18 +175,23 @@ def stats_record(target: torch.Tensor, weight: Optional[torch.Tensor], kept: tor
                         (target, weight if weight is not None else kept, kept, kept))
 
 
-def sum_record(terms: torch.Tensor, dtype: torch.dtype) -> tuple[Optional[LaunchRecord], bool]:
+def sum_record(terms: torch.Tensor, dtype: torch.dtype, target: Optional[torch.Tensor] = None,
+               ignore_index: int = 0) -> tuple[Optional[LaunchRecord], bool]:
     """The record of ``cross_entropy_sum`` over the contiguous ``terms`` into a loss of ``dtype``,
-    called with (terms, out), or None where they are more than its one block holds; and whether
-    its compile started beside the caller's, as ``stats_record``'s. Built on each call:
-    ``loss_reduction.reduced`` keeps it per layout."""
+    called with (terms, target or terms, out), or None where they are more than its one block
+    holds; and whether its compile started beside the caller's, as ``stats_record``'s. With
+    ``target`` (contiguous class targets, at most a block), the sum is divided by the count of
+    those not ``ignore_index`` (``COUNTED``). Built on each call: ``loss_reduction`` keeps it per
+    layout."""
     device = terms.device
     plan = plan_stats(target_for(device_record(device)), variants.SUM_BLOCK)
-    if terms.numel() > plan.block_n:
+    counted = target is not None
+    if terms.numel() > plan.block_n or (counted and target.numel() > plan.block_n):
         return None, False
-    return _one_program(device, plan, variants.SUM_KERNEL, (terms.numel(),),
-                        {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype)},
-                        (terms, terms.new_empty((), dtype=dtype)))
+    return _one_program(device, plan, variants.SUM_KERNEL,
+                        (terms.numel(), target.numel() if counted else 0, ignore_index),
+                        {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype), "COUNTED": counted},
+                        (terms, target if counted else terms, terms.new_empty((), dtype=dtype)))
 
 
 def _one_program(device: torch.device, plan: LaunchPlan, name: str, scalars: tuple, constexprs: dict[str, Any],

@@ -110,19 +110,49 @@ def reduced(rows: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.T
     return summed if summed is not None else rows.sum().to(dtype)
 
 
-def _launched_sum(terms: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+def sums_counted(weight: Optional[torch.Tensor], options: Options) -> bool:
+    """Whether the forward alone (no gradient) of this call takes unscaled terms
+    (``unscaled_stats``) and forms its 'mean' after them (``counted_mean``): an unweighted 'mean'
+    of class targets, whose two denominators are both the count of the counted targets."""
+    return options.reduction == "mean" and not options.prob_target and weight is None
+
+
+def unscaled_stats(device: torch.device, acc: torch.dtype, options: Options) -> torch.Tensor:
+    """The stats of an unweighted call whose terms are left unscaled: denominators 1 (a kept
+    constant: no launch)."""
+    return constant(device, acc, (1.0, 1.0, float(options.n_classes), options.smoothing, options.z_loss,
+                                  options.softcap or 1.0))
+
+
+def counted_mean(terms: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:
+    """The 'mean' in ``dtype`` of unscaled ``terms`` (``sums_counted``): their sum over the count of
+    the targets that are not ignore_index (0 / 0 = NaN where none is, as torch's). One launch
+    (``cross_entropy_sum`` with ``COUNTED``), where the stats before the forward took one more
+    (NOTES v40); torch's operations where it cannot serve (``_launched_sum``)."""
+    found = _launched_sum(terms, dtype, target, options.ignore_index)
+    if found is not None:
+        return found
+    return (terms.sum() / (target != options.ignore_index).sum(dtype=terms.dtype)).to(dtype)
+
+
+def _launched_sum(terms: torch.Tensor, dtype: torch.dtype, target: Optional[torch.Tensor] = None,
+                  ignore_index: int = 0) -> Optional[torch.Tensor]:
     """The sum of ``terms`` in ``dtype`` by ``cross_entropy_sum`` (one launch: torch's sum and cast
-    were two kernels, 4.8 and 2.0 us on the H200 after a 140 us loss, NOTES v39); None where the
-    terms are not a plain contiguous tensor (a traced call's, an empty one) or more than its one
-    block (torch's sum spreads them over the chip), and on the first call of a layout where the
-    kernel compiles beside it (torch's operations serve that call). Kept per layout as
-    ``loss_rows``' records: a repeated call is one lookup."""
+    were two kernels, 4.8 and 2.0 us on the H200 after a 140 us loss, NOTES v39), divided by the
+    count of ``target``'s entries that are not ``ignore_index`` where it is given; None where the
+    terms (or the target) are not a plain contiguous tensor (a traced call's, an empty one) or
+    more than its one block (torch's sum spreads them over the chip), and on the first call of a
+    layout where the kernel compiles beside it (torch's operations serve that call). Kept per
+    layout as ``loss_rows``' records: a repeated call is one lookup."""
     if type(terms) is not torch.Tensor or not terms.numel() or not terms.is_contiguous():
         return None
-    key = ("sum", terms.device, terms.numel(), terms.dtype, dtype, terms.data_ptr() % 16 == 0)
+    if target is not None and (type(target) is not torch.Tensor or not target.is_contiguous()):
+        return None
+    key = ("sum", terms.device, terms.numel(), terms.dtype, dtype, terms.data_ptr() % 16 == 0,
+           None if target is None else (target.numel(), target.dtype, target.data_ptr() % 16 == 0, ignore_index))
     found = loss_launch.calls.get(key)
     if found is None:
-        record, ahead = loss_launch.sum_record(terms, dtype)
+        record, ahead = loss_launch.sum_record(terms, dtype, target, ignore_index)
         found = loss_launch.keep(key, (record,))
         if ahead:
             return None
@@ -130,5 +160,5 @@ def _launched_sum(terms: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Ten
     if record is None:
         return None
     out = terms.new_empty((), dtype=dtype)
-    record((terms, out))
+    record((terms, target if target is not None else terms, out))
     return out

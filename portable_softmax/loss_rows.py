@@ -93,6 +93,26 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     return loss_reduction.reduced(terms, x.dtype, options), lse, grad, stats, x
 
 
+def forward_alone(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
+                  options: Options) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss and lse of a call that needs no gradient: ``forward``'s, but an unweighted 'mean'
+    of class targets (``loss_reduction.sums_counted``) takes its terms unscaled and its mean after
+    them, from the terms and the targets in one launch: two launches a call, where the stats
+    before the forward made three (NOTES v40)."""
+    if x.numel() == 0 or not loss_reduction.sums_counted(weight, options):
+        loss, lse, _, _, _ = forward(x, target, weight, options, False, False)
+        return loss, lse
+    if x.device.type == "cpu":
+        _check_targets(target, options)
+    stats = loss_reduction.unscaled_stats(x.device, _acc(x.dtype), options)
+    lse = stats.new_empty(_positions(x.shape))
+    terms = _launch(x, target, None, stats, None, lse, None, options)
+    if terms is None:
+        x, target = x.contiguous(), target.contiguous()
+        terms = _launch(x, target, None, stats, None, lse, None, options)
+    return loss_reduction.counted_mean(terms, target, x.dtype, options), lse
+
+
 def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
                    rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options) -> bool:
     """The forward kernel over ``x`` (non-empty): the loss rows (scaled by ``stats``) into

@@ -322,10 +322,11 @@ GRAD_SCALE_BLOCK = 4096
 STATS_KERNEL = "cross_entropy_stats"
 STATS_PARAMETERS = ("target_ptr", "weight_ptr", "kept_ptr", "stats_ptr", "n_targets", "n_classes", "ignore_index")
 STATS_BLOCK = 16384
-# A reduced loss from its terms, summed and cast by one program (``loss_reduction.reduced``): its
+# A reduced loss from its terms, summed and cast by one program (``loss_reduction.reduced``; with
+# ``COUNTED``, divided by the counted class targets: ``loss_reduction.counted_mean``): its
 # parameters and largest block.
 SUM_KERNEL = "cross_entropy_sum"
-SUM_PARAMETERS = ("terms_ptr", "out_ptr", "n_terms")
+SUM_PARAMETERS = ("terms_ptr", "target_ptr", "out_ptr", "n_terms", "n_targets", "ignore_index")
 SUM_BLOCK = 16384
 
 

@@ -119,13 +119,15 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
                                     target.record.cooperative_launch)
         known = _known(target, table, call.dtype, loss.writes_gradient, size)
         plan, chosen = launch_plan.plan_cross_entropy(target, loss, known, known)
-        # The denominators of the default 'mean' first: one program (``loss_reduction.stats``).
-        stats = plan_stats(target, variants.STATS_BLOCK)
-        found = [PlannedLaunch("stats", stats, ((variants.STATS_KERNEL, UNSIZED),)),
-                 PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
-                     plan.config))),
-                 # The 'mean' from the forward's terms (``loss_reduction.reduced``): one program.
-                 PlannedLaunch("loss sum", plan_stats(target, variants.SUM_BLOCK), ((variants.SUM_KERNEL, UNSIZED),))]
+        # With the gradient, the denominators of the default 'mean' first: one program
+        # (``loss_reduction.stats``); the forward alone divides by them after it, in the sum's
+        # program (``loss_reduction.counted_mean``).
+        found = [PlannedLaunch("stats", plan_stats(target, variants.STATS_BLOCK), ((variants.STATS_KERNEL, UNSIZED),))
+                 ] if call.backward else []
+        found += [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
+                      plan.config))),
+                  # The 'mean' from the forward's terms (``loss_reduction.reduced``): one program.
+                  PlannedLaunch("loss sum", plan_stats(target, variants.SUM_BLOCK), ((variants.SUM_KERNEL, UNSIZED),))]
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
             found.append(PlannedLaunch("gradient scale", scale, ((variants.GRAD_SCALE_KERNEL, UNSIZED),)))

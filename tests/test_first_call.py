@@ -264,15 +264,32 @@ def test_a_cross_entropy_mean_compiles_its_stats_beside_its_forward(beside):
     the forward's compile, while the first call of the layout forms them with torch's operations;
     the next call launches the record it was compiled for."""
     compiler = beside("cross_entropy_forward", variants.STATS_KERNEL)
-    logits = torch.empty(64, 50257, dtype=torch.bfloat16)
+    # Weighted: the forward alone of an unweighted 'mean' forms no stats (below).
+    logits, weight = torch.empty(64, 50257, dtype=torch.bfloat16), torch.ones(50257, dtype=torch.bfloat16)
     target = torch.zeros(64, dtype=torch.int64)
-    ps.cross_entropy(logits, target)
+    ps.cross_entropy(logits, target, weight)
     assert compiler.overlapped and len(compiler.keys(True, variants.STATS_KERNEL)) == 1
     (stats,) = [r for r in Launched.records if r.kernel == variants.STATS_KERNEL]
     assert stats.calls == 0 and stats.plan.programs == 1
-    ps.cross_entropy(logits, target)
+    ps.cross_entropy(logits, target, weight)
     assert stats.calls == 1 and [r for r in Launched.records if r.kernel == variants.STATS_KERNEL] == [stats]
     assert compiler.keys(False, variants.STATS_KERNEL) == []
+
+
+def test_a_cross_entropy_mean_without_grad_compiles_its_counted_sum_beside_its_forward(beside):
+    """The forward alone of an unweighted 'mean': no stats; its mean divided in the sum's one
+    program (``loss_reduction.counted_mean``), compiled ahead (after the forward's launch, whose
+    terms it is keyed on) while the first call divides with torch's operations; the next call
+    launches it."""
+    compiler = beside("nothing held", variants.SUM_KERNEL)
+    logits = torch.empty(64, 50257, dtype=torch.bfloat16)
+    target = torch.zeros(64, dtype=torch.int64)
+    ps.cross_entropy(logits, target)
+    assert len(compiler.keys(True, variants.SUM_KERNEL)) == 1 and not compiler.keys(False, variants.SUM_KERNEL)
+    (summed,) = [r for r in Launched.records if r.kernel == variants.SUM_KERNEL]
+    assert summed.calls == 0 and summed.plan.programs == 1
+    ps.cross_entropy(logits, target)
+    assert summed.calls == 1 and not [r for r in Launched.records if r.kernel == variants.STATS_KERNEL]
 
 
 H200 = profile_record("h200")

@@ -83,8 +83,9 @@ def test_stats_over_several_blocks_of_targets_and_classes(monkeypatch, weighted)
 def test_losses_over_several_blocks_of_targets_or_classes(shape, weighted):
     # Against torch: the count and summed weights over every block of targets, W over every block
     # of classes (the smoothing's term reads it).
+    # (With the gradient: the forward alone of an unweighted 'mean' forms no stats, below.)
     torch.manual_seed(3)
-    x = torch.randn(shape)
+    x = torch.randn(shape, requires_grad=True)
     target = torch.randint(0, shape[1], (shape[0],))
     target[torch.rand(shape[0]) < 0.3] = -100
     target[0] = 1
@@ -93,7 +94,8 @@ def test_losses_over_several_blocks_of_targets_or_classes(shape, weighted):
     ours = ps.cross_entropy(x, target, weight, label_smoothing=0.1)
     assert [found[0] is not None for key, found in loss_launch.calls.items()
             if key[0] == "stats" and key not in before] == [True]
-    theirs = F.cross_entropy(x.double(), target, None if weight is None else weight.double(), label_smoothing=0.1)
+    theirs = F.cross_entropy(x.detach().double(), target, None if weight is None else weight.double(),
+                             label_smoothing=0.1)
     assert abs(ours.item() - theirs.item()) <= 1e-5 * abs(theirs.item())
 
 
@@ -169,3 +171,66 @@ def test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once(monkeypatch, t
     assert loss_reduction.reduced(more, dtype, options).double() == more.sum().to(dtype).double()
     assert [found[0] is None for key, found in loss_launch.calls.items()
             if key[0] == "sum" and key[2] == more.numel()] == [True]
+
+
+def _kept_since(before, kind):
+    """Whether each layout of ``kind`` ("stats", "sum") kept since ``before`` has a record."""
+    return [found[0] is not None for key, found in loss_launch.calls.items() if key[0] == kind and key not in before]
+
+
+@pytest.mark.parametrize("target_dtype", [torch.int64, torch.int32, torch.uint8], ids=["int64", "int32", "uint8"])
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.1, z_loss=1e-2, softcap=5.0)],
+                         ids=["plain", "every-option"])
+def test_the_forward_alone_of_a_counted_mean_divides_in_the_sum(monkeypatch, target_dtype, options):
+    # An unweighted 'mean' with no gradient: its terms unscaled (no stats launched), the count of
+    # the counted targets and the sum in the sum's one launch; torch's loss in float64, with the
+    # z-loss's composite. A sum not divided, divided by the positions, or by the count of all
+    # but one, is off by far more than the tolerance.
+    torch.manual_seed(7)
+    ignore_index = 3 if target_dtype == torch.uint8 else -100
+    x = torch.randn(37, 50) * 3
+    target = torch.randint(0, 50, (37,))
+    target[torch.rand(37) < 0.3] = ignore_index
+    target = target.to(target_dtype)
+    monkeypatch.setattr(loss_launch, "calls", {})
+    ours, lse = ps.cross_entropy(x, target, ignore_index=ignore_index, return_lse=True, **options)
+    # The first call takes torch's division (the sum's kernel compiled beside), the second the kernel's.
+    again = ps.cross_entropy(x, target, ignore_index=ignore_index, **options)
+    assert _kept_since({}, "stats") == [] and _kept_since({}, "sum") == [True]
+    x64, wide = x.double(), target.long()
+    z = x64 if "softcap" not in options else 5.0 * torch.tanh(x64 / 5.0)
+    counted = wide != ignore_index
+    expected = F.cross_entropy(z, wide, ignore_index=ignore_index, label_smoothing=options.get("label_smoothing", 0.0))
+    expected = expected + options.get("z_loss", 0.0) * (torch.logsumexp(z, 1)[counted] ** 2).mean()
+    for found in (ours, again):
+        assert found.dtype == x.dtype and abs(found.double() - expected) <= 1e-6 * abs(expected), (found, expected)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(z, 1), rtol=1e-6, atol=0.0)
+
+
+def test_the_forward_alone_of_a_counted_mean_over_no_counted_target_is_nan(monkeypatch):
+    monkeypatch.setattr(loss_launch, "calls", {})
+    x, target = torch.randn(6, 9), torch.full((6,), -100)
+    for _ in range(2):  # torch's division, then the kernel's
+        assert torch.isnan(ps.cross_entropy(x, target)) and torch.isnan(F.cross_entropy(x, target))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=["bf16", "fp32", "fp64"])
+def test_counted_mean_up_to_a_block_and_beyond(monkeypatch, dtype):
+    # Terms and targets a block's worth less a few (one launch), then more than a block (torch's
+    # operations): the sum of the terms over the counted targets, rounded once.
+    torch.manual_seed(8)
+    options = _options(7, False)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    monkeypatch.setattr(loss_launch, "calls", {})
+    for n in (variants.SUM_BLOCK - 3, variants.SUM_BLOCK + 5):
+        terms = torch.rand(n, dtype=acc) * 10
+        target = torch.randint(0, 7, (n,))
+        target[torch.rand(n) < 0.4] = -100
+        target[-1] = 2
+        ours = loss_reduction.counted_mean(terms, target, dtype, options)
+        ours = loss_reduction.counted_mean(terms, target, dtype, options)  # the first compiled beside
+        expected = terms.double().sum() / (target != -100).sum()
+        tolerance = {torch.bfloat16: 2 ** -8, torch.float32: 1e-6, torch.float64: 1e-12}[dtype]
+        assert ours.dtype == dtype and abs(ours.double() - expected) <= tolerance * expected, (n, ours, expected)
+    assert [key[2] for key, found in loss_launch.calls.items() if key[0] == "sum" and found[0] is not None] == [
+        variants.SUM_BLOCK - 3]

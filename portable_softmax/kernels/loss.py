@@ -385,12 +385,26 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
 
 
 @_jit
-def cross_entropy_sum(terms_ptr, out_ptr, n_terms, BLOCK: tl.constexpr, ACC_FP64: tl.constexpr):
+def cross_entropy_sum(terms_ptr, target_ptr, out_ptr, n_terms, n_targets, ignore_index, BLOCK: tl.constexpr,
+                      ACC_FP64: tl.constexpr, COUNTED: tl.constexpr):
     """The sum of the ``n_terms`` contiguous ``terms`` (the rows' losses of a 'mean' or 'sum',
     already scaled, or a split plan's shares of them; at most ``BLOCK``), rounded once to ``out``'s
     dtype. One program, one block, every load in flight at once: the same order, and result, every
     run. (Blocks walked one after another by one program cost a round trip each: 7.4 us for two
-    on the H200; more terms take torch's sum, ``loss_reduction._launched_sum``.)"""
+    on the H200; more terms take torch's sum, ``loss_reduction._launched_sum``.)
+
+    ``COUNTED``: the terms are unscaled (the forward alone of an unweighted 'mean' of class
+    targets) and the sum is divided by the count of the ``n_targets`` contiguous class targets
+    (at most ``BLOCK``) that are not ``ignore_index``, loaded beside the terms: the mean in this
+    one launch where the stats took one more before the forward (``loss_reduction.counted_mean``)."""
     where = tl.arange(0, BLOCK)
     total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms, other=0.0), ACC_FP64), 0)
+    if COUNTED:
+        in_range = where < n_targets
+        # Masked by ``in_range`` itself: ``other`` is cast to the target's dtype, which need not
+        # hold ignore_index.
+        target = tl.load(target_ptr + where, mask=in_range, other=0).to(tl.int64)
+        counted = tl.sum((in_range & (target != ignore_index)).to(tl.int32), 0)
+        # 0 / 0 where every target is ignored: NaN, as torch's.
+        total = total / _wide(counted.to(tl.float32), ACC_FP64)
     tl.store(out_ptr, _cast(total, out_ptr.dtype.element_ty))
