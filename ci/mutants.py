@@ -162,6 +162,18 @@ MUTANTS = [
            "    grad.put_(flat, torch.where(saved.held, value.to(grad.dtype), current))",
            "    grad.take(flat).copy_(torch.where(saved.held, value.to(grad.dtype), current))",
            _ids("tests/test_distributed_loss.py::test_the_loss_of_the_whole_on_every_rank", "cpu-3")),
+    # The slices' lse merged against 0 where the row's maximum is +inf (as torch's logsumexp): against
+    # +inf a row holding +inf has lse NaN.
+    Mutant("vocab_reference_of_plus_inf_kept", "portable_softmax/distributed_loss.py",
+           "    reference = torch.nan_to_num(row_max, nan=math.nan, posinf=0.0, neginf=0.0)\n",
+           "    reference = torch.nan_to_num(row_max, nan=math.nan, posinf=math.inf, neginf=0.0)\n",
+           _ids("tests/test_distributed_loss.py::test_rows_holding_infinities_are_torchs", "cpu-2")),
+    # z_t NaN where the row's maximum is +inf: without it such a counted row's loss is +inf and its
+    # target's column of the gradient finite, where torch's are NaN.
+    Mutant("vocab_target_logit_of_plus_inf_row_kept", "portable_softmax/distributed_loss.py",
+           "    z_t = parts[1].addcmul_(row_max, zero)\n",
+           "    z_t = parts[1]\n",
+           _ids("tests/test_distributed_loss.py::test_rows_holding_infinities_are_torchs", "cpu-3")),
     Mutant("head_hidden_gradient_not_summed", "portable_softmax/distributed_head.py",
            "    if grads is not None and grads.hidden is not None:\n        dist.all_reduce(grads.hidden, group=group)\n",
            "    if grads is not None and grads.hidden is not None:\n        pass  # the all_reduce skipped\n",

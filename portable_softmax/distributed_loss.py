@@ -21,7 +21,8 @@ forward, none in the backward.
    rank writes makes C - 1 one weighted sum of the received values, as the offset is.
 3. ``all_reduce(SUM)`` of [exp(lse_r - M), z_t where the target falls in this slice (one logit a
    row, ``take``n), S_r], each written into its place of one buffer: M + log of the first is the
-   whole row's LSE, the second every rank's z_t.
+   whole row's LSE (0 for M where M is infinite, as torch's logsumexp: +inf for a row holding
+   +inf), the second every rank's z_t (NaN where M is not finite: such a row's loss is NaN).
 4. Each row's loss from ``kernels/loss_terms.py``' formulas with the whole row's LSE, z_t, S, W and C
    (torch operations on one value a row: few, each a GPU call's host microseconds; the constants
    kept per device, rank, slice and positions; what the options do not need left out).
@@ -66,7 +67,7 @@ class Exchanged(NamedTuple):
     counted: torch.Tensor  # the target is not ignore_index
     held: torch.Tensor  # counted, and this slice holds the target
     index: torch.Tensor  # the target's column in this slice (clamped into it where it holds none)
-    target_logit: torch.Tensor  # z_t, after the softcap (0 where ignored): the whole row's, exchanged
+    target_logit: torch.Tensor  # z_t, after the softcap (0 where ignored, NaN where M is not finite): exchanged
     lse: torch.Tensor  # the whole row's
     target_weight: Optional[torch.Tensor]  # w_t (weighted calls)
     ce: torch.Tensor  # the reduction's factors (1 unless 'mean')
@@ -245,10 +246,12 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     peak = torch.cat([lse.view(-1) if lse.dim() != 1 else lse, kept.code])
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     row_max, code = peak.split([n, kept.code.numel()])
-    # M, 0 for a row of -inf (NaN and +inf kept).
-    reference = torch.nan_to_num(row_max, nan=math.nan, posinf=math.inf, neginf=0.0)
     if len(positions) != 1:
-        reference = reference.view(positions)
+        row_max = row_max.view(positions)
+    # M, or 0 where M is infinite, as torch's logsumexp takes it (``kernels/common._lse_reference``):
+    # a row of -inf sums to 0 (lse -inf), one holding +inf to +inf (lse +inf; NaN with a NaN too,
+    # whose exponential carries it), where against +inf, exp(inf - inf), it was NaN.
+    reference = torch.nan_to_num(row_max, nan=math.nan, posinf=0.0, neginf=0.0)
     torch.sub(lse, reference, out=parts[0]).exp_()
     offset, last_class = (code.to(torch.int64) * kept.bounds).sum(1).unbind()
     valid = torch.clamp(target, kept.zero_index, last_class) == target
@@ -276,7 +279,12 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if summed.numel():
         dist.all_reduce(summed, group=group)
     lse = torch.log(parts[0]).add_(reference)
-    z_t = parts[1]
+    # z_t NaN where M is not finite (z_t + M * 0, one op): a counted row holding +inf has lse +inf
+    # but its loss NaN, as torch's (its log_softmax is NaN throughout), where lse - z_t would be
+    # +inf; and its target's column of the gradient, written from z_t (``gradient``), NaN too,
+    # where exp(z_t - lse) would be 0 (the kernel's other columns are NaN: ``loss_terms._grad_of``).
+    # A row of -inf only, or holding NaN, was NaN already.
+    z_t = parts[1].addcmul_(row_max, zero)
     classes = weight_sum = None
     if weighted:
         # A weight of another length than the slices' sum (raised on CPU) poisons the result.

@@ -163,6 +163,68 @@ def test_special_values_and_errors(device, world):
     _run(world, _check_both, device, device=device)
 
 
+def _same(ours: torch.Tensor, theirs: torch.Tensor, tol: float, what: str) -> None:
+    """``ours`` is NaN, +inf and -inf where torch's ``theirs`` is, and within ``tol`` of it elsewhere."""
+    ours, theirs = ours.detach().cpu().double(), theirs.detach().double()
+    assert torch.equal(ours.isnan(), theirs.isnan()), \
+        f"{what}: NaN {ours.isnan().tolist()}, torch's {theirs.isnan().tolist()}"
+    infinite = theirs.isinf()
+    assert torch.equal(ours.isinf(), infinite) and torch.equal(ours[infinite], theirs[infinite]), \
+        f"{what}: {ours.tolist()}, torch's {theirs.tolist()}"
+    finite = theirs.isfinite()
+    error = relative_error(ours[finite], theirs[finite])
+    assert error <= tol, f"{what}: {error:.1e}"
+
+
+def _check_infinities(rank: int, world: int, device: str) -> None:
+    """Rows holding +inf: their lse +inf as torch's logsumexp of the whole row (NaN with a NaN in
+    it too), where the slices' lse merged against the row's maximum, exp(inf - inf), gave NaN
+    until 2026-11-28; a counted one's loss and gradient NaN throughout, as torch's (its target's
+    column too, which the backward writes apart); an ignored one's loss and gradient 0 (torch's
+    gradient there is NaN: ``test_loss.test_ignored_rows_of_infinite_logits_have_a_zero_gradient``).
+    Each class weight, smoothing (weighted too) and z-loss form of the merge, every reduction."""
+    from portable_softmax import distributed
+
+    inf, nan = math.inf, math.nan
+    sizes = SLICES[world]  # 2 ranks: classes 0-8 and 9-22; 3 ranks: 0-4, none, 5-22
+    torch.manual_seed(11)
+    x = torch.randn(10, 23) * 3
+    x[0, 3] = inf  # in the first slice, the target in the last
+    x[1, 20] = inf  # in the last slice, the target in the first
+    x[2, 1], x[2, 12] = inf, inf  # in two slices
+    x[3, 4], x[3, 18] = inf, nan  # beside a NaN in another slice
+    x[4, 10], x[4, 11] = nan, inf  # beside a NaN in its own slice
+    x[5] = -inf  # -inf only: lse -inf, loss and gradient NaN
+    x[6, 6] = inf  # ignored
+    x[7, 16] = inf  # at the target's column
+    x[9, :9], x[9, 21] = -inf, inf  # a first slice of -inf only, +inf in the last
+    target = torch.tensor([15, 2, 5, 7, 0, 8, -100, 16, 22, 12])
+    weight = torch.rand(23) + 0.5
+    lse_theirs = torch.logsumexp(x.double(), 1)
+    variants = [dict(reduction=r) for r in ("none", "sum", "mean")] + [
+        dict(reduction="none", weight=weight), dict(reduction="none", label_smoothing=0.1),
+        dict(reduction="none", z_loss=0.01), dict(reduction="none", weight=weight, label_smoothing=0.2, z_loss=0.01),
+        dict(reduction="mean", weight=weight, label_smoothing=0.1, z_loss=0.01)]
+    for options in variants:
+        what = f"rank {rank}: {dict(options, weight=options.get('weight') is not None)}"
+        local = x.split(sizes, 1)[rank].to(device).requires_grad_()
+        ours, lse = distributed.cross_entropy(local, target.to(device), return_lse=True, **_on(device, options))
+        theirs, leaf = reference(x, target, **options)
+        _same(lse, lse_theirs, 1e-6, f"{what} lse")
+        _same(ours, theirs, TOLERANCE[torch.float32], f"{what} loss")
+        ours.backward(torch.ones_like(ours))
+        theirs.backward(torch.ones_like(theirs))
+        expected = leaf.grad.split(sizes, 1)[rank].clone()
+        expected[target == -100] = 0.0
+        if local.numel():
+            _same(local.grad, expected, TOLERANCE[torch.float32], f"{what} gradient")
+
+
+@pytest.mark.parametrize("device, world", GROUPS)
+def test_rows_holding_infinities_are_torchs(device, world):
+    _run(world, _check_infinities, device, device=device)
+
+
 def _check_dtensor(rank: int, world: int, device: str) -> None:
     """``portable_softmax.cross_entropy`` of DTensor logits sharded on the classes (torch's even
     shards: 12, 11) against torch's ``loss_parallel`` of the same DTensor: the loss, its
@@ -300,9 +362,13 @@ def test_the_tensor_parallel_head_in_one_chunk():
 # stubbed (2026-11-28, benchmarks/probes/vocab_parallel_host_ops.py, 2 ranks): 31 in the forward
 # (no grad), 44 forward + backward (the engine's seed and accumulation included), where the path
 # before made 74 and 115. Each is some microseconds of host time on a GPU, where the step's GPU
-# work is short enough that they are its time (issue 33).
-FORWARD_OPS = 31
-TRAINING_OPS = 44
+# work is short enough that they are its time (issue 33). Then one more in each (v40a: 32 and 45):
+# z_t + M * 0 (``addcmul_``), NaN where a row's maximum is +inf, whose lse is now +inf as torch's
+# (its reference 0): without it the loss, lse - z_t, would be +inf and the gradient's target column,
+# from exp(z_t - lse) = 0, finite, where torch's are NaN; a test of lse != inf in the loss's
+# ``where`` would have taken two ops and left that column finite.
+FORWARD_OPS = 32
+TRAINING_OPS = 45
 
 
 def _check_op_count(rank: int, world: int) -> None:
