@@ -248,9 +248,8 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     row_max, code = peak.split([n, kept.code.numel()])
     if len(positions) != 1:
         row_max = row_max.view(positions)
-    # M, or 0 where M is infinite, as torch's logsumexp takes it (``kernels/common._lse_reference``):
-    # a row of -inf sums to 0 (lse -inf), one holding +inf to +inf (lse +inf; NaN with a NaN too,
-    # whose exponential carries it), where against +inf, exp(inf - inf), it was NaN.
+    # M, or 0 where M is infinite, as torch's logsumexp (``kernels/common._lse_reference``): a row
+    # of -inf sums to 0 (lse -inf), one holding +inf to +inf (NaN with a NaN), not exp(inf - inf).
     reference = torch.nan_to_num(row_max, nan=math.nan, posinf=0.0, neginf=0.0)
     torch.sub(lse, reference, out=parts[0]).exp_()
     offset, last_class = (code.to(torch.int64) * kept.bounds).sum(1).unbind()
@@ -279,11 +278,9 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if summed.numel():
         dist.all_reduce(summed, group=group)
     lse = torch.log(parts[0]).add_(reference)
-    # z_t NaN where M is not finite (z_t + M * 0, one op): a counted row holding +inf has lse +inf
-    # but its loss NaN, as torch's (its log_softmax is NaN throughout), where lse - z_t would be
-    # +inf; and its target's column of the gradient, written from z_t (``gradient``), NaN too,
-    # where exp(z_t - lse) would be 0 (the kernel's other columns are NaN: ``loss_terms._grad_of``).
-    # A row of -inf only, or holding NaN, was NaN already.
+    # z_t NaN where M is not finite (z_t + M * 0, one op): a counted row holding +inf then has its
+    # loss NaN, as torch's, not lse - z_t = +inf, and its gradient's target column (``gradient``)
+    # NaN, not exp(z_t - lse) = 0 (the other columns are: ``loss_terms._grad_of``).
     z_t = parts[1].addcmul_(row_max, zero)
     classes = weight_sum = None
     if weighted:
