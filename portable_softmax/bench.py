@@ -80,6 +80,8 @@ def run(shapes: list[tuple[int, int]], dtypes: list[torch.dtype], peers: set[str
     """Time every implementation on every case. Returns the JSON-ready results."""
     from triton.testing import do_bench
 
+    from portable_softmax import bench_cases
+
     device = as_device(device)
     if device.type == "cpu":
         raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use `portable-softmax`)")
@@ -87,11 +89,7 @@ def run(shapes: list[tuple[int, int]], dtypes: list[torch.dtype], peers: set[str
 
     record = device_record(device)
     implementations = _peers(peers | {"ours"})
-    # An idle GPU starts at a low clock (seen: 345 MHz on the H200) and the first case timed after
-    # start-up once read 0.10 of copy where later runs read 1.00: copy for a while first.
-    warm = torch.empty(1 << 28, dtype=torch.uint8, device=device)
-    do_bench(lambda: warm.clone(), warmup=warmup_ms, rep=max(rep_ms, 200), return_mode="median")
-    del warm
+    bench_cases.warm_up(device, lambda fn: do_bench(fn, warmup=warmup_ms, rep=max(rep_ms, 200)))
     rows = []
     cases = [(shape, dtype) for dtype in dtypes for shape in shapes]
     for (m, n), dtype in _progress(cases, progress):

@@ -237,6 +237,19 @@ def device_timer(warmup_ms: int = 25, rep_ms: int = 100) -> Callable[[Callable[[
     return lambda fn: do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def warm_up(device: torch.device, timer: Callable[[Callable[[], Any]], float]) -> None:
+    """Copy for a while before a run's first case is timed: an idle GPU starts at a low clock (seen:
+    345 MHz on the H200) and the first case timed after start-up once read 0.10 of copy where later
+    runs read 1.00. (The loss bench had none: its first row's forward + backward read 0.05-0.12
+    low for ours, Liger and QuACK on an idle H200, NOTES v40; whether the GPU's clock or the
+    host's, the next run will show.)"""
+    if device.type == "cpu":
+        return
+    warm = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    timer(lambda: warm.clone())
+    del warm
+
+
 def cases(dtypes: Optional[list[torch.dtype]] = None, fused_only: bool = False) -> list[RealCase]:
     """The cases of ``dtypes`` (all by default), or of those the fused calls alone."""
     return [case for case in CASES if (dtypes is None or case.dtype in dtypes) and (case.fusion or not fused_only)]
@@ -273,11 +286,7 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
     timer = timer or device_timer()
     record = device_record(device)
     served = implementations(peers)
-    if device.type != "cpu":
-        # An idle GPU starts at a low clock: copy for a while before the first case is timed.
-        warm = torch.empty(1 << 28, dtype=torch.uint8, device=device)
-        timer(lambda: warm.clone())
-        del warm
+    warm_up(device, timer)
     rows = []
     for case in cases(dtypes, fused_only):
         logger.info("case %s %s", case.name, case.dtype)

@@ -165,6 +165,7 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timer = timer or bench_cases.device_timer()
     found = implementations(peers)
+    bench_cases.warm_up(device, timer)
     rows: list[dict[str, Any]] = []
     floors: list[dict[str, Any]] = []
     for n_rows, features, n_classes in SMALL_SHAPES if small else SHAPES:

@@ -125,6 +125,7 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timer = timer or bench_cases.device_timer()
     found = implementations(peers)
+    bench_cases.warm_up(device, timer)
     rows: list[dict[str, Any]] = []
     for dtype in dtypes or [torch.bfloat16, torch.float32]:
         for n_rows, n_cols in SMALL_SHAPES if small else SHAPES:

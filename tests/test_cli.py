@@ -270,3 +270,22 @@ def test_head_cases_through_the_command_line_on_the_interpreter(tmp_path, capsys
     assert set(rows) == {"ours", "ours-bf16acc", "torch"} and not any("error" in row for row in rows.values())
     assert all(rows["ours"][f"{key}_relerr"] < 1e-2 for key in ("loss", "grad_hidden", "grad_weight")), rows["ours"]
     assert "of target" in out and "\nours " in out
+
+
+@pytest.mark.parametrize("case", ["loss", "head"])
+def test_the_loss_and_head_benches_warm_the_gpu_before_their_first_case(monkeypatch, case):
+    # An idle GPU starts at a low clock: each bench copies for a while before its first case (NOTES
+    # v40), on a GPU only (a CPU's interpreter has no clock to raise).
+    from portable_softmax import bench_cases, bench_head, bench_loss
+
+    timed = []
+    bench_cases.warm_up(torch.device("meta"), lambda fn: timed.append(fn()) or 1.0)
+    assert len(timed) == 1 and timed[0].numel() == 1 << 28
+    bench_cases.warm_up(torch.device("cpu"), lambda fn: timed.append(fn()) or 1.0)
+    assert len(timed) == 1
+    order = []
+    monkeypatch.setattr(bench_cases, "warm_up", lambda device, timer: order.append("warm"))
+    module = bench_loss if case == "loss" else bench_head
+    monkeypatch.setattr(module, "_case", lambda *args: order.append("case") or (({}, []) if case == "head" else []))
+    module.run(set(), "cpu", small=True, timer=lambda fn: 1.0)
+    assert order[0] == "warm" and order.count("warm") == 1 and "case" in order
