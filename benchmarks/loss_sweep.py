@@ -86,6 +86,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # 0.71-0.74, kernel-bound): a program holds its whole row, every load in flight at once, one
     # reduction; rows of up to 32768 (8192x32000) or 65536 (4096x50257) elements. The forward
     # that writes the gradient holds half as many (its plans unchanged at these rows).
+    # The forward alone's streamed program capped to fit 5 or 6 programs a unit, for 2- and 4-byte
+    # logits (v41; the H200's row takes 5 for 2-byte logits), or none.
+    "alone-loop-fit5": {"loss_loop_fit": {2: 5, 4: 5}},
+    "alone-loop-fit6": {"loss_loop_fit": {2: 6, 4: 6}},
+    "alone-loop-nofit": {"loss_loop_fit": {}},
     "alone-tile32k": {"row_elements": 32768},
     "alone-tile64k": {"row_elements": 65536},
     # Programs a unit for the split forms (the register cap fitted to them).

@@ -309,8 +309,20 @@ def loss_variant(target: Target, call: LossCall, config: KernelConfig, lookup: L
     if limit and call.writes_gradient and config.num_stages > 1:
         fit = dataclasses.replace(target, tuning=dataclasses.replace(
             target.tuning, split_programs_per_unit=min(limit, target.tuning.split_programs_per_unit)))
-    caps = split_fit(fit, config, call.input_bytes)
+    caps = split_fit(fit, config, call.input_bytes) or _loop_fit(target, config, call)
     return _fitted(target, variant, caps, lookup, reach=False) if caps else variant
+
+
+def _loop_fit(target: Target, config: KernelConfig, call: LossCall) -> list[tuple[int, dict[str, Any]]]:
+    """The register caps to try on the forward alone's streamed program (``Tuning.loss_loop_fit``'s
+    programs a unit for the bytes its columns read, down to one; ``_fitted`` keeps the first that
+    holds more than uncapped and spills no more than the tuning allows)."""
+    wanted = target.tuning.loss_loop_fit.get(call.input_bytes, 0)
+    if config.regime != "loop" or call.writes_gradient or wanted < 1:
+        return []
+    caps = [(programs, target.fit_options(target.record, config.num_warps, programs))
+            for programs in range(wanted, 0, -1)]
+    return [(programs, options) for programs, options in caps if options]
 
 
 def plan_cross_entropy(target: Target, call: LossCall, known: Lookup,

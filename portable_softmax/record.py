@@ -138,6 +138,10 @@ class Tuning:
             elements in registers and keep ``loop_chunk``.
         loss_loop_warps: warps of a streamed cross-entropy program; 0: from
             ``elements_per_thread`` (8 for 4096-element chunks of 32-lane warps).
+        loss_loop_fit: by the bytes a column reads (the logits' element), the programs a unit
+            the forward alone's streamed cross-entropy program is capped to fit (a register cap,
+            where the backend has one: more warps resident to hide the stream's latency), most
+            first down to what it holds uncapped; none where absent.
         loss_loop_stages: Triton's ``num_stages`` for a streamed cross-entropy program: above 1
             the next chunks are copied into shared memory while the current one is reduced (more
             bytes in flight a program, without registers); 1: none.
@@ -289,6 +293,7 @@ class Tuning:
     loss_alone_chunk: int = 0
     loss_loop_warps: int = 0
     loss_loop_stages: int = 1
+    loss_loop_fit: Mapping[int, int] = field(default_factory=dict)
     loss_l2_share: float = 0.0
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
     loss_arrival: bool = True
