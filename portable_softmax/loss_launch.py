@@ -24,7 +24,7 @@ from portable_softmax.device import backend_for, device_record
 from portable_softmax.launch import LaunchRecord, RowView, _compiled_resources, _kernel_module, _known
 from portable_softmax.launch_compile import compile_ahead
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
-from portable_softmax.loss_planner import plan_elementwise, plan_stats
+from portable_softmax.loss_planner import plan_elementwise, plan_stats, plan_sum
 from portable_softmax.plan_grid import LaunchPlan
 from portable_softmax.planner import call_windows
 from portable_softmax.record import KernelResources
@@ -184,13 +184,13 @@ def sum_record(terms: torch.Tensor, dtype: torch.dtype, target: Optional[torch.T
     those not ``ignore_index`` (``COUNTED``). Built on each call: ``loss_reduction`` keeps it per
     layout."""
     device = terms.device
-    plan = plan_stats(target_for(device_record(device)), variants.SUM_BLOCK)
-    counted = target is not None
+    counted, wide = target is not None, torch.float64 in (terms.dtype, dtype)
+    plan = plan_sum(target_for(device_record(device)), variants.SUM_BLOCK, wide, counted)
     if terms.numel() > plan.block_n or (counted and target.numel() > plan.block_n):
         return None, False
     return _one_program(device, plan, variants.SUM_KERNEL,
                         (terms.numel(), target.numel() if counted else 0, ignore_index),
-                        {"BLOCK": plan.block_n, "ACC_FP64": torch.float64 in (terms.dtype, dtype), "COUNTED": counted},
+                        {"BLOCK": plan.block_n, "ACC_FP64": wide, "COUNTED": counted},
                         (terms, target if counted else terms, terms.new_empty((), dtype=dtype)))
 
 

@@ -176,6 +176,19 @@ def plan_stats(target: Target, largest_block: int) -> LaunchPlan:
     return plan_elementwise(target, block, block)
 
 
+def plan_sum(target: Target, largest_block: int, wide: bool, counted: bool) -> LaunchPlan:
+    """The loss's sum kernel (one program, a fixed order): one block of up to ``largest_block``
+    terms, or of four times the longest row a program holds (``Tuning.row_elements``: a row held
+    keeps several values an element, the sum one), all of its loads in flight at once; half as
+    many for float64 terms (``wide``), a quarter where it loads the counted targets beside
+    (``counted``: their int64, sm_90 at 65536 spilled 306 words a thread). sm_90, 16 warps: float32
+    blocks of 65536 take 128 registers, float64 of 32768 128, none spilled. More terms than a block
+    take torch's sum (``loss_reduction``): blocks walked one after another cost a round trip each."""
+    block = min(largest_block, 4 * next_power_of_2(target.tuning.row_elements))
+    block //= (2 if wide else 1) * (4 if counted else 1)
+    return plan_elementwise(target, block, block)
+
+
 def plan_elementwise(target: Target, n_elements: int, block: int) -> LaunchPlan:
     """A grid over ``n_elements`` in blocks of ``block`` (the held gradient's rescale): a
     program per block up to a few waves of the chip, each program stepping through the rest."""

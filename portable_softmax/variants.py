@@ -324,10 +324,11 @@ STATS_PARAMETERS = ("target_ptr", "weight_ptr", "kept_ptr", "stats_ptr", "n_targ
 STATS_BLOCK = 16384
 # A reduced loss from its terms, summed and cast by one program (``loss_reduction.reduced``; with
 # ``COUNTED``, divided by the counted class targets: ``loss_reduction.counted_mean``): its
-# parameters and largest block.
+# parameters and largest block (``loss_planner.plan_sum``: the short rows' split shares, 8192x32000's
+# 32768 and 4096x50257's 53248, in one launch where torch's sum and cast were two ops).
 SUM_KERNEL = "cross_entropy_sum"
 SUM_PARAMETERS = ("terms_ptr", "target_ptr", "out_ptr", "n_terms", "n_targets", "ignore_index")
-SUM_BLOCK = 16384
+SUM_BLOCK = 65536
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from portable_softmax.arguments import parse_tensor_shape
 from portable_softmax.device import backend_for, device_record
 from portable_softmax.kernel_resources import ResourceTable, table_for
 from portable_softmax.launch_plan import RowView, Variant
-from portable_softmax.loss_planner import plan_elementwise, plan_stats
+from portable_softmax.loss_planner import plan_elementwise, plan_stats, plan_sum
 from portable_softmax.plan_grid import LaunchPlan, Target
 from portable_softmax.planner import DTYPE_BYTES, call_windows
 from portable_softmax.profiles import profile_names, profile_record
@@ -127,7 +127,8 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         found += [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
                       plan.config))),
                   # The 'mean' from the forward's terms (``loss_reduction.reduced``): one program.
-                  PlannedLaunch("loss sum", plan_stats(target, variants.SUM_BLOCK), ((variants.SUM_KERNEL, UNSIZED),))]
+                  PlannedLaunch("loss sum", plan_sum(target, variants.SUM_BLOCK, wide, not call.backward),
+                                ((variants.SUM_KERNEL, UNSIZED),))]
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
             found.append(PlannedLaunch("gradient scale", scale, ((variants.GRAD_SCALE_KERNEL, UNSIZED),)))

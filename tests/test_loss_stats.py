@@ -147,6 +147,16 @@ def test_sum_and_probability_targets_keep_their_constants():
     assert len(loss_launch.calls) == before
 
 
+def _sum_block(wide: bool, counted: bool) -> int:
+    """The sum kernel's one block on this machine (``loss_planner.plan_sum``)."""
+    from portable_softmax import loss_planner
+    from portable_softmax.device import device_record
+    from portable_softmax.targets import target_for
+
+    return loss_planner.plan_sum(target_for(device_record(torch.device("cpu"))), variants.SUM_BLOCK, wide,
+                                 counted).block_n
+
+
 @pytest.mark.parametrize("terms_dtype, dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32),
                                                (torch.float64, torch.float64)], ids=["bf16", "fp32", "fp64"])
 def test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once(monkeypatch, terms_dtype, dtype):
@@ -155,7 +165,7 @@ def test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once(monkeypatch, t
     # rounding. One more block's worth takes torch's sum (no launch kept).
     torch.manual_seed(5)
     options = _options(7, False)
-    n_terms = variants.SUM_BLOCK - 3
+    n_terms = _sum_block(torch.float64 in (terms_dtype, dtype), False) - 3
     terms = (torch.randn(n_terms, dtype=terms_dtype)
              * torch.logspace(-3, 3, 7).repeat(n_terms // 7 + 1)[:n_terms].to(terms_dtype))
     terms[-1] = 1000.0
@@ -222,7 +232,8 @@ def test_counted_mean_up_to_a_block_and_beyond(monkeypatch, dtype):
     options = _options(7, False)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     monkeypatch.setattr(loss_launch, "calls", {})
-    for n in (variants.SUM_BLOCK - 3, variants.SUM_BLOCK + 5):
+    block = _sum_block(dtype == torch.float64, True)
+    for n in (block - 3, block + 5):
         terms = torch.rand(n, dtype=acc) * 10
         target = torch.randint(0, 7, (n,))
         target[torch.rand(n) < 0.4] = -100
@@ -233,4 +244,4 @@ def test_counted_mean_up_to_a_block_and_beyond(monkeypatch, dtype):
         tolerance = {torch.bfloat16: 2 ** -8, torch.float32: 1e-6, torch.float64: 1e-12}[dtype]
         assert ours.dtype == dtype and abs(ours.double() - expected) <= tolerance * expected, (n, ours, expected)
     assert [key[2] for key, found in loss_launch.calls.items() if key[0] == "sum" and found[0] is not None] == [
-        variants.SUM_BLOCK - 3]
+        block - 3]
