@@ -44,7 +44,7 @@ from typing import Any
 TARGET_S = 1.5
 # The cases of ours that compile ahead (``launch_compile.compile_ahead``): a backward beside its
 # forward, the sliced column's normalize beside its partials.
-AHEAD_KINDS = ("backward", "loss", "column")
+AHEAD_KINDS = ("backward", "loss", "loss_alone", "column")
 
 # name: (our call, Liger's call or None, warmup arguments for `portable-softmax warmup`)
 CASES = {
@@ -54,6 +54,8 @@ CASES = {
     "column softmax 32768x1024 bf16, dim 0": ("column", None, "--shape 32768x1024 --dtype bfloat16 --dim 0"),
     "attention 8x16x1024x1024 bf16, scale, bool mask": ("attention", "attention", None),
     "cross_entropy fwd+bwd 4096x50257 bf16": ("loss", "loss", "--shape 4096x50257 --dtype bfloat16 --loss --backward"),
+    # The forward alone (no grad): its stream, and the counted sum compiled beside it (NOTES v40).
+    "cross_entropy 4096x50257 bf16": ("loss_alone", "loss_alone", "--shape 4096x50257 --dtype bfloat16 --loss"),
 }
 
 
@@ -75,6 +77,8 @@ def _inputs(kind: str):
 
 
 def _ours(kind: str, inputs) -> None:
+    import torch
+
     import portable_softmax as ps
 
     if kind in ("softmax", "softmax_fp32"):
@@ -85,11 +89,15 @@ def _ours(kind: str, inputs) -> None:
         ps.softmax(inputs[0], 0)
     elif kind == "attention":
         ps.softmax(inputs[0], -1, scale=0.125, mask=inputs[1])
+    elif kind == "loss_alone":
+        with torch.no_grad():
+            ps.cross_entropy(*inputs)
     else:
         ps.cross_entropy(*inputs).backward()
 
 
 def _liger(kind: str, inputs) -> None:
+    import torch
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
     from liger_kernel.ops.softmax import LigerSoftmaxFunction
 
@@ -99,6 +107,9 @@ def _liger(kind: str, inputs) -> None:
         LigerSoftmaxFunction.apply(inputs[0]).backward(inputs[0].detach())
     elif kind == "attention":  # Liger has no masked softmax: its plain softmax of the scores
         LigerSoftmaxFunction.apply(inputs[0] * 0.125)
+    elif kind == "loss_alone":
+        with torch.no_grad():
+            LigerCrossEntropyFunction.apply(*inputs, None)
     else:
         LigerCrossEntropyFunction.apply(*inputs, None)[0].backward()
 
