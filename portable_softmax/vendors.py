@@ -427,9 +427,10 @@ _H200_STRIDED_SLICES = {("forward", 2): 4096, ("backward", 2): 16384}
 # against 0.68-0.69 at the 5 that the register cap fits (102 registers), 0.69-0.70 at 3.
 #
 # The loss's forward alone streamed from 2-byte logits at 5 programs a unit (a register cap: 40
-# warps where 4 programs' 64 registers held 32; NOTES v41, H200, two sweeps, bf16; fp16 unmeasured): 8192x32000 0.82 -> 0.84 of
-# the floor, 4096x50257 0.77 -> 0.80, 4096x151936 0.95 -> 0.97, longer rows level (+-0.01); 6
-# programs lost (0.74-0.89). float32 lost at 5 (0.93-1.04 -> 0.84-0.95): not taken.
+# warps where 4 programs' 64 registers held 32; NOTES v41, H200, two sweeps, bf16; fp16
+# unmeasured): 8192x32000 0.82 -> 0.84 of the floor, 4096x50257 0.77 -> 0.80, 4096x151936 0.95 ->
+# 0.97, longer rows level (+-0.01); 6 programs lost (0.74-0.89). float32 lost at 5 (0.93-1.04 ->
+# 0.84-0.95): not taken.
 H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
                       strided_slices=_H200_STRIDED_SLICES, loss_gradient_programs_per_unit=4,
                       loss_loop_fit={2: 5})
