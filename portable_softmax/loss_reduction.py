@@ -25,12 +25,17 @@ def constant(device: torch.device, dtype: torch.dtype, values: tuple[float, ...]
 _DENOMINATORS = tuple(name.endswith("_denominator") for name in variants.LOSS_STATS)
 
 
+def _unweighted(device: torch.device, acc: torch.dtype, options: Options, denominator: float) -> torch.Tensor:
+    """The kept stats of an unweighted call whose denominators are ``denominator``: W is C."""
+    return constant(device, acc, (denominator, denominator, float(options.n_classes), options.smoothing,
+                                  options.z_loss, options.softcap or 1.0))
+
+
 @functools.lru_cache(maxsize=256)
 def _counted_constants(device: torch.device, acc: torch.dtype, options: Options) -> tuple[torch.Tensor, torch.Tensor]:
     """What ``stats`` keeps for an unweighted 'mean' of class targets: the denominators' places,
     and the values of the others (one lookup a call)."""
-    values = (0.0, 0.0, float(options.n_classes), options.smoothing, options.z_loss, options.softcap or 1.0)
-    return constant(device, torch.bool, _DENOMINATORS), constant(device, acc, values)
+    return constant(device, torch.bool, _DENOMINATORS), _unweighted(device, acc, options, 0.0)
 
 
 def stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], options: Options) -> torch.Tensor:
@@ -52,11 +57,9 @@ def stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
     if weight is None and counted_mean:
         places, kept = _counted_constants(x.device, acc, options)
         return torch.where(places, torch.sum(target != options.ignore_index, dtype=acc), kept)
-    tail = (options.smoothing, options.z_loss, options.softcap or 1.0)
-    classes = float(options.n_classes)
+    positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
     if weight is None:
-        positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
-        return constant(x.device, acc, (positions, positions, classes, *tail))
+        return _unweighted(x.device, acc, options, positions)
     pieces = []
     if counted_mean:
         counted = target != options.ignore_index
@@ -65,9 +68,9 @@ def stats(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
         summed = torch.where(counted, weight.to(acc)[target.clamp(0, options.n_classes - 1).long()], 0).sum()
         pieces += [summed.reshape(1), counted.sum(dtype=acc).reshape(1)]
     else:
-        positions = float(math.prod(_positions(x.shape))) if options.reduction == "mean" else 1.0
         pieces.append(constant(x.device, acc, (positions, positions)))
-    pieces += [weight.sum(dtype=acc).reshape(1), constant(x.device, acc, tail)]
+    pieces += [weight.sum(dtype=acc).reshape(1),
+               constant(x.device, acc, (options.smoothing, options.z_loss, options.softcap or 1.0))]
     return torch.cat(pieces)
 
 
@@ -120,8 +123,7 @@ def sums_counted(weight: Optional[torch.Tensor], options: Options) -> bool:
 def unscaled_stats(device: torch.device, acc: torch.dtype, options: Options) -> torch.Tensor:
     """The stats of an unweighted call whose terms are left unscaled: denominators 1 (a kept
     constant: no launch)."""
-    return constant(device, acc, (1.0, 1.0, float(options.n_classes), options.smoothing, options.z_loss,
-                                  options.softcap or 1.0))
+    return _unweighted(device, acc, options, 1.0)
 
 
 def counted_mean(terms: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, options: Options) -> torch.Tensor:
