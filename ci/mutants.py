@@ -247,10 +247,15 @@ MUTANTS = [
     # The stats of a 'mean' of class targets in one launch (kernels/loss.py's cross_entropy_stats):
     # ignored targets counted, the summed weights left for the count, W left for the count, the
     # targets past the first block dropped.
-    Mutant("stats_ignored_targets_counted", f"{KERNELS}/loss.py",
-           "        counted = mask & (target != ignore_index)\n",
-           "        counted = mask\n",
-           _ids("tests/test_loss.py::test_matches_torch", "cpu-mean-weight-smoothing-ignored-zloss")),
+    # (Ignored targets counted: in the stats and in the forward alone's counted sum, which share
+    # kernels/loss.py's _counted_targets.)
+    Mutant("ignored_targets_counted", f"{KERNELS}/loss.py",
+           "    return target, mask & (target != ignore_index)\n",
+           "    return target, mask\n",
+           _ids("tests/test_loss.py::test_matches_torch", "cpu-mean-weight-smoothing-ignored-zloss")
+           + _ids("tests/test_loss_stats.py::test_the_forward_alone_of_a_counted_mean_divides_in_the_sum",
+                  "plain-int64", "every-option-uint8")
+           + _ids("tests/test_loss_stats.py::test_counted_mean_up_to_a_block_and_beyond", "fp32")),
     Mutant("stats_weights_not_summed", f"{KERNELS}/loss.py",
            "        ce_denominator = tl.sum(summed, 0)\n",
            "        ce_denominator = counted_sum\n",
@@ -276,13 +281,6 @@ MUTANTS = [
            "    total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms - 1, other=0.0), ACC_FP64), 0)\n",
            _ids("tests/test_loss_stats.py::test_reduced_loss_is_one_launch_up_to_a_block_and_rounds_once", "bf16",
                 "fp32", "fp64")),
-    # The forward alone's 'mean' divided in the sum's launch (COUNTED): ignored targets counted.
-    Mutant("sum_counted_ignored_targets", f"{KERNELS}/loss.py",
-           "        counted = tl.sum((in_range & (target != ignore_index)).to(tl.int32), 0)\n",
-           "        counted = tl.sum(in_range.to(tl.int32), 0)\n",
-           _ids("tests/test_loss_stats.py::test_the_forward_alone_of_a_counted_mean_divides_in_the_sum",
-                "plain-int64", "every-option-uint8")
-           + _ids("tests/test_loss_stats.py::test_counted_mean_up_to_a_block_and_beyond", "fp32")),
     # A loss row's (or lane's, or chunk's) exponentials against 0 where its maximum is +inf too
     # (kernels/common.py's _lse_reference), as torch's logsumexp: against +inf its lse is NaN.
     Mutant("loss_reference_of_plus_inf_kept", f"{KERNELS}/common.py",

@@ -339,6 +339,15 @@ def cross_entropy_grad_scale(grad_ptr, dloss_ptr, n_elements, BLOCK: tl.constexp
 
 
 @_jit
+def _counted_targets(target_ptr, where, mask, ignore_index):
+    """The contiguous class targets at ``where`` (int64) and whether each is counted: in ``mask``
+    and not ``ignore_index``. Masked by ``mask`` itself: ``other`` is cast to the target's dtype,
+    which need not hold ignore_index (uint8 and -100)."""
+    target = tl.load(target_ptr + where, mask=mask, other=0).to(tl.int64)
+    return target, mask & (target != ignore_index)
+
+
+@_jit
 def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, n_classes, ignore_index,
                         BLOCK: tl.constexpr, WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr):
     """``variants.LOSS_STATS`` of a 'mean' of class targets (a contiguous ``target`` of
@@ -357,10 +366,7 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
     for start in tl.range(0, n_targets, BLOCK):
         where = start + offsets
         mask = where < n_targets
-        target = tl.load(target_ptr + where, mask=mask, other=0).to(tl.int64)
-        # Masked by ``mask`` itself: ``other`` is cast to the target's dtype, which need not hold
-        # ignore_index.
-        counted = mask & (target != ignore_index)
+        target, counted = _counted_targets(target_ptr, where, mask, ignore_index)
         count += counted.to(tl.int32)
         if WEIGHT:
             valid = counted & (target >= 0) & (target < n_classes)
@@ -400,11 +406,7 @@ def cross_entropy_sum(terms_ptr, target_ptr, out_ptr, n_terms, n_targets, ignore
     where = tl.arange(0, BLOCK)
     total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms, other=0.0), ACC_FP64), 0)
     if COUNTED:
-        in_range = where < n_targets
-        # Masked by ``in_range`` itself: ``other`` is cast to the target's dtype, which need not
-        # hold ignore_index.
-        target = tl.load(target_ptr + where, mask=in_range, other=0).to(tl.int64)
-        counted = tl.sum((in_range & (target != ignore_index)).to(tl.int32), 0)
+        _, counted = _counted_targets(target_ptr, where, where < n_targets, ignore_index)
         # 0 / 0 where every target is ignored: NaN, as torch's.
-        total = total / _wide(counted.to(tl.float32), ACC_FP64)
+        total = total / _wide(tl.sum(counted.to(tl.int32), 0).to(tl.float32), ACC_FP64)
     tl.store(out_ptr, _cast(total, out_ptr.dtype.element_ty))
