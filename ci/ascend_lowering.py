@@ -140,15 +140,15 @@ def lowering_jobs():
                    label + (" WRITE_GRAD" if write_grad else ""),
                    variants.loss_constexprs("forward", split, facts, phase))
     yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
-           {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False})
+           {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False, "DEPENDENT": False})
     for weight in (False, True):
         yield (variants.STATS_KERNEL, "stats", f"BLOCK={variants.STATS_BLOCK} WEIGHT={int(weight)}",
-               {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight, "ACC_FP64": False})
+               {"BLOCK": variants.STATS_BLOCK, "WEIGHT": weight, "ACC_FP64": False, "DEPENDENT": False})
     # The sum's blocks the npu tuning table yields (``loss_planner.plan_sum``: four rows of 8192,
     # a quarter of that with the counted targets beside).
     for counted, block in ((False, 32768), (True, 8192)):
         yield (variants.SUM_KERNEL, "sum", f"BLOCK={block} COUNTED={int(counted)}",
-               {"BLOCK": block, "ACC_FP64": False, "COUNTED": counted})
+               {"BLOCK": block, "ACC_FP64": False, "COUNTED": counted, "DEPENDENT": False})
 
 
 def load_module(name, path, package=False):

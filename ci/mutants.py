@@ -310,6 +310,14 @@ MUTANTS = [
            "        if dst_type.scalar == _tl.bfloat16 and src.dtype.scalar == _tl.float64:\n",
            _ids("tests/test_softmax.py::test_bfloat16_results_round_to_nearest_as_torch_s", "cpu-softmax",
                 "cpu-log_softmax")),
+    # A split forward launched to overlap the stats kernel reading the stats before its wait: the
+    # previous call's, where a GPU starts it early (kernels/dependency.py). Seen in its sm_90 PTX.
+    Mutant("overlapped_split_reads_before_its_wait", f"{KERNELS}/loss_split.py",
+           "    _overlapped(DEPENDENT)\n    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = "
+           "_constants(stats_ptr, False)\n",
+           "    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)\n"
+           "    _overlapped(DEPENDENT)\n",
+           ("tests/test_crosscompile.py::test_overlapping_kernels_wait_before_touching_memory",)),
 ]
 
 

@@ -124,6 +124,11 @@ import triton  # noqa: E402  (present: checked above)
 # resident all at once, instead of letting waiting programs hang.
 COOPERATIVE_LAUNCH = TRITON_VERSION >= Version("3.3")
 
+# kernel[grid](..., launch_pdl=True) launches a kernel to overlap the one before it in the stream
+# (Hopper's programmatic dependent launch: ``kernels/dependency.py``), and its launcher passes the
+# attribute on: read in Triton 3.6 and 3.9; earlier versions are left without it.
+DEPENDENT_LAUNCH = TRITON_VERSION >= Version("3.6")
+
 # The loss's split forward that writes the gradient, pipelined (its target's column stored behind
 # a called barrier): Triton 3.2's pipeliner fails on it (an 'arith.select' of mismatched layouts
 # at the target's load); 3.6 (the H200, 2026-11-28) and 3.9 (cross-compiled) build it; 3.3-3.5

@@ -156,9 +156,11 @@ def _completed(backend_name: str, raw: Mapping[str, Any], index: int) -> dict[st
 
 def _usable(record: DeviceRecord, backend: Backend) -> DeviceRecord:
     """``record`` as this process can use it: a cooperative launch needs the device, a launcher
-    that asks for it (``Backend.cooperative_launch``) and Triton 3.3+, which passes it on."""
+    that asks for it (``Backend.cooperative_launch``) and Triton 3.3+, which passes it on; a
+    dependent launch the device and a Triton that passes it on (``compat.DEPENDENT_LAUNCH``)."""
     cooperative = record.cooperative_launch and backend.cooperative_launch and compat.COOPERATIVE_LAUNCH
-    return dataclasses.replace(record, cooperative_launch=cooperative)
+    dependent = record.dependent_launch and compat.DEPENDENT_LAUNCH and not backend.interpreted
+    return dataclasses.replace(record, cooperative_launch=cooperative, dependent_launch=dependent)
 
 
 @functools.lru_cache(maxsize=None)

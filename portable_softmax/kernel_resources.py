@@ -29,7 +29,12 @@ POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32", "f
 
 # Options that leave the binary's resources as they are: whether the launch asks the driver for a
 # cooperative grid. Everything else that is passed to the compiler is in the key.
-LAUNCH_ONLY_OPTIONS = ("launch_cooperative_grid",)
+LAUNCH_ONLY_OPTIONS = ("launch_cooperative_grid", "launch_pdl")
+# Constexprs that the target fixes, not the call: whether the kernel holds the instructions of an
+# overlapping launch (``kernels/dependency.py``: every launch on sm_90 and up, none elsewhere). A
+# table is one target's, so its keys leave them out, and its rows are compiled with the target's
+# value (on sm_90 they move a few spills of the every-option forms and a tile's registers by 1-5).
+TARGET_CONSTEXPRS = frozenset({"DEPENDENT"})
 # Constexprs that choose what a kernel computes around the same loads, block shape and warps (log
 # or not, the fused terms, the loss's options): a variant without a row of its own takes the row
 # of one that differs from it only in these (or in its arguments' specialisation: another shape),
@@ -47,7 +52,8 @@ def variant_key(kernel: str, pointer: str, arguments: str, constexprs: Mapping[s
     how Triton specialises its scalar arguments (``argument_signature``), its constexprs and its
     compile options, as one readable line."""
     compile_options = {**OPTION_DEFAULTS, **{k: v for k, v in options.items() if k not in LAUNCH_ONLY_OPTIONS}}
-    specialised = " ".join(f"{name}={_value(value)}" for name, value in sorted(constexprs.items()))
+    specialised = " ".join(f"{name}={_value(value)}" for name, value in sorted(constexprs.items())
+                           if name not in TARGET_CONSTEXPRS)
     compiled = " ".join(f"{name}={_value(value)}" for name, value in sorted(compile_options.items()))
     return f"{kernel} {pointer} args={arguments} {specialised} | {compiled}"
 

@@ -303,7 +303,7 @@ def loss_variant(target: Target, call: LossCall, config: KernelConfig, lookup: L
                                                call.scalars)
     variant = Variant.of(variants.loss_kernel_name(call.direction, config.regime), arguments,
                          variants.loss_constexprs(call.direction, config, call.facts),
-                         variants.options(config, config.num_warps, call.cooperative), config)
+                         variants.options(config, config.num_warps, call.cooperative, call.facts.dependent), config)
     fit = target
     limit = target.tuning.loss_gradient_programs_per_unit
     if limit and call.writes_gradient and config.num_stages > 1:

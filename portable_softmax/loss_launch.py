@@ -93,7 +93,10 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     windowed = direction == "forward" and not facts.prob_target
     splittable = allow_split and windowed
     align, shifted = _windows(tensors, view) if windowed else (1, False)
-    facts = dataclasses.replace(facts, wait_atomic=target.tuning.split_wait_atomic, shifted=shifted)
+    # The forward launched to overlap the kernel before it where the device offers it
+    # (``kernels/dependency.py``).
+    facts = dataclasses.replace(facts, wait_atomic=target.tuning.split_wait_atomic, shifted=shifted,
+                                dependent=direction == "forward" and record.dependent_launch)
 
     call = LossCall(direction, view, facts, scalars, input_bytes, splittable, align, record.cooperative_launch)
 
@@ -199,9 +202,16 @@ def _one_program(device: torch.device, plan: LaunchPlan, name: str, scalars: tup
     """The record of the one-program kernel ``name`` (``plan``: ``loss_planner.plan_stats``), and
     whether its compile on ``tensors`` started beside the caller's (``compile_ahead``)."""
     backend = backend_for(device)
-    record = LaunchRecord(getattr(_kernel_module(backend), name), backend, device, plan, scalars, (constexprs,),
-                          {"num_warps": plan.num_warps, "num_stages": 1}, None)
+    dependent = device_record(device).dependent_launch
+    record = LaunchRecord(getattr(_kernel_module(backend), name), backend, device, plan, scalars,
+                          ({**constexprs, "DEPENDENT": dependent},), _one_program_options(plan, dependent), None)
     return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
+
+
+def _one_program_options(plan: LaunchPlan, dependent: bool) -> dict[str, Any]:
+    """A small kernel's options: its warps, no pipeline, and launched to overlap the kernel before
+    it where the device offers it (``kernels/dependency.py``)."""
+    return {"num_warps": plan.num_warps, "num_stages": 1, **({"launch_pdl": True} if dependent else {})}
 
 
 def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
@@ -218,7 +228,9 @@ def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
         kernel = getattr(_kernel_module(backend), variants.GRAD_SCALE_KERNEL)
         if len(_records) >= _RECORDS_LIMIT:
             _forget()
+        dependent = device_record(device).dependent_launch
         found = _records[key] = LaunchRecord(kernel, backend, device, plan, (grad.numel(),),
-                                             ({"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64},),
-                                             {"num_warps": plan.num_warps, "num_stages": 1}, None)
+                                             ({"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64,
+                                               "DEPENDENT": dependent},), _one_program_options(plan, dependent),
+                                             None)
     return found

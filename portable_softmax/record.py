@@ -41,6 +41,10 @@ class DeviceRecord:
             wait on each other without a cooperative launch must fit one domain's units.
         l2_cache_bytes: the last-level cache that every unit shares, in bytes (the H100's 50 MiB
             L2); None where the backend does not report one as such (plans then do without).
+        dependent_launch: whether a kernel may be launched to start while the one before it in
+            the stream still runs, waiting in the kernel for that one's results (NVIDIA's
+            programmatic dependent launch, sm_90 on: ``kernels/dependency.py``). False unless the
+            device says so (and, for a live device, Triton passes the request on: ``device.py``).
     """
 
     backend: str
@@ -61,6 +65,7 @@ class DeviceRecord:
     cooperative_launch: bool = False
     residency_domains: int = 1
     l2_cache_bytes: Optional[int] = None
+    dependent_launch: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -192,11 +192,13 @@ def tensor_names(direction: str, regime: str) -> tuple[str, ...]:
     return TENSORS[direction] + (FUSED_TENSORS if regime in FUSED_REGIMES else ())
 
 
-def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]:
+def options(config: Config, num_warps: int, cooperative: bool, overlap: bool = False) -> dict[str, Any]:
     """Compile and launch options: warps, pipeline depth, and for a persistent split grid (its
     programs wait on each other) a cooperative launch where the stack offers one, so that the
     driver refuses a grid that is not resident at once instead of letting it hang (a grid whose
     exchange takes two launches, ``phased``, or counts arrivals, ``arrival``, waits on nothing).
+    ``overlap``: launched to overlap the kernel before it (``launch_pdl``; its kernel waits for
+    that one where it reads its results, ``kernels/dependency.py``).
 
     Floating-point fusion (multiply-adds) is chosen, not left to Triton's default: the kernels
     were measured with it, Triton 3.9 warns on a process's first compile that leaves it unset, and
@@ -205,6 +207,8 @@ def options(config: Config, num_warps: int, cooperative: bool) -> dict[str, Any]
     waits = config.regime == "split" and not (config.ticketed or config.phased or config.arrival)
     if waits and cooperative:
         values["launch_cooperative_grid"] = True
+    if overlap:
+        values["launch_pdl"] = True
     return values
 
 
@@ -347,6 +351,9 @@ class LossFacts:
     # the logits' windows (rows sliced from a padded vocabulary, their gradient contiguous).
     wait_atomic: bool = True
     shifted: bool = False
+    # The forward launched to overlap the kernel before it (``kernels/dependency.py``): where the
+    # target offers it.
+    dependent: bool = False
 
 
 def loss_kernel_name(direction: str, regime: str) -> str:
@@ -368,6 +375,7 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
                               "SMOOTHING": facts.smoothing, "Z_LOSS": facts.z_loss, "SOFTCAP": facts.softcap}
     if direction == "forward":
         values["WRITE_GRAD"] = facts.write_grad
+        values["DEPENDENT"] = facts.dependent
         if config.regime == "loop":
             # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
             values["ALIGN"] = config.align

@@ -38,6 +38,8 @@ CUDA_MIN_REGISTER_CAP = 32
 CUDA_SHARED_MEMORY_RESERVED_PER_BLOCK = 1024
 CUDA_GRID_LIMIT = 2**31 - 1
 CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY = 60
+# Programmatic dependent launch (``griddepcontrol``): PTX ISA 7.8, sm_90 and newer.
+CUDA_DEPENDENT_LAUNCH_MIN_CAPABILITY = 90
 
 HIP_GRID_LIMIT = 2**31 - 1
 
@@ -145,6 +147,7 @@ def _cuda_normalize(raw: Mapping[str, Any], arch: Any, name: str) -> DeviceRecor
         # cuLaunchCooperativeKernel needs compute capability 6.0 or newer (CUDA programming guide,
         # "Grid Synchronization"); Triton's CUDA driver does not report the attribute.
         cooperative_launch=capability >= CUDA_COOPERATIVE_LAUNCH_MIN_CAPABILITY,
+        dependent_launch=capability >= CUDA_DEPENDENT_LAUNCH_MIN_CAPABILITY,
         # Not in Triton's property set: device.py asks torch for a live device, a profile holds it.
         l2_cache_bytes=int(raw["l2_cache_bytes"]) if raw.get("l2_cache_bytes") else None,
     )

@@ -374,3 +374,56 @@ def test_a_target_without_its_toolchain_is_reported_not_compiled(monkeypatch):
     assert result["compiles"] == 0 and not result["ok"]
     assert entry["unavailable"] == "no linker here" and not entry["variants"] and not entry["plans"]
     assert "NOT COMPILED: no linker here" in crosscompile.format_report(result)
+
+
+# PTX instructions that touch global memory: what a kernel launched to overlap the one before it
+# must not issue before its wait (``kernels/dependency.py``).
+_MEMORY_PTX = ("ld.global", "st.global", "atom.", "red.", "cp.async", "ld.volatile", "ld.relaxed", "ld.acquire")
+
+
+def _first(ptx: str, needles) -> int:
+    found = [ptx.find(n) for n in needles]
+    return min((i for i in found if i >= 0), default=-1)
+
+
+def test_overlapping_kernels_wait_before_touching_memory(missing):
+    """On sm_90 every loss kernel that the device launches to overlap the kernel before it (the
+    forward in each regime, the stats, the sum, the rescale) releases the next one and waits for
+    the one before before its first access to memory; on gfx942 none holds the instructions."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from portable_softmax import compat, kernels, variants
+    from portable_softmax.crosscompile.cases import loss_configs
+
+    if "cuda:90" in missing:
+        pytest.skip(missing["cuda:90"])
+    target = crosscompile.parse_target("cuda:90")
+    record, _, _ = crosscompile.target_record(target)
+    assert record.dependent_launch
+    gfx, _, _ = crosscompile.target_record(crosscompile.parse_target("hip:gfx942"))
+    assert not gfx.dependent_launch
+    ptx = {}
+    for shape, role, regime in (((8192, 32000), "grad", "split"), ((16384, 2048), "grad", "tile"),
+                                ((4096, 50257), "no grad", "loop")):
+        case = crosscompile.Case(*shape, "bfloat16", False, False, loss=True)
+        config = next(c for r, c in loss_configs(record, case) if r == role and c.regime == regime)
+        spec = crosscompile.variant_spec(target, record, config, case, role)
+        assert spec["constexprs"]["DEPENDENT"]
+        ptx[regime] = crosscompile.compiled_variant(spec)[0].asm["ptx"]
+    small = {variants.STATS_KERNEL: ({"target_ptr": "*i64", "weight_ptr": "*fp32", "kept_ptr": "*fp32",
+                                      "stats_ptr": "*fp32"}, {"BLOCK": 1024, "WEIGHT": False, "ACC_FP64": False}),
+             variants.SUM_KERNEL: ({"terms_ptr": "*fp32", "target_ptr": "*i64", "out_ptr": "*bf16"},
+                                   {"BLOCK": 1024, "ACC_FP64": False, "COUNTED": True}),
+             variants.GRAD_SCALE_KERNEL: ({"grad_ptr": "*bf16", "dloss_ptr": "*bf16"},
+                                          {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False})}
+    for name, (pointers, constexprs) in small.items():
+        fn = getattr(kernels, name)
+        constexprs = {**constexprs, "DEPENDENT": True}
+        signature = {p.name: "constexpr" if p.is_constexpr else pointers.get(p.name, "i32") for p in fn.params}
+        source = compat.ast_source(fn, signature, constexprs, [])
+        ptx[name] = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": True}).asm["ptx"]
+    for name, text in ptx.items():
+        release, wait = text.find("griddepcontrol.launch_dependents"), text.find("griddepcontrol.wait")
+        memory = _first(text, _MEMORY_PTX)
+        assert 0 <= release < wait < memory, (name, release, wait, memory)

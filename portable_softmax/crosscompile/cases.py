@@ -305,7 +305,8 @@ def variant_spec(target: Target, record: DeviceRecord, config: KernelConfig, cas
     """Everything a worker needs to compile one variant (plain data: it crosses a process); for
     sharded rows and sliced configs ``role`` is the phase (``case_configs``)."""
     if case.loss:
-        kernel, args, constexprs = loss_arguments(config, case, role, tuning_for(record).split_wait_atomic)
+        kernel, args, constexprs = loss_arguments(config, case, role, tuning_for(record).split_wait_atomic,
+                                                  record.dependent_launch)
     elif case.sharded or config.regime == variants.SLICED:
         kernel, args, constexprs = sharded_arguments(config, case, role)
     else:
@@ -367,12 +368,14 @@ def sharded_arguments(config: KernelConfig, case: Case, phase: str) -> tuple[str
     return variants.sharded_kernel_name(phase), tuple(args), constexprs
 
 
-def loss_arguments(config: KernelConfig, case: Case, role: str, wait_atomic: bool = True) -> tuple[str, tuple, dict]:
+def loss_arguments(config: KernelConfig, case: Case, role: str, wait_atomic: bool = True,
+                   dependent: bool = False) -> tuple[str, tuple, dict]:
     """``launch_arguments`` for a cross-entropy kernel in the form ``role`` names (``loss_form``),
     as ``loss_launch`` passes them: the logits and their gradient [rows, cols] contiguous, class
     targets int64 and the per-position tensors (loss rows, lse, the incoming gradient of 'none')
     one value a row (column stride 0), the weights and stats in the accumulation's dtype; a split
-    kernel's scratch, and its wait's read (``wait_atomic``)."""
+    kernel's scratch, and its wait's read (``wait_atomic``); the forward's instructions that
+    overlap launches where the target has them (``dependent``)."""
     pointer = POINTER_TYPES[case.dtype]
     accumulation = POINTER_TYPES[case.plan_dtype]
     types = {"target": "*i64", "weight": accumulation, "stats": accumulation, "loss": accumulation,
@@ -388,6 +391,7 @@ def loss_arguments(config: KernelConfig, case: Case, role: str, wait_atomic: boo
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
     facts = variants.LossFacts(acc_fp64=case.dtype == "float64", wait_atomic=wait_atomic,
+                               dependent=dependent and case.direction == "forward",
                                **LOSS_FORMS[case.direction][loss_form(role)])
     return (variants.loss_kernel_name(case.direction, config.regime), tuple(args),
             variants.loss_constexprs(case.direction, config, facts))

@@ -28,6 +28,7 @@ Kernels (``variants.LOSS_KERNELS``):
 """
 from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _lse_reference,
     _row_starts, _store, _tile_rows, _wide)
+from .dependency import _overlapped
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .loss_terms import (_capped, _class_terms, _constants, _grad, _grad_of, _row_loss, _row_lse, _smoothed,
                          _store_rows, _weights)
@@ -44,10 +45,11 @@ def cross_entropy_forward_tile(
     ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
-    WRITE_GRAD: tl.constexpr,
+    WRITE_GRAD: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)[None, :]
     col_mask = cols < n_cols
+    _overlapped(DEPENDENT)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
@@ -145,7 +147,7 @@ def cross_entropy_forward_loop(
     ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
-    WRITE_GRAD: tl.constexpr, ALIGN: tl.constexpr,
+    WRITE_GRAD: tl.constexpr, ALIGN: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
     # first pass asks to keep it there; the planner sizes the grid so that the rows streamed at
@@ -167,6 +169,7 @@ def cross_entropy_forward_loop(
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     block_cols = _lane_columns(BLOCK_N, LANE_WIDTH)
+    _overlapped(DEPENDENT)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
@@ -324,9 +327,12 @@ def cross_entropy_backward(
 
 
 @_jit
-def cross_entropy_grad_scale(grad_ptr, dloss_ptr, n_elements, BLOCK: tl.constexpr, ACC_FP64: tl.constexpr):
+def cross_entropy_grad_scale(grad_ptr, dloss_ptr, n_elements, BLOCK: tl.constexpr, ACC_FP64: tl.constexpr,
+                             DEPENDENT: tl.constexpr):
     """``grad *= dloss`` over a dense buffer of ``n_elements``, unless dloss is 1: every program
-    reads it and returns at once then (the usual ``loss.backward()``)."""
+    reads it and returns at once then (the usual ``loss.backward()``). ``DEPENDENT``: launched to
+    overlap the kernel before it (``dependency.py``)."""
+    _overlapped(DEPENDENT)
     dloss = _wide(tl.load(dloss_ptr), ACC_FP64)
     if dloss != 1.0:
         offsets = tl.arange(0, BLOCK)
@@ -349,12 +355,14 @@ def _counted_targets(target_ptr, where, mask, ignore_index):
 
 @_jit
 def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, n_classes, ignore_index,
-                        BLOCK: tl.constexpr, WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr):
+                        BLOCK: tl.constexpr, WEIGHT: tl.constexpr, ACC_FP64: tl.constexpr, DEPENDENT: tl.constexpr):
     """``variants.LOSS_STATS`` of a 'mean' of class targets (a contiguous ``target`` of
     ``n_targets``): the summed weights of the counted targets (their count without ``WEIGHT``),
     their count, W (the summed class weights; without ``WEIGHT`` the kept C), then the kept values
     (``kept``: ``LOSS_STATS``' layout). One program, summing per lane then across: the same order,
-    and result, every run. A target outside [0, C) reads no weight (its loss is NaN anyway)."""
+    and result, every run. A target outside [0, C) reads no weight (its loss is NaN anyway).
+    ``DEPENDENT``: launched to overlap the kernel before it (``dependency.py``)."""
+    _overlapped(DEPENDENT)
     offsets = tl.arange(0, BLOCK)
     # The kept values read first, beside the targets: read after the stores below (which may
     # alias them, as far as the compiler knows) each would wait for its own round trip.
@@ -392,7 +400,7 @@ def cross_entropy_stats(target_ptr, weight_ptr, kept_ptr, stats_ptr, n_targets, 
 
 @_jit
 def cross_entropy_sum(terms_ptr, target_ptr, out_ptr, n_terms, n_targets, ignore_index, BLOCK: tl.constexpr,
-                      ACC_FP64: tl.constexpr, COUNTED: tl.constexpr):
+                      ACC_FP64: tl.constexpr, COUNTED: tl.constexpr, DEPENDENT: tl.constexpr):
     """The sum of the ``n_terms`` contiguous ``terms`` (the rows' losses of a 'mean' or 'sum',
     already scaled, or a split plan's shares of them; at most ``BLOCK``), rounded once to ``out``'s
     dtype. One program, one block, every load in flight at once: the same order, and result, every
@@ -402,7 +410,9 @@ def cross_entropy_sum(terms_ptr, target_ptr, out_ptr, n_terms, n_targets, ignore
     ``COUNTED``: the terms are unscaled (the forward alone of an unweighted 'mean' of class
     targets) and the sum is divided by the count of the ``n_targets`` contiguous class targets
     (at most ``BLOCK``) that are not ``ignore_index``, loaded beside the terms: the mean in this
-    one launch where the stats took one more before the forward (``loss_reduction.counted_mean``)."""
+    one launch where the stats took one more before the forward (``loss_reduction.counted_mean``).
+    ``DEPENDENT``: launched to overlap the kernel before it (``dependency.py``)."""
+    _overlapped(DEPENDENT)
     where = tl.arange(0, BLOCK)
     total = tl.sum(_wide(tl.load(terms_ptr + where, mask=where < n_terms, other=0.0), ACC_FP64), 0)
     if COUNTED:

@@ -32,6 +32,7 @@ the exchange packs float32 partials (the planner keeps float64 rows off the spli
 """
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _cast, _load, _lse_reference, _row_starts
+from .dependency import _overlapped
 from .exchange import (EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, MAXIMA_LSE, _arrive, _empty_last, _empty_previous, _exchange,
                        _float_bits)
 from .loss import _target_logit
@@ -53,7 +54,7 @@ def cross_entropy_forward_split(
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
     TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
-    PHASE: tl.constexpr,
+    PHASE: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     # Rows of classes are taken one at a time (a tile of several would need them adjacent in
     # memory); class targets, float32 (module docstring).
@@ -61,6 +62,7 @@ def cross_entropy_forward_split(
     tl.static_assert(not PROB_TARGET, "probability targets have no split kernel")
     tl.static_assert(not ACC_FP64, "the exchange packs float32 partials")
     chunk_cols = tl.arange(0, BLOCK_N)
+    _overlapped(DEPENDENT)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)
     # A row's shares of its loss lie a slab of one value per row apart (a tile is one row).
     n_rows = n_items // CHUNKS
