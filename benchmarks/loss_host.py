@@ -11,7 +11,8 @@ eager ``F.cross_entropy`` and Liger (when importable), each checked against torc
 * ``do_bench``: ``triton.testing.do_bench``'s median, three times in a row (the runs that read
   0.42, 0.49, 0.57, 0.65 ms before v29 on the H100).
 
-Usage (GPU): python3 benchmarks/loss_host.py [OUT_DIR]; LOSS_HOST_CASES (``8192x32000,4096x50257``).
+Usage (GPU): python3 benchmarks/loss_host.py [OUT_DIR]; LOSS_HOST_CASES (``8192x32000,4096x50257``; a case
+``NxV:float32`` in another dtype than bf16).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ import triton.testing
 import portable_softmax
 from portable_softmax.selfcheck import relative_error
 
-CASES = [tuple(int(v) for v in case.split("x"))
+# "NxV" (bfloat16) or "NxV:dtype".
+CASES = [(*(int(v) for v in case.partition(":")[0].split("x")), getattr(torch, case.partition(":")[2] or "bfloat16"))
          for case in os.environ.get("LOSS_HOST_CASES", "8192x32000,4096x50257").split(",")]
 
 
@@ -70,9 +72,9 @@ def wall(step: Callable[[], None], calls: int = 300) -> float:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else None
     rows = []
-    for n_rows, n_cols in CASES:
+    for n_rows, n_cols, dtype in CASES:
         torch.manual_seed(0)
-        x0 = (torch.randn(n_rows, n_cols, device="cuda") * 2).to(torch.bfloat16)
+        x0 = (torch.randn(n_rows, n_cols, device="cuda") * 2).to(dtype)
         target = torch.randint(0, n_cols, (n_rows,), device="cuda")
         target[::7] = -100
         leaf = x0.double().requires_grad_()
@@ -97,7 +99,8 @@ def main() -> None:
                     fn(x, target)
 
             for path, step in (("fwd+bwd", train), ("fwd", forward)):
-                row = dict(case=f"{n_rows}x{n_cols}", impl=name, path=path, error=error,
+                case = f"{n_rows}x{n_cols}" + ("" if dtype == torch.bfloat16 else f":{str(dtype)[6:]}")
+                row = dict(case=case, impl=name, path=path, error=error,
                            host_us=host_windows(step), wall_us=wall(step),
                            do_bench_ms=[triton.testing.do_bench(step, return_mode="median") for _ in range(3)])
                 rows.append(row)
