@@ -198,7 +198,7 @@ def options(config: Config, num_warps: int, cooperative: bool, overlap: bool = F
     driver refuses a grid that is not resident at once instead of letting it hang (a grid whose
     exchange takes two launches, ``phased``, or counts arrivals, ``arrival``, waits on nothing).
     ``overlap``: launched to overlap the kernel before it (``launch_pdl``; its kernel waits for
-    that one where it reads its results, ``kernels/dependency.py``).
+    that one first, ``kernels/dependency.py``), unless cooperative.
 
     Floating-point fusion (multiply-adds) is chosen, not left to Triton's default: the kernels
     were measured with it, Triton 3.9 warns on a process's first compile that leaves it unset, and
@@ -207,7 +207,9 @@ def options(config: Config, num_warps: int, cooperative: bool, overlap: bool = F
     waits = config.regime == "split" and not (config.ticketed or config.phased or config.arrival)
     if waits and cooperative:
         values["launch_cooperative_grid"] = True
-    if overlap:
+    if overlap and "launch_cooperative_grid" not in values:
+        # The driver starts a cooperative grid only once the kernel ahead of it has ended (H200,
+        # NOTES v42): it asks for no overlap.
         values["launch_pdl"] = True
     return values
 

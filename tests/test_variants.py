@@ -65,6 +65,16 @@ def test_options_ask_cooperation_only_for_persistent_split_grids():
     assert "launch_cooperative_grid" not in variants.options(_config("split", arrival=True), 4, True)
 
 
+def test_options_overlap_every_launch_but_a_cooperative_one():
+    """``launch_pdl`` where asked (``kernels/dependency.py``), except on a cooperative grid, which
+    the driver starts only after the kernel ahead of it ends (NOTES v42)."""
+    assert variants.options(_config("tile"), 4, True, overlap=True)["launch_pdl"]
+    assert variants.options(_config("split", ticketed=True), 4, True, overlap=True)["launch_pdl"]
+    assert variants.options(_config("split"), 4, False, overlap=True)["launch_pdl"]
+    assert "launch_pdl" not in variants.options(_config("split"), 4, True, overlap=True)
+    assert "launch_pdl" not in variants.options(_config("tile"), 4, True)
+
+
 def test_split_phases_launch_the_exchange_once_or_twice():
     """A split config waits in one launch, or (``phased``) publishes, then reads, in two: the
     PHASE each launch's constexprs give the kernel, as ``kernels.exchange`` numbers them."""

@@ -7,8 +7,8 @@ the kernel before it to finish, its writes seen (``griddepcontrol.wait``), befor
 memory: launched to overlap (Triton's ``launch_pdl``), whatever that kernel was. What the overlap
 saves is the launch between them, about 1 us each on an H200: the one-program sum is resident
 before the forward ahead of it ends, the rescale before torch's ones (the forward alone of short
-rows 1-2 us a call faster, NOTES v42). A split grid launched cooperatively starts only once the
-kernel ahead of it has ended, as without. A wait later in a kernel would let it load before the
+rows 1-3 us a call faster, NOTES v42). A split grid launched cooperatively starts only once the
+kernel ahead of it has ended: it asks for no overlap (``variants.options``). A wait later in a kernel would let it load before the
 kernel ahead ends, but one inside the split forward's item loop, after the first item's loads,
 cost 15 us a call on 4096x256000 (NOTES v42). Launched without the attribute both
 instructions are no-ops; without ``DEPENDENT`` (other targets, the interpreter) nothing is
