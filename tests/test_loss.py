@@ -798,6 +798,31 @@ def test_graph_capture(device):
     assert relative_error(x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
 
 
+def test_calls_back_to_back_read_their_own_counts(device):
+    """Calls queued back to back, forward + backward and forward alone, each with targets ignoring
+    another share of the positions: a 'mean' divided by a previous call's count (what a launch
+    overlapping the kernel before it would read without its wait, ``kernels/dependency.py``)
+    would be off by tens of percent. Each result as torch's, compared after they all ran."""
+    if device != "cuda":
+        pytest.skip("launches that overlap the kernel before them: cuda only (elsewhere calls run in order)")
+    x = logits((4096, 32000), torch.bfloat16, device).requires_grad_()
+    kept = []
+    for share in (0.0, 0.9, 0.3, 0.6, 0.1, 0.8):
+        target = class_targets((4096,), 32000, device, share)
+        x.grad = None
+        loss = ps.cross_entropy(x, target)
+        loss.backward()
+        with torch.no_grad():
+            alone = ps.cross_entropy(x, target)
+        kept.append((target, loss.detach(), x.grad, alone))
+    for target, loss, grad, alone in kept:
+        theirs, leaf = reference(x.detach(), target)
+        theirs.backward()
+        assert relative_error(loss, theirs) <= TOLERANCE[torch.bfloat16]
+        assert relative_error(alone, theirs) <= TOLERANCE[torch.bfloat16]
+        assert relative_error(grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
+
+
 def test_repeated_call_is_one_record(device):
     x = logits((4, 33), torch.float32, device)
     target = class_targets((4,), 33, device)
