@@ -96,7 +96,7 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     # The forward launched to overlap the kernel before it where the device offers it
     # (``kernels/dependency.py``).
     facts = dataclasses.replace(facts, wait_atomic=target.tuning.split_wait_atomic, shifted=shifted,
-                                dependent=direction == "forward" and record.dependent_launch)
+                                dependent=variants.loss_dependent(direction, record.dependent_launch))
 
     call = LossCall(direction, view, facts, scalars, input_bytes, splittable, align, record.cooperative_launch)
 

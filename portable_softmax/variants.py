@@ -358,6 +358,13 @@ class LossFacts:
     dependent: bool = False
 
 
+def loss_dependent(direction: str, offered: bool) -> bool:
+    """Whether the cross-entropy kernel of ``direction`` is compiled and launched to overlap the
+    kernel before it (``LossFacts.dependent``): the forward, where the target offers it
+    (``DeviceRecord.dependent_launch``). The backward holds no wait: it is never launched so."""
+    return offered and direction == "forward"
+
+
 def loss_kernel_name(direction: str, regime: str) -> str:
     if direction not in DIRECTIONS or regime not in LOSS_REGIMES or (direction, regime) == ("backward", "split"):
         raise ValueError(f"no cross-entropy kernel for {direction!r} {regime!r}")

@@ -391,7 +391,7 @@ def loss_arguments(config: KernelConfig, case: Case, role: str, wait_atomic: boo
         kind = _int_type(value)
         args.append((kind, value) if kind == "constexpr" else (kind, value % 16 == 0))
     facts = variants.LossFacts(acc_fp64=case.dtype == "float64", wait_atomic=wait_atomic,
-                               dependent=dependent and case.direction == "forward",
+                               dependent=variants.loss_dependent(case.direction, dependent),
                                **LOSS_FORMS[case.direction][loss_form(role)])
     return (variants.loss_kernel_name(case.direction, config.regime), tuple(args),
             variants.loss_constexprs(case.direction, config, facts))

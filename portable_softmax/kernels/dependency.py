@@ -20,26 +20,11 @@ from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 
 @_jit
 def _overlapped(DEPENDENT: tl.constexpr):
-    """A ``DEPENDENT`` kernel's first instructions (module docstring): the next kernel may start,
-    and this one waits for the one before it."""
-    _release_next(DEPENDENT)
-    _await_prior(DEPENDENT)
-
-
-@_jit
-def _await_prior(DEPENDENT: tl.constexpr):
-    """Wait, with ``DEPENDENT``, until the kernel before this one in the stream has finished and
-    its memory operations are seen (``griddepcontrol.wait``). A no-op where the launch did not
-    ask to overlap it."""
-    if DEPENDENT:
-        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _release_next(DEPENDENT: tl.constexpr):
-    """Let the stream's next kernel, if launched to overlap, start once every program of this one
-    has passed here (``griddepcontrol.launch_dependents``): it waits for this one's end itself
-    before reading what this one writes."""
+    """A ``DEPENDENT`` kernel's first instructions (module docstring): the stream's next kernel, if
+    launched to overlap, may start once every program of this one has passed here; then this one
+    waits until the kernel before it has finished and its memory operations are seen (a no-op
+    where this launch did not ask to overlap it)."""
     if DEPENDENT:
         tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
                                   is_pure=False, pack=1)
+        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
