@@ -132,7 +132,11 @@ def lowering_jobs():
     split = types.SimpleNamespace(regime="split", block_m=1, block_n=8192, chunks=LOSS_SPLIT_CHUNKS,
                                   chunks_p2=LOSS_SPLIT_CHUNKS, num_stages=1, align=1, ticketed=False, phased=True,
                                   arrival=False)
-    for write_grad, (form, flags) in itertools.product((False, True), list(LOSS_FORMS.items())[:2]):
+    # The default 'mean' with the gradient last: its grid counts its targets (``kernels/grid_count.py``).
+    split_forms = [(write_grad, form, flags) for write_grad, (form, flags)
+                   in itertools.product((False, True), list(LOSS_FORMS.items())[:2])]
+    split_forms.append((True, "counted", {"counted": True}))
+    for write_grad, form, flags in split_forms:
         facts = variants.LossFacts(write_grad=write_grad, **flags)
         for phase in variants.launch_phases(split):
             label = f"M=1 N=8192 CHUNKS={LOSS_SPLIT_CHUNKS} PHASE={phase} {form}"

@@ -117,9 +117,10 @@ class LaunchRecord:
         self.scalars, self.launches, self.options = scalars, launches, options
         self._fallback, self._fallback_record = fallback, None
         self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
-        # Counters: one per tile (rows split one at a time), or the ticket counter and two per tile
-        # (tiles of several rows count arrivals and departures: kernels.exchange._gather_tile).
-        self._counters = plan.tiles if plan.block_m == 1 else 1 + 2 * plan.tiles
+        # Counters: one per tile (rows split one at a time) and a loss grid's count of its targets
+        # (``variants.GRID_COUNTERS``), or the ticket counter and two per tile (tiles of several rows
+        # count arrivals and departures: kernels.exchange._gather_tile).
+        self._counters = plan.tiles + variants.GRID_COUNTERS if plan.block_m == 1 else 1 + 2 * plan.tiles
         # Ticketed grids of one-row items leave their slots full: they are emptied before each launch
         # (nothing waits on an empty slot in a two-launch exchange).
         self._refill = plan.ticketed and plan.block_m == 1 and not plan.phased

@@ -110,19 +110,51 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
 
     known = _known(backend, target, tensors[0].dtype, call.writes_gradient, input_bytes)
     plan, chosen = plan_cross_entropy(target, call, known, compile)
+    if (variants.loss_counts(plan.config, facts)
+            and not variants.grid_count_fits(view.n_outer * view.rows_per_outer, plan.programs)):
+        # Too many rows or programs for the count's word: the stats count them, before.
+        return _record(direction, tensors, view, dataclasses.replace(facts, counted=False), scalars, allow_split)
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     args = variants.loss_scalar_arguments(plan.config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                           scalars)
     launches = tuple(variants.loss_constexprs(direction, plan.config, facts, phase)
                      for phase in variants.launch_phases(plan.config))
-    fallback: Optional[Callable[[tuple[torch.Tensor, ...]], LaunchRecord]] = None
+    fallback: Optional[Callable[[tuple[torch.Tensor, ...]], Any]] = None
     if plan.regime == "split":
+        counts = variants.loss_counts(plan.config, facts)
+
         # The same call streamed, for a graph capture that cannot grow the scratch; built from the
-        # tensors of the call that needs it: a record holds no tensor.
-        def fallback(now: tuple[torch.Tensor, ...]) -> LaunchRecord:
-            return _record(direction, now, view, facts, scalars, allow_split=False)
+        # tensors of the call that needs it: a record holds no tensor. A grid that counted its
+        # targets was given stats that hold 1: the streamed call forms their count first.
+        def fallback(now: tuple[torch.Tensor, ...]) -> Any:
+            streamed = _record(direction, now, view, facts, scalars, allow_split=False)
+            return _CountedFirst(streamed, scalars[variants.LOSS_SCALARS.index("ignore_index")]) if counts else streamed
     return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, args, launches,
                         chosen[0].option_values, fallback)
+
+
+class _CountedFirst:
+    """A streamed record standing in for a split grid that counts its 'mean''s targets itself
+    (``variants.loss_counts``): called with that grid's tensors, whose stats hold 1 in the
+    denominators' places, it launches with the count of the targets that are not ``ignore_index``
+    there (torch's operations: a graph capture's first call of this layout only)."""
+
+    def __init__(self, record: LaunchRecord, ignore_index: int) -> None:
+        self.record, self.ignore_index = record, ignore_index
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
+        names = variants.LOSS_TENSORS["forward"]
+        target, stats = tensors[names.index("target")], tensors[names.index("stats")]
+        count = (target != self.ignore_index).sum(dtype=stats.dtype).reshape(1)
+        # Both denominators of an unweighted 'mean' are the count (``variants.LOSS_STATS``' first two).
+        counted = torch.cat((count, count, stats[2:]))
+        return self.record(tuple(counted if name == "stats" else t for name, t in zip(names, tensors)))
+
+
+def counts(record: LaunchRecord) -> bool:
+    """Whether ``record``'s forward counts its 'mean''s targets itself (``variants.loss_counts``):
+    its call's stats then hold 1 in the denominators' places."""
+    return bool(record.launches[0].get("COUNTED"))
 
 
 def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,

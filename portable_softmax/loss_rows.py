@@ -19,6 +19,7 @@ softmax kernels for its backward (``softmax_times``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -74,7 +75,12 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     in place, a contiguous copy)."""
     if x.device.type == "cpu" and not options.prob_target:
         _check_targets(target, options)
-    stats = loss_reduction.stats(x, target, weight, options)
+    # An unweighted 'mean' that writes the gradient: where the forward's grid counts the targets
+    # itself (``variants.loss_counts``), its stats hold 1 in the denominators' places and no launch
+    # forms them; elsewhere ``_launch`` forms them before its launch.
+    counted = write_grad and x.numel() > 0 and loss_reduction.sums_counted(weight, options)
+    stats = (loss_reduction.unscaled_stats(x.device, _acc(x.dtype), options) if counted
+             else loss_reduction.stats(x, target, weight, options))
     # Buffers from the stats' dtype and device (the accumulation's): ``new_empty`` parses no
     # device, the cheaper call.
     lse = stats.new_empty(_positions(x.shape))
@@ -84,13 +90,13 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     grad = (x if inplace else torch.empty_like(x)) if write_grad else None
     # A reduced loss is the sum of whatever the launch wrote its terms into (``_launch``).
     rows = torch.empty_like(lse) if options.reduction == "none" else None
-    terms = _launch(x, target, weight, stats, rows, lse, grad, options)
+    terms, used = _launch(x, target, weight, stats, rows, lse, grad, options, counted)
     if terms is None:
         x, target = x.contiguous(), target.contiguous()
         if write_grad:
             grad = x if inplace else torch.empty_like(x)
-        terms = _launch(x, target, weight, stats, rows, lse, grad, options)
-    return loss_reduction.reduced(terms, x.dtype, options), lse, grad, stats, x
+        terms, used = _launch(x, target, weight, stats, rows, lse, grad, options, counted)
+    return loss_reduction.reduced(terms, x.dtype, options), lse, grad, used, x
 
 
 def forward_alone(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
@@ -106,10 +112,10 @@ def forward_alone(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.
         _check_targets(target, options)
     stats = loss_reduction.unscaled_stats(x.device, _acc(x.dtype), options)
     lse = stats.new_empty(_positions(x.shape))
-    terms = _launch(x, target, None, stats, None, lse, None, options)
+    terms, _ = _launch(x, target, None, stats, None, lse, None, options)
     if terms is None:
         x, target = x.contiguous(), target.contiguous()
-        terms = _launch(x, target, None, stats, None, lse, None, options)
+        terms, _ = _launch(x, target, None, stats, None, lse, None, options)
     return loss_reduction.counted_mean(terms, target, x.dtype, options), lse
 
 
@@ -127,24 +133,30 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
     its tensors (``_Launch``): a repeated call makes no view and looks up no record. The kernels
     take the per-position tensors as they are: their strides are the record's, and a launch reads
     only their pointers."""
-    return _launch(x, target, weight, stats, rows, lse, grad, options) is not None
+    return _launch(x, target, weight, stats, rows, lse, grad, options)[0] is not None
 
 
 def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
-            rows: Optional[torch.Tensor], lse: torch.Tensor, grad: Optional[torch.Tensor],
-            options: Options) -> Optional[torch.Tensor]:
-    """``launch_forward``'s launch; None where it launched nothing. With ``rows`` None (a reduced
-    loss: only the sum of the rows' losses is wanted) they go into a buffer of its own, returned
-    as it is: a split plan's shares unsummed, so that the loss is one reduction of them, not a sum
-    over the chunks and another over the rows. Its buffers are fresh from torch's allocator, at
-    least 16-byte aligned as the record built from another such one assumes."""
+            rows: Optional[torch.Tensor], lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options,
+            counted: bool = False) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+    """``launch_forward``'s launch, and the stats it read; None where it launched nothing. With
+    ``rows`` None (a reduced loss: only the sum of the rows' losses is wanted) they go into a
+    buffer of its own, returned as it is: a split plan's shares unsummed, so that the loss is one
+    reduction of them, not a sum over the chunks and another over the rows. Its buffers are fresh
+    from torch's allocator, at least 16-byte aligned as the record built from another such one
+    assumes.
+
+    ``counted`` (``forward``'s unweighted 'mean' that writes the gradient, its ``stats`` holding 1
+    in the denominators' places): the launch's grid counts the targets where its plan can
+    (``variants.loss_counts``); where it cannot, the stats are formed here first
+    (``loss_reduction.stats``), and those are returned."""
     # ``% 16``: what Triton specialises a pointer on besides its dtype (``loss_launch._signature``).
     key = (options, x.device, x.shape, x.stride(), x.dtype, target.stride(), target.dtype, lse.stride(), lse.dtype,
            stats.dtype, x.data_ptr() % 16 == 0, target.data_ptr() % 16 == 0, stats.data_ptr() % 16 == 0,
            lse.data_ptr() % 16 == 0,
            None if rows is None else (rows.stride(), rows.dtype, rows.data_ptr() % 16 == 0),
            None if weight is None else (weight.stride(), weight.dtype, weight.data_ptr() % 16 == 0),
-           None if grad is None else (grad.stride(), grad.dtype, grad.data_ptr() % 16 == 0))
+           None if grad is None else (grad.stride(), grad.dtype, grad.data_ptr() % 16 == 0), counted)
     found = loss_launch.calls.get(key)
     if found is None:
         if grad is not None:
@@ -152,40 +164,45 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
             # loss's dtype): its kernel compiles beside this forward's.
             loss_launch.grad_scale_ahead(grad, x.dtype)
         shaped = rows if rows is not None else stats.new_empty(_positions(x.shape))
-        found = loss_launch.keep(key, _Launch.build(x, target, weight, stats, shaped, lse, grad, options))
+        found = loss_launch.keep(key, _Launch.build(x, target, weight, stats, shaped, lse, grad, options, counted))
     if found.record is None:
-        return None
+        return None, stats
+    if counted and not found.counts:
+        stats = loss_reduction.stats(x, target, weight, options)
     if not found.chunks:
         if rows is None:
             rows = stats.new_empty(_positions(x.shape))
         found.record((x, target, weight if weight is not None else x, stats, rows, lse,
                       grad if grad is not None else x))
-        return rows
+        return rows, stats
     shares = stats.new_empty((found.chunks, *_positions(x.shape)))
     # The plan the launch ran: under a graph capture that cannot grow the split path's scratch, the
     # loop, which writes the rows' losses into the first slab alone.
     plan = found.record((x, target, weight if weight is not None else x, stats, shares, lse,
                          grad if grad is not None else x))
     if rows is None:
-        return shares if plan.regime == "split" else shares[0]
+        return (shares if plan.regime == "split" else shares[0]), stats
     if plan.regime == "split":
         torch.sum(shares, 0, out=rows)
     else:
         rows.copy_(shares[0])
-    return rows
+    return rows, stats
 
 
 @dataclass(frozen=True)
 class _Launch:
     """One layout's forward or backward: its launch record (None where some tensor's rows cannot
-    be walked in place) and, for a split plan, the chunks its loss shares come in (0 otherwise)."""
+    be walked in place), for a split plan the chunks its loss shares come in (0 otherwise), and
+    whether its grid counts the 'mean''s targets itself (``loss_launch.counts``)."""
 
     record: Optional[loss_launch.LaunchRecord]
     chunks: int
+    counts: bool = False
 
     @staticmethod
     def build(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
-              rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options) -> "_Launch":
+              rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options,
+              counted: bool) -> "_Launch":
         tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
         view = row_layout.row_view(tensors[0].shape, 1, *tensors)
         if view is None:
@@ -193,7 +210,8 @@ class _Launch:
         x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
         launch = (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows, lse_rows,
                   grad_rows)
-        facts, scalars = _facts(x, options, grad is not None), (options.ignore_index,)
+        facts = dataclasses.replace(_facts(x, options, grad is not None), counted=counted)
+        scalars = (options.ignore_index,)
         record = loss_launch.record_for("forward", launch, view, facts, scalars)
         if record.plan.regime != "split":
             return _Launch(record, 0)
@@ -201,8 +219,9 @@ class _Launch:
         shares = torch.empty((record.plan.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
         tensors = _rows(x, target, shares[0], lse, grad if grad is not None else x)
         launch = (*launch[:4], tensors[2], *launch[5:])
-        return _Launch(loss_launch.record_for("forward", launch, row_layout.row_view(tensors[0].shape, 1, *tensors), facts,
-                                              scalars), record.plan.chunks)
+        record = loss_launch.record_for("forward", launch, row_layout.row_view(tensors[0].shape, 1, *tensors), facts,
+                                        scalars)
+        return _Launch(record, record.plan.chunks, loss_launch.counts(record))
 
 
 def backward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,

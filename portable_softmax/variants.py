@@ -34,6 +34,11 @@ FLOAT_SCALARS = ("scale_value",)
 NO_FUSION = (1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 # The split path's exchange slots (int64, empty = -1) and arrival counters (int32).
 SCRATCH = (("slot", "i64"), ("done", "i32"))
+# The counters after the per-tile ones of a split grid of one-row tiles, for a loss forward that
+# counts its 'mean''s targets itself (``loss_counts``, ``kernels/grid_count.py``): one word of its
+# arrivals and its count (the count in the low GRID_COUNT_BITS), and the departures.
+GRID_COUNTERS = 2
+GRID_COUNT_BITS = 19
 # The split kernels' PHASE (``kernels.exchange.EXCHANGE_*``, the same numbers): one launch whose
 # programs wait on their row's peers (a resident grid); or, where programs cannot wait on each
 # other (``Config.phased``: Triton's interpreter runs them one after another), two launches of
@@ -356,6 +361,27 @@ class LossFacts:
     # The forward launched to overlap the kernel before it (``kernels/dependency.py``): where the
     # target offers it.
     dependent: bool = False
+    # An unweighted 'mean' of class targets that writes the gradient: its denominators, the count of
+    # counted targets, may be formed by the forward's own grid (``loss_counts``), its stats holding 1.
+    counted: bool = False
+
+
+def grid_count_fits(n_rows: int, programs: int) -> bool:
+    """Whether a grid of ``programs`` counts the targets of ``n_rows`` positions in its one int32
+    word (``kernels/grid_count.py``): a count below 2**GRID_COUNT_BITS, arrivals in the 31 bits
+    above it less one."""
+    return n_rows < 1 << GRID_COUNT_BITS and programs < 1 << (31 - GRID_COUNT_BITS)
+
+
+def loss_counts(config: Config, facts: LossFacts) -> bool:
+    """Whether the cross-entropy forward of ``config`` counts the 'mean''s targets itself
+    (``COUNTED``, ``kernels/grid_count.py``) for a call of ``facts``: a ``counted`` call whose rows
+    are split over a grid that is resident at once, or exchanged in two launches; not a ticketed
+    grid (its later programs start only as earlier ones end), nor one by arrival (no gradient).
+    Where it does not (nor where its grid and rows do not fit the count's word,
+    ``grid_count_fits``), the call's stats hold the denominators (``loss_reduction.stats``)."""
+    return (facts.counted and facts.write_grad and config.regime == "split"
+            and not (config.ticketed or config.arrival))
 
 
 def loss_dependent(direction: str, offered: bool) -> bool:
@@ -385,6 +411,8 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
     if direction == "forward":
         values["WRITE_GRAD"] = facts.write_grad
         values["DEPENDENT"] = facts.dependent
+        if config.regime == "split":
+            values["COUNTED"] = loss_counts(config, facts)
         if config.regime == "loop":
             # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
             values["ALIGN"] = config.align

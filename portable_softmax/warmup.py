@@ -113,17 +113,20 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
                         for name in variants.loss_row_tensors("forward"))
         # Windows over the logits and the gradient, as loss_launch reads them for a split row.
         align, shifted = call_windows(1, rows, classes, [strides[0], strides[-1]], [size, size], True)
+        # The default 'mean': with the gradient, its count by the forward's grid where it can.
         facts = variants.LossFacts(acc_fp64=wide, write_grad=call.backward,
-                                   wait_atomic=target.tuning.split_wait_atomic, shifted=shifted)
+                                   wait_atomic=target.tuning.split_wait_atomic, shifted=shifted,
+                                   counted=call.backward)
         loss = launch_plan.LossCall("forward", RowView(1, rows, classes, strides), facts, (-100,), size, True, align,
                                     target.record.cooperative_launch)
         known = _known(target, table, call.dtype, loss.writes_gradient, size)
         plan, chosen = launch_plan.plan_cross_entropy(target, loss, known, known)
-        # With the gradient, the denominators of the default 'mean' first: one program
-        # (``loss_reduction.stats``); the forward alone divides by them after it, in the sum's
-        # program (``loss_reduction.counted_mean``).
+        # With the gradient, the denominators of the default 'mean' first, one program
+        # (``loss_reduction.stats``), unless the forward's grid counts them (``variants.loss_counts``);
+        # the forward alone divides by them after it, in the sum's program (``loss_reduction.counted_mean``).
+        stats = call.backward and not variants.loss_counts(plan.config, facts)
         found = [PlannedLaunch("stats", plan_stats(target, variants.STATS_BLOCK), ((variants.STATS_KERNEL, UNSIZED),))
-                 ] if call.backward else []
+                 ] if stats else []
         found += [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
                       plan.config))),
                   # The 'mean' from the forward's terms (``loss_reduction.reduced``): one program.

@@ -33,8 +33,9 @@ the exchange packs float32 partials (the planner keeps float64 rows off the spli
 from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import LOG2E, _cast, _load, _lse_reference, _row_starts
 from .dependency import _overlapped
-from .exchange import (EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, MAXIMA_LSE, _arrive, _empty_last, _empty_previous, _exchange,
-                       _float_bits)
+from .exchange import (EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, EXCHANGE_READ, EXCHANGE_WAIT, MAXIMA_LSE, _arrive,
+                       _empty_last, _empty_previous, _exchange, _float_bits)
+from .grid_count import _arrived, _arrived_called, _counted_total, _counted_total_called, _depart, _grid_counters
 from .loss import _target_logit
 from .loss_terms import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                          _weights)
@@ -54,7 +55,7 @@ def cross_entropy_forward_split(
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
     TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
-    PHASE: tl.constexpr, DEPENDENT: tl.constexpr,
+    PHASE: tl.constexpr, DEPENDENT: tl.constexpr, COUNTED: tl.constexpr,
 ):
     # Rows of classes are taken one at a time (a tile of several would need them adjacent in
     # memory); class targets, float32 (module docstring).
@@ -66,8 +67,22 @@ def cross_entropy_forward_split(
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)
     # A row's shares of its loss lie a slab of one value per row apart (a tile is one row).
     n_rows = n_items // CHUNKS
+    # COUNTED (an unweighted 'mean' that writes the gradient): the grid counts the counted targets
+    # itself (``grid_count.py``; its stats' denominators are 1), in counters after the tiles'.
+    tl.static_assert(not COUNTED or (WRITE_GRAD and not TICKETED), "a grid counts its targets: resident, gradient")
+    word, departures = _grid_counters(done_ptr, n_rows)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
     for item in tl.range(first, stop, step, num_stages=STAGES):
+        if COUNTED and PHASE != EXCHANGE_READ:
+            # At the top of the body, where little is live across the call (pipelined, its first
+            # item's chunk is in flight already: the pipeline's prologue loads it).
+            if item == first:
+                if STAGES > 1:
+                    _arrived_called(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stride,
+                                    target_row_stride, ignore_index)
+                else:
+                    _arrived(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stride,
+                             target_row_stride, ignore_index)
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
@@ -146,6 +161,16 @@ def cross_entropy_forward_split(
         row_total = tl.full([BLOCK_M], 0.0, tl.float32) + row_total
         # A publishing launch writes nothing: the next one writes every chunk.
         if PHASE != EXCHANGE_PUBLISH:
+            if COUNTED:
+                # The count, read once: before the first share or gradient it scales. Both of the
+                # 'mean''s denominators are the count (unweighted); 0 / 0 is NaN, as torch's.
+                if item == first:
+                    if STAGES > 1:
+                        counted = _counted_total_called(word, n_items, PHASE == EXCHANGE_WAIT, True, WAIT_ATOMIC)
+                    else:
+                        counted = _counted_total(word, n_items, PHASE == EXCHANGE_WAIT, False, WAIT_ATOMIC)
+                    ce_scale = 1.0 / counted.to(tl.float32)
+                    z_scale = ce_scale
             # A row of -inf only has lse -inf, as torch's logsumexp (its peers' sums are 0 * NaN).
             lse = tl.where(row_max == -float("inf"), -float("inf"), row_max + tl.log(row_total))
             # The row's terms (lse - z_t formed at once, as the tile kernel does) and its z-loss in
@@ -165,6 +190,8 @@ def cross_entropy_forward_split(
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
+    if COUNTED and PHASE != EXCHANGE_PUBLISH:
+        _depart(word, departures, n_items)
 
 
 @_jit
