@@ -318,6 +318,16 @@ MUTANTS = [
            "    ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, False)\n"
            "    _overlapped(DEPENDENT)\n",
            ("tests/test_crosscompile.py::test_overlapping_kernels_wait_before_touching_memory",)),
+    # The split grid's own count of a 'mean''s targets (kernels/grid_count.py): a slice's last
+    # position left out, and the word never reset for the next launch.
+    Mutant("grid_count_drops_a_slice_end", f"{KERNELS}/grid_count.py",
+           "            _, counted = _counted_targets(target_ptr, where, rows < high, ignore_index)\n",
+           "            _, counted = _counted_targets(target_ptr, where, rows < high - 1, ignore_index)\n",
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets", "cpu-split", "cpu-one-program")),
+    Mutant("grid_count_never_reset", f"{KERNELS}/grid_count.py",
+           "    tl.store(word, 0, mask=last)\n",
+           "    tl.store(word, 0, mask=last & (n_items < 0))\n",
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets", "cpu-split", "cpu-pipelined")),
 ]
 
 

@@ -317,6 +317,69 @@ def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, optio
         assert pipelined == {not alone}
 
 
+def _stats_launched() -> bool:
+    """Whether a call so far formed its stats by the stats kernel's launch (a kept layout of it)."""
+    return any(key[0] == "stats" and found[0] is not None for key, found in loss_launch.calls.items())
+
+
+@pytest.mark.parametrize("regime, programs", [("split", None), ("pipelined", None), ("split", 1)],
+                         ids=["split", "pipelined", "one-program"])
+def test_split_rows_count_their_targets(device, monkeypatch, regime, programs):
+    # The default 'mean' with the gradient, its rows split: the forward's grid counts the targets
+    # that are not ignored itself (``kernels/grid_count.py``; its stats hold 1), no stats launch.
+    # Calls back to back, each ignoring another share (a count left over from the call before, or
+    # a counter not reset, scales the loss and gradient wrongly); on one program (``programs``) a
+    # slice of 40 positions, more than a block of 32.
+    if programs and not interpreted(device):
+        pytest.skip("a grid of one program: the interpreter's (a resident split grid is a multiple of its chunks)")
+    changes = {"max_programs": programs} if programs else {}
+    _split(monkeypatch, device, regime, **changes)
+    loss_launch.calls.clear()
+    rows = 40 if programs else 7
+    for ignored in (0.0, 0.5, 0.8, 0.2):
+        x = logits((rows, 300), torch.float32, device)
+        target = class_targets((rows,), 300, device, ignored)
+        target[0] = 1  # one counted at least: the 'mean' of none is NaN (its own test)
+        check(x, target)
+    counting = [record for key, record in loss_launch._records.items() if key[0] == "forward"]
+    assert counting and all(loss_launch.counts(record) for record in counting)
+    assert not _stats_launched()
+    if programs:
+        assert {record.plan.programs for record in counting} == {1}
+    # The counters the grid used are left at 0 for the next launch.
+    from portable_softmax import launch
+
+    for pool in (launch._scratch, launch._phased_scratch):
+        for _, counters in pool._buffers.values():
+            assert not counters.any()
+
+
+def test_a_counting_grids_streamed_stand_in_counts_first(device, monkeypatch):
+    # Under a graph capture that cannot grow the split scratch, a split record streams the call
+    # instead (``LaunchRecord``'s fallback): for a grid that counted its targets, whose stats hold
+    # 1, the stand-in forms the count first (``loss_launch._CountedFirst``).
+    _split(monkeypatch, device)
+    x = logits((3, 300), torch.float32, device)
+    target = torch.tensor([5, -100, 299], device=device)
+    ps.cross_entropy(x.clone().requires_grad_(), target).backward()
+    (record,) = [record for key, record in loss_launch._records.items() if key[0] == "forward"]
+    assert loss_launch.counts(record)
+    from portable_softmax import loss_reduction
+    from portable_softmax.loss_arguments import Options
+
+    options = Options(300, False, "mean", -100, 0.0, 0.0, None, False)
+    stats = loss_reduction.unscaled_stats(x.device, torch.float32, options)
+    shares, lse, grad = (torch.full((record.plan.chunks, 3), math.nan, device=device), torch.empty(3, device=device),
+                         torch.full_like(x, math.nan))
+    tensors = (x, target, x, stats, shares, lse, grad)
+    stand_in = record._fallback(tensors)
+    assert stand_in(tensors).regime != "split"
+    theirs, leaf = reference(x, target)
+    (expected,) = torch.autograd.grad(theirs, leaf)
+    assert relative_error(grad, expected) < TOLERANCE[torch.float32]
+    assert relative_error(shares[0].sum(), theirs) < TOLERANCE[torch.float32]
+
+
 def test_split_rows_with_every_target_ignored(device, monkeypatch):
     _split(monkeypatch, device)
     x = logits((2, 300), torch.float32, device).requires_grad_()

@@ -2,6 +2,7 @@
 kernel's parameters in the table's order, and exactly the constexprs the table gives it."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -110,6 +111,29 @@ def test_an_arrival_split_config_exchanges_in_one_launch():
         with pytest.raises(ValueError, match="arrival"):
             variants.loss_constexprs("forward", arrival, facts, variants.EXCHANGE_WAIT)
     assert variants.launch_phases(_config("tile", arrival=True)) == (variants.EXCHANGE_WAIT,)
+
+
+def test_a_split_loss_grid_counts_its_targets_only_where_it_is_resident_and_writes_the_gradient():
+    # COUNTED (``kernels/grid_count.py``): a persistent or two-launch split grid that writes the
+    # gradient of a 'mean' asked to count; never a ticketed grid (its later programs start only as
+    # earlier ones end), one by arrival (no gradient), another regime or a call not asked.
+    asked = variants.LossFacts(write_grad=True, counted=True)
+    assert variants.loss_constexprs("forward", _config("split"), asked)["COUNTED"]
+    assert variants.loss_constexprs("forward", _config("split", phased=True), asked, variants.EXCHANGE_READ)["COUNTED"]
+    for config, facts in ((_config("split", ticketed=True), asked), (_config("split", arrival=True), asked),
+                          (_config("split"), dataclasses.replace(asked, write_grad=False)),
+                          (_config("split"), dataclasses.replace(asked, counted=False))):
+        assert not variants.loss_counts(config, facts)
+    for regime in ("tile", "loop"):
+        assert not variants.loss_counts(_config(regime), asked)
+        assert "COUNTED" not in variants.loss_constexprs("forward", _config(regime), asked)
+    # One int32 word: a count below 2**19, fewer than 2**12 arrivals; the kernel's constant the same.
+    assert variants.grid_count_fits(2**19 - 1, 2**12 - 1)
+    assert not variants.grid_count_fits(2**19, 528) and not variants.grid_count_fits(8192, 2**12)
+    from portable_softmax.kernels import grid_count
+
+    assert grid_count.ARRIVAL.value == 1 << variants.GRID_COUNT_BITS
+    assert (2**12 - 1) * grid_count.ARRIVAL.value + grid_count.ARRIVAL.value - 1 == 2**31 - 1
 
 
 def test_unknown_variants_are_refused():

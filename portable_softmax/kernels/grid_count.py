@@ -7,10 +7,10 @@ atomic add to one int32 word, its arrival (above the low ``COUNT_BITS``) and its
 (``_arrive``); each reads the word once, before its first store of anything the count scales,
 waiting until every such program has arrived (``_total``): the count is then whole, with no
 other memory to order (each add is one read-modify-write of the word, so a relaxed read will
-do). Each counts its departure when it leaves, and the last to leave resets the word and the
-departures for the next launch (``_depart``; the kernel boundary orders the reset before the
-next launch's adds). One word of 32 bits holds fewer than 2**12 arrivals and a count below 2**19:
-the planner asks for the count where both fit (``variants.grid_count_fits``).
+do). Each then counts its departure, and the last to leave resets the word and the departures
+for the next launch (the kernel boundary orders the reset before the next launch's adds). One
+word of 32 bits holds fewer than 2**12 arrivals and a count below 2**19: the planner asks for the
+count where both fit (``variants.grid_count_fits``).
 
 The wait needs every program of the grid resident at once: a persistent grid launched
 cooperatively (the driver refuses one that is not). Where programs run one after another (the
@@ -19,19 +19,17 @@ reads, with no wait. A ticketed grid (a program per item, not all resident) cann
 last of them: its 'mean' keeps the stats kernel (``variants.loss_counts``).
 
 Where: two int32 counters after the tiles' (``variants.GRID_COUNTERS``). An integer count is the
-same in any order of the adds. (A weighted 'mean''s denominator is a float sum, whose rounding its order
-would change: it keeps the stats kernel, which sums in one fixed order.)
+same in any order of the adds. (A weighted 'mean''s denominator is a float sum, whose rounding
+its order would change: it keeps the stats kernel, which sums in one fixed order.)
 
-In a pipelined item loop ``_arrive`` and ``_total`` are called, not inlined (Triton pipelines a
-loop that calls a function holding a loop, not one that holds it), and a called function's shared
-memory is the caller's pipeline buffers on Triton 3.6: both work on blocks of ``PEER_GROUP``
-lanes, whose reductions stay within a warp, and no scalar atomic hands its result to the
-program's other threads (through shared memory): a read is one lane's of a block, as the
-exchange's wait reads its slots (``exchange._gather_row``); so the count is one word, not a
-count and arrivals ordered by release and acquire, whose atomics hand their results over.
+When. Each program arrives before its item loop: Triton's pipeliner moved an arrival made in the
+loop body for the first item into another stage than the read, and a grid hung on an H200. A
+pipelined program reads the count before its loop too (a call of the read from the pipelined
+body, the only way to keep a wait loop there, cost every item the call site's moves: 4096x256000
+bf16 30 us slower); an unpipelined one after its first item's loads and exchange (NOTES v43).
 """
-from .jit import _jit, _jit_call, _language, tl  # noqa: F401 (_language: see jit.py)
-from .exchange import PEER_GROUP, _read_slots
+from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
+from .exchange import PEER_GROUP
 from .loss import _counted_targets
 
 # The word: arrivals above the low ``COUNT_BITS``, the count below (``variants.GRID_COUNT_BITS``).
@@ -54,8 +52,9 @@ def _arrive(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stri
             ignore_index):
     """Count the targets of this program's slice of the ``n_rows`` positions (a row view of
     ``rows_per_outer`` rows a group) that are not ``ignore_index``, and add them with this
-    program's arrival at ``word``. The slice is walked a group at a time: the block's indices are
+    program's arrival at ``word``, if it takes items. The slice is walked a group at a time: the block's indices are
     never divided (triton-ascend's address analysis takes no divided block)."""
+    takes = tl.program_id(0) < n_items
     per_program = tl.cdiv(n_rows, _participants(n_items))
     start = tl.program_id(0) * per_program
     stop = tl.minimum(start + per_program, n_rows)
@@ -70,48 +69,25 @@ def _arrive(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stri
             where = tl.cast(group, tl.int64) * target_outer_stride + rows.to(tl.int64) * target_row_stride
             _, counted = _counted_targets(target_ptr, where, rows < high, ignore_index)
             counted_here += counted.to(tl.int32)
-    tl.atomic_add(word, tl.sum(counted_here, 0) + ARRIVAL, sem="relaxed")
+    tl.atomic_add(word, tl.sum(counted_here, 0) + ARRIVAL, mask=takes, sem="relaxed")
 
 
-def _total(word, n_items, WAIT: tl.constexpr, LANE: tl.constexpr, ATOMIC: tl.constexpr):
+def _total(word, departures, n_items, WAIT: tl.constexpr):
     """The grid's count of counted targets, read from ``word`` once every program that takes
-    items has arrived (``WAIT``; without it, a launch before this one arrived). ``LANE``: each
-    read one lane's of a block, as the exchange reads its slots (``exchange._read_slots``,
-    ``ATOMIC``: the split wait's read; a called function's, module docstring); else a scalar
-    atomic's."""
-    packed = _read(word, LANE, ATOMIC)
+    items has arrived (``WAIT``; without it, a launch before this one arrived); then this
+    program's departure (released: its read is done first), the last to leave resetting the word
+    and the departures. Each read is one thread's relaxed atomic for the program (a volatile load
+    by every thread would poll the word 128 times as often)."""
+    packed = tl.atomic_add(word, 0, sem="relaxed")
     if WAIT:
         participants = _participants(n_items)
         while packed // ARRIVAL < participants:
-            packed = _read(word, LANE, ATOMIC)
+            packed = tl.atomic_add(word, 0, sem="relaxed")
+    last = tl.atomic_add(departures, 1, sem="acq_rel") == _participants(n_items) - 1
+    tl.store(word, 0, mask=last)
+    tl.store(departures, 0, mask=last)
     return packed % ARRIVAL
 
 
-@_jit
-def _read(word, LANE: tl.constexpr, ATOMIC: tl.constexpr):
-    """The int32 ``word`` as it is now in memory: read by one lane of a block of ``PEER_GROUP``
-    (``LANE``), or by a relaxed scalar atomic."""
-    if LANE:
-        lanes = tl.arange(0, PEER_GROUP)
-        value = tl.sum(_read_slots(word + lanes * 0, lanes < 1, ATOMIC), 0)
-    else:
-        value = tl.atomic_add(word, 0, sem="relaxed")
-    return value
-
-
-@_jit
-def _depart(word, departures, n_items):
-    """Count this program's departure, if it took items (released: its read of the count is done
-    first); the last to leave resets the word and the departures."""
-    takes = tl.program_id(0) < n_items
-    last = takes & (tl.atomic_add(departures, 1, mask=takes, sem="acq_rel") == _participants(n_items) - 1)
-    tl.store(word, 0, mask=last)
-    tl.store(departures, 0, mask=last)
-
-
-# Inlined in an unpipelined item loop (triton-ascend lowers no call that takes a pointer, nor a
-# block of pointers a stride of 0 apart), called from a pipelined one (module docstring).
 _arrived = _jit(_arrive)
-_arrived_called = _jit_call(_arrive)
 _counted_total = _jit(_total)
-_counted_total_called = _jit_call(_total)

@@ -35,7 +35,7 @@ from .common import LOG2E, _cast, _load, _lse_reference, _row_starts
 from .dependency import _overlapped
 from .exchange import (EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, EXCHANGE_READ, EXCHANGE_WAIT, MAXIMA_LSE, _arrive,
                        _empty_last, _empty_previous, _exchange, _float_bits)
-from .grid_count import _arrived, _arrived_called, _counted_total, _counted_total_called, _depart, _grid_counters
+from .grid_count import _arrived, _counted_total, _grid_counters
 from .loss import _target_logit
 from .loss_terms import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                          _weights)
@@ -71,18 +71,19 @@ def cross_entropy_forward_split(
     # itself (``grid_count.py``; its stats' denominators are 1), in counters after the tiles'.
     tl.static_assert(not COUNTED or (WRITE_GRAD and not TICKETED), "a grid counts its targets: resident, gradient")
     word, departures = _grid_counters(done_ptr, n_rows)
+    if COUNTED and PHASE != EXCHANGE_READ:
+        # Before the item loop: Triton's pipeliner moves what the loop body does for its first item
+        # into another stage than the wait for the count (the program then waits on its own
+        # arrival: a grid that hung on an H200, NOTES v43).
+        _arrived(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stride, target_row_stride,
+                 ignore_index)
+    if (COUNTED and STAGES > 1) and PHASE != EXCHANGE_PUBLISH:
+        # Read before the loop too: a pipelined loop that calls the read for its first item paid
+        # for the call site on every item (4096x256000 bf16 30 us slower on the H200, NOTES v43).
+        ce_scale = 1.0 / _counted_total(word, departures, n_items, PHASE == EXCHANGE_WAIT).to(tl.float32)
+        z_scale = ce_scale
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
     for item in tl.range(first, stop, step, num_stages=STAGES):
-        if COUNTED and PHASE != EXCHANGE_READ:
-            # At the top of the body, where little is live across the call (pipelined, its first
-            # item's chunk is in flight already: the pipeline's prologue loads it).
-            if item == first:
-                if STAGES > 1:
-                    _arrived_called(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stride,
-                                    target_row_stride, ignore_index)
-                else:
-                    _arrived(target_ptr, word, n_items, n_rows, rows_per_outer, target_outer_stride,
-                             target_row_stride, ignore_index)
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
@@ -161,14 +162,12 @@ def cross_entropy_forward_split(
         row_total = tl.full([BLOCK_M], 0.0, tl.float32) + row_total
         # A publishing launch writes nothing: the next one writes every chunk.
         if PHASE != EXCHANGE_PUBLISH:
-            if COUNTED:
-                # The count, read once: before the first share or gradient it scales. Both of the
-                # 'mean''s denominators are the count (unweighted); 0 / 0 is NaN, as torch's.
+            if COUNTED and STAGES == 1:
+                # The count, read once: before the first share or gradient it scales, after the
+                # first item's loads and exchange (unpipelined, nothing else is in flight). Both of
+                # the 'mean''s denominators are the count (unweighted); 0 / 0 is NaN, as torch's.
                 if item == first:
-                    if STAGES > 1:
-                        counted = _counted_total_called(word, n_items, PHASE == EXCHANGE_WAIT, True, WAIT_ATOMIC)
-                    else:
-                        counted = _counted_total(word, n_items, PHASE == EXCHANGE_WAIT, False, WAIT_ATOMIC)
+                    counted = _counted_total(word, departures, n_items, PHASE == EXCHANGE_WAIT)
                     ce_scale = 1.0 / counted.to(tl.float32)
                     z_scale = ce_scale
             # A row of -inf only has lse -inf, as torch's logsumexp (its peers' sums are 0 * NaN).
@@ -190,8 +189,6 @@ def cross_entropy_forward_split(
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
-    if COUNTED and PHASE != EXCHANGE_PUBLISH:
-        _depart(word, departures, n_items)
 
 
 @_jit
