@@ -124,7 +124,8 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         # With the gradient, the denominators of the default 'mean' first, one program
         # (``loss_reduction.stats``), unless the forward's grid counts them (``variants.loss_counts``);
         # the forward alone divides by them after it, in the sum's program (``loss_reduction.counted_mean``).
-        stats = call.backward and not variants.loss_counts(plan.config, facts)
+        stats = call.backward and not (variants.loss_counts(plan.config, facts)
+                                       and variants.grid_count_fits(rows, plan.programs))
         found = [PlannedLaunch("stats", plan_stats(target, variants.STATS_BLOCK), ((variants.STATS_KERNEL, UNSIZED),))
                  ] if stats else []
         found += [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
