@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import portable_softmax as ps
-from portable_softmax import loss_launch, loss_ops, tuning
+from portable_softmax import launch, loss_launch, loss_ops, tuning
 from portable_softmax.selfcheck import relative_error
 from regimes import SPLIT_REGIMES, force_regime, interpreted, open_split
 
@@ -322,20 +322,26 @@ def _stats_launched() -> bool:
     return any(key[0] == "stats" and found[0] is not None for key, found in loss_launch.calls.items())
 
 
-@pytest.mark.parametrize("regime, programs", [("split", None), ("pipelined", None), ("split", 1)],
-                         ids=["split", "pipelined", "one-program"])
+@pytest.mark.parametrize("regime, programs", [("split", None), ("pipelined", None), ("split", 1), ("split", 9)],
+                         ids=["split", "pipelined", "one-program", "wider-than-its-items"])
 def test_split_rows_count_their_targets(device, monkeypatch, regime, programs):
     # The default 'mean' with the gradient, its rows split: the forward's grid counts the targets
     # that are not ignored itself (``kernels/grid_count.py``; its stats hold 1), no stats launch.
     # Calls back to back, each ignoring another share (a count left over from the call before, or
-    # a counter not reset, scales the loss and gradient wrongly); on one program (``programs``) a
-    # slice of 40 positions, more than a block of 32.
-    if programs and not interpreted(device):
+    # a counter not reset, scales the loss and gradient wrongly). ``programs``: on one program (the
+    # interpreter's: a resident grid is a multiple of its chunks), a slice of 40 positions, more than
+    # a block of 32; on a resident grid of 9 for 2 rows of 3 chunks (a GPU's: the interpreter's grid
+    # never outnumbers its items), three that take no item, arrive nowhere and are not waited for.
+    if programs == 1 and not interpreted(device):
         pytest.skip("a grid of one program: the interpreter's (a resident split grid is a multiple of its chunks)")
+    if programs == 9 and interpreted(device):
+        pytest.skip("a grid wider than its items: a resident one's (the interpreter's never outnumbers its items)")
     changes = {"max_programs": programs} if programs else {}
+    if programs:
+        monkeypatch.setenv(launch.PROGRAMS_ENV, str(programs))
     _split(monkeypatch, device, regime, **changes)
     loss_launch.calls.clear()
-    rows = 40 if programs else 7
+    rows = {None: 7, 1: 40, 9: 2}[programs]
     for ignored in (0.0, 0.5, 0.8, 0.2):
         x = logits((rows, 300), torch.float32, device)
         target = class_targets((rows,), 300, device, ignored)
@@ -345,10 +351,8 @@ def test_split_rows_count_their_targets(device, monkeypatch, regime, programs):
     assert counting and all(loss_launch.counts(record) for record in counting)
     assert not _stats_launched()
     if programs:
-        assert {record.plan.programs for record in counting} == {1}
+        assert {record.plan.programs for record in counting} == {programs}
     # The counters the grid used are left at 0 for the next launch.
-    from portable_softmax import launch
-
     for pool in (launch._scratch, launch._phased_scratch):
         for _, counters in pool._buffers.values():
             assert not counters.any()
