@@ -322,36 +322,41 @@ def _stats_launched() -> bool:
     return any(key[0] == "stats" and found[0] is not None for key, found in loss_launch.calls.items())
 
 
-@pytest.mark.parametrize("regime, programs", [("split", None), ("pipelined", None), ("split", 1), ("split", 9)],
+@pytest.mark.parametrize("regime, grid", [("split", None), ("pipelined", None), ("split", "one"),
+                                         ("pipelined", "wide")],
                          ids=["split", "pipelined", "one-program", "wider-than-its-items"])
-def test_split_rows_count_their_targets(device, monkeypatch, regime, programs):
+def test_split_rows_count_their_targets(device, monkeypatch, regime, grid):
     # The default 'mean' with the gradient, its rows split: the forward's grid counts the targets
     # that are not ignored itself (``kernels/grid_count.py``; its stats hold 1), no stats launch.
     # Calls back to back, each ignoring another share (a count left over from the call before, or
-    # a counter not reset, scales the loss and gradient wrongly). ``programs``: on one program (the
-    # interpreter's: a resident grid is a multiple of its chunks), a slice of 40 positions, more than
-    # a block of 32; on a resident grid of 9 for 2 rows of 3 chunks (a GPU's: the interpreter's grid
-    # never outnumbers its items), three that take no item, arrive nowhere and are not waited for.
-    if programs == 1 and not interpreted(device):
+    # a counter not reset, scales the loss and gradient wrongly). ``grid``: one program (the
+    # interpreter's: a resident grid is a multiple of its chunks) walking a slice of 40 positions,
+    # more than a block of 32; or a grid wider than its items (2 rows of 3 chunks on 9 programs:
+    # forced on a GPU, the plan's own grid widened on the interpreter, whose plans never outnumber
+    # their items), three programs that take no item, arrive nowhere and are neither waited for
+    # nor counted out (a pipelined grid reads the count before its item loop, whatever it takes).
+    if grid == "one" and not interpreted(device):
         pytest.skip("a grid of one program: the interpreter's (a resident split grid is a multiple of its chunks)")
-    if programs == 9 and interpreted(device):
-        pytest.skip("a grid wider than its items: a resident one's (the interpreter's never outnumbers its items)")
-    changes = {"max_programs": programs} if programs else {}
-    if programs:
-        monkeypatch.setenv(launch.PROGRAMS_ENV, str(programs))
+    changes = {"max_programs": 1} if grid == "one" else {}
+    if grid == "one" or (grid == "wide" and not interpreted(device)):
+        monkeypatch.setenv(launch.PROGRAMS_ENV, "1" if grid == "one" else "9")
     _split(monkeypatch, device, regime, **changes)
     loss_launch.calls.clear()
-    rows = {None: 7, 1: 40, 9: 2}[programs]
-    for ignored in (0.0, 0.5, 0.8, 0.2):
+    rows = {None: 7, "one": 40, "wide": 2}[grid]
+    for step, ignored in enumerate((0.0, 0.5, 0.8, 0.2)):
         x = logits((rows, 300), torch.float32, device)
         target = class_targets((rows,), 300, device, ignored)
         target[0] = 1  # one counted at least: the 'mean' of none is NaN (its own test)
         check(x, target)
+        if grid == "wide" and interpreted(device) and step == 0:
+            for key, record in loss_launch._records.items():
+                if key[0] == "forward":
+                    record.plan = dataclasses.replace(record.plan, programs=9)
     counting = [record for key, record in loss_launch._records.items() if key[0] == "forward"]
     assert counting and all(loss_launch.counts(record) for record in counting)
     assert not _stats_launched()
-    if programs:
-        assert {record.plan.programs for record in counting} == {programs}
+    if grid:
+        assert {record.plan.programs for record in counting} == {1 if grid == "one" else 9}
     # The counters the grid used are left at 0 for the next launch.
     for pool in (launch._scratch, launch._phased_scratch):
         for _, counters in pool._buffers.values():

@@ -76,14 +76,17 @@ def _total(word, departures, n_items, WAIT: tl.constexpr):
     """The grid's count of counted targets, read from ``word`` once every program that takes
     items has arrived (``WAIT``; without it, a launch before this one arrived); then this
     program's departure (released: its read is done first), the last to leave resetting the word
-    and the departures. Each read is one thread's relaxed atomic for the program (a volatile load
-    by every thread would poll the word 128 times as often)."""
+    and the departures. A program that takes no item (a grid wider than its items: a hand-sized
+    one) neither waits nor departs: its count is never used, and its departure would reset the
+    word before a later reader's read. Each read is one thread's relaxed atomic for the program (a
+    volatile load by every thread would poll the word 128 times as often)."""
+    takes = tl.program_id(0) < n_items
+    participants = _participants(n_items)
     packed = tl.atomic_add(word, 0, sem="relaxed")
     if WAIT:
-        participants = _participants(n_items)
-        while packed // ARRIVAL < participants:
+        while takes & (packed // ARRIVAL < participants):
             packed = tl.atomic_add(word, 0, sem="relaxed")
-    last = tl.atomic_add(departures, 1, sem="acq_rel") == _participants(n_items) - 1
+    last = takes & (tl.atomic_add(departures, 1, mask=takes, sem="acq_rel") == participants - 1)
     tl.store(word, 0, mask=last)
     tl.store(departures, 0, mask=last)
     return packed % ARRIVAL
