@@ -319,7 +319,7 @@ MUTANTS = [
            "    _overlapped(DEPENDENT)\n",
            ("tests/test_crosscompile.py::test_overlapping_kernels_wait_before_touching_memory",)),
     # The split grid's own count of a 'mean''s targets (kernels/grid_count.py): a slice's last
-    # position left out, and the word never reset for the next launch.
+    # position left out, a program without items departing, the word never reset for the next launch.
     Mutant("grid_count_drops_a_slice_end", f"{KERNELS}/grid_count.py",
            "            _, counted = _counted_targets(target_ptr, where, rows < high, ignore_index)\n",
            "            _, counted = _counted_targets(target_ptr, where, rows < high - 1, ignore_index)\n",
