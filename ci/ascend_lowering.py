@@ -132,15 +132,18 @@ def lowering_jobs():
     split = types.SimpleNamespace(regime="split", block_m=1, block_n=8192, chunks=LOSS_SPLIT_CHUNKS,
                                   chunks_p2=LOSS_SPLIT_CHUNKS, num_stages=1, align=1, ticketed=False, phased=True,
                                   arrival=False)
-    # The default 'mean' with the gradient last: its grid counts its targets (``kernels/grid_count.py``).
+    # The default 'mean' with the gradient last: its grid counts its targets (``kernels/grid_count.py``)
+    # and sums its loss (``kernels/grid_sum.py``: the loss the data's dtype), and a 'sum' summed alone.
     split_forms = [(write_grad, form, flags) for write_grad, (form, flags)
                    in itertools.product((False, True), list(LOSS_FORMS.items())[:2])]
-    split_forms.append((True, "counted", {"counted": True}))
+    split_forms += [(True, "counted", {"counted": True}), (True, "counted summed", {"counted": True, "summed": True}),
+                    (True, "summed", {"summed": True})]
     for write_grad, form, flags in split_forms:
         facts = variants.LossFacts(write_grad=write_grad, **flags)
+        summed = ("summed",) if variants.loss_sums(split, facts) else ()
         for phase in variants.launch_phases(split):
             label = f"M=1 N=8192 CHUNKS={LOSS_SPLIT_CHUNKS} PHASE={phase} {form}"
-            yield (variants.loss_kernel_name("forward", "split"), ("loss", "forward", False, "split"),
+            yield (variants.loss_kernel_name("forward", "split"), ("loss", "forward", False, "split", *summed),
                    label + (" WRITE_GRAD" if write_grad else ""),
                    variants.loss_constexprs("forward", split, facts, phase))
     yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
@@ -191,10 +194,12 @@ def kernel_parameters(kernel):
         tensors = {f"{t}_ptr": ("fp32" if t == "stats" else None) for t in variants.SHARDED_TENSORS[kernel]}
         return tensors, variants.sharded_parameter_names(kernel)
     if kernel[0] == "loss":
-        # Class targets int64 (probabilities: the data's dtype); weights, stats, loss rows, lse fp32;
-        # a split kernel's scratch as ``variants.SCRATCH`` types it.
-        _, direction, probabilities, regime = kernel
-        types = {"target": None if probabilities else "i64", "weight": "fp32", "stats": "fp32", "loss": "fp32",
+        # Class targets int64 (probabilities: the data's dtype); weights, stats, loss rows, lse fp32
+        # (a split grid that sums the loss: the loss the data's dtype); a split kernel's scratch as
+        # ``variants.SCRATCH`` types it.
+        _, direction, probabilities, regime, *summed = kernel
+        types = {"target": None if probabilities else "i64", "weight": "fp32", "stats": "fp32",
+                 "loss": None if summed else "fp32",
                  "lse": "fp32", **{f"{name}": kind for name, kind in variants.SCRATCH}}
         names = variants.loss_parameter_names(direction, regime)
         return ({name: types.get(name[:-len("_ptr")]) for name in names if name.endswith("_ptr")}, names)

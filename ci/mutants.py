@@ -323,15 +323,30 @@ MUTANTS = [
     Mutant("grid_count_drops_a_slice_end", f"{KERNELS}/grid_count.py",
            "            _, counted = _counted_targets(target_ptr, where, rows < high, ignore_index)\n",
            "            _, counted = _counted_targets(target_ptr, where, rows < high - 1, ignore_index)\n",
-           _ids("tests/test_loss.py::test_split_rows_count_their_targets", "cpu-split", "cpu-one-program")),
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets_and_sum_their_loss", "cpu-split", "cpu-one-program")),
     Mutant("grid_count_departs_without_items", f"{KERNELS}/grid_count.py",
            "    last = takes & (tl.atomic_add(departures, 1, mask=takes, sem=\"acq_rel\") == participants - 1)\n",
            "    last = tl.atomic_add(departures, 1, sem=\"acq_rel\") == participants - 1\n",
-           _ids("tests/test_loss.py::test_split_rows_count_their_targets", "cpu-wider-than-its-items")),
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets_and_sum_their_loss", "cpu-wider-than-its-items")),
     Mutant("grid_count_never_reset", f"{KERNELS}/grid_count.py",
            "    tl.store(word, 0, mask=last)\n",
            "    tl.store(word, 0, mask=last & (n_items < 0))\n",
-           _ids("tests/test_loss.py::test_split_rows_count_their_targets", "cpu-split", "cpu-pipelined")),
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets_and_sum_their_loss", "cpu-split", "cpu-pipelined")),
+    # The split grid's own sum of a reduced loss (kernels/grid_sum.py): the last program reading
+    # the first block of partials only, a program without items counting its finish, the finish
+    # counter never reset for the next launch.
+    Mutant("grid_sum_first_block_only", f"{KERNELS}/grid_sum.py",
+           "        for start in tl.range(0, participants, SUM_BLOCK):\n",
+           "        for start in tl.range(0, tl.minimum(participants, SUM_BLOCK), SUM_BLOCK):\n",
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets_and_sum_their_loss", "cpu-partials-in-blocks")),
+    Mutant("grid_sum_finishes_without_items", f"{KERNELS}/grid_sum.py",
+           "    last = takes & (tl.atomic_add(finish, 1, mask=takes, sem=\"acq_rel\") == participants - 1)\n",
+           "    last = tl.atomic_add(finish, 1, sem=\"acq_rel\") == participants - 1\n",
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets_and_sum_their_loss", "cpu-wider-than-its-items")),
+    Mutant("grid_sum_never_reset", f"{KERNELS}/grid_sum.py",
+           "        tl.store(finish, 0)\n",
+           "        tl.store(finish, 0, mask=n_items < 0)\n",
+           _ids("tests/test_loss.py::test_split_rows_count_their_targets_and_sum_their_loss", "cpu-split", "cpu-pipelined")),
 ]
 
 

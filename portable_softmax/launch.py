@@ -113,28 +113,41 @@ class LaunchRecord:
     def __init__(self, kernel: Any, backend: Backend, device: torch.device, plan: LaunchPlan, scalars: tuple,
                  launches: tuple[dict, ...], options: dict,
                  fallback: Optional[Callable[[tuple[torch.Tensor, ...]], "LaunchRecord"]]) -> None:
-        self.kernel, self.backend, self.device, self.plan = kernel, backend, device, plan
+        self.kernel, self.backend, self.device = kernel, backend, device
         self.scalars, self.launches, self.options = scalars, launches, options
         self._fallback, self._fallback_record = fallback, None
-        self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
-        # Counters: one per tile (rows split one at a time) and a loss grid's count of its targets
-        # (``variants.GRID_COUNTERS``), or the ticket counter and two per tile (tiles of several rows
-        # count arrivals and departures: kernels.exchange._gather_tile).
-        self._counters = plan.tiles + variants.GRID_COUNTERS if plan.block_m == 1 else 1 + 2 * plan.tiles
-        # Ticketed grids of one-row items leave their slots full: they are emptied before each launch
-        # (nothing waits on an empty slot in a two-launch exchange).
-        self._refill = plan.ticketed and plan.block_m == 1 and not plan.phased
+        self.plan = plan
         # Regimes that fuse take two more tensors: a call that brings none gets its input there.
         self._arity = len(variants.TENSORS["backward" if kernel.fn.__name__.startswith("softmax_backward")
                                            else "forward"])
         # (The softmax kernels only: the cross-entropy kernels' tensors are their own, ``loss_launch``.)
         self._pad = plan.regime in variants.FUSED_REGIMES and kernel.fn.__name__.startswith("softmax_")
-        self._direct: Optional[list[Callable[[int, tuple], None]]] = None
         # Its binaries asked for at the compile door: once, by the first launch (where the
         # launcher is not known every launch comes below, and finds them in Triton's cache).
         self._compiled = False
         self._stream: Callable[[], int] = (lambda: 0) if backend.interpreted else compat.stream_getter(device)
         self._current = None if backend.interpreted else compat.current_device_getter(device)
+
+    @property
+    def plan(self) -> LaunchPlan:
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: LaunchPlan) -> None:
+        """The plan, and the scratch its grid needs (a plan set again resizes it)."""
+        self._plan = plan
+        self._slots = plan.tiles * plan.block_m * plan.chunks if plan.regime == "split" else 0
+        # Counters: one per tile (rows split one at a time), a loss grid's count of its targets and
+        # sum of its loss (``variants.GRID_COUNTERS``) and a partial of that sum a program; or the
+        # ticket counter and two per tile (tiles of several rows count arrivals and departures:
+        # kernels.exchange._gather_tile).
+        self._counters = (plan.tiles + variants.GRID_COUNTERS + plan.programs if plan.block_m == 1
+                          else 1 + 2 * plan.tiles)
+        # Ticketed grids of one-row items leave their slots full: they are emptied before each launch
+        # (nothing waits on an empty slot in a two-launch exchange).
+        self._refill = plan.ticketed and plan.block_m == 1 and not plan.phased
+        # The launcher laid out for the grid of the plan before: the next launch lays it out again.
+        self._direct: Optional[list[Callable[[int, tuple], None]]] = None
 
     def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
         if self._current is not None and self._current() != self.device.index:

@@ -101,11 +101,17 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     call = LossCall(direction, view, facts, scalars, input_bytes, splittable, align, record.cooperative_launch)
 
     def compile(chosen: Variant) -> KernelResources:
-        # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet.
+        # Triton's warmup takes dtypes for pointer arguments: the scratch need not exist yet, nor
+        # the loss of a grid that sums it, of the input's dtype (``loss_rows._launch``), where the
+        # call's tensors hold the rows' buffer.
         scratch = (torch.int64, torch.int32) if chosen.config.regime == "split" else ()
+        given: tuple[Any, ...] = tensors
+        if chosen.constexpr_values.get("SUMMED"):
+            at = names.index("loss")
+            given = (*tensors[:at], tensors[0].dtype, *tensors[at + 1:])
         args = variants.loss_scalar_arguments(chosen.config, view.n_outer, view.rows_per_outer, view.n_cols,
                                               view.strides, scalars)
-        return _compiled_resources(getattr(module, chosen.kernel), backend, device, (*tensors, *scratch, *args),
+        return _compiled_resources(getattr(module, chosen.kernel), backend, device, (*given, *scratch, *args),
                                    chosen.constexpr_values, chosen.option_values)
 
     known = _known(backend, target, tensors[0].dtype, call.writes_gradient, input_bytes)
@@ -121,40 +127,64 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
                      for phase in variants.launch_phases(plan.config))
     fallback: Optional[Callable[[tuple[torch.Tensor, ...]], Any]] = None
     if plan.regime == "split":
-        counts = variants.loss_counts(plan.config, facts)
-
         # The same call streamed, for a graph capture that cannot grow the scratch; built from the
-        # tensors of the call that needs it: a record holds no tensor. A grid that counted its
-        # targets was given stats that hold 1: the streamed call forms their count first.
+        # tensors of the call that needs it: a record holds no tensor.
         def fallback(now: tuple[torch.Tensor, ...]) -> Any:
-            streamed = _record(direction, now, view, facts, scalars, allow_split=False)
-            return _CountedFirst(streamed, scalars[variants.LOSS_SCALARS.index("ignore_index")]) if counts else streamed
+            return _StandIn(direction, view, facts, scalars, variants.loss_counts(plan.config, facts),
+                            variants.loss_sums(plan.config, facts), now)
     return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, args, launches,
                         chosen[0].option_values, fallback)
 
 
-class _CountedFirst:
-    """A streamed record standing in for a split grid that counts its 'mean''s targets itself
-    (``variants.loss_counts``): called with that grid's tensors, whose stats hold 1 in the
-    denominators' places, it launches with the count of the targets that are not ``ignore_index``
-    there (torch's operations: a graph capture's first call of this layout only)."""
+class _StandIn:
+    """The streamed record standing in for a split grid (a graph capture that cannot grow its
+    scratch), called with that grid's tensors. Where the grid counts its 'mean''s targets itself
+    (``counts``, ``variants.loss_counts``), its stats hold 1 in the denominators' places: it
+    launches with the count of the targets that are not ``ignore_index`` there. Where the grid sums
+    its loss itself (``sums``, ``variants.loss_sums``), its ``loss`` is the reduced loss: it
+    launches with a buffer of the rows' losses and sums them into it. Torch's operations either
+    way: a graph capture's first call of this layout only."""
 
-    def __init__(self, record: LaunchRecord, ignore_index: int) -> None:
-        self.record, self.ignore_index = record, ignore_index
+    def __init__(self, direction: str, view: RowView, facts: variants.LossFacts, scalars: tuple, counts: bool,
+                 sums: bool, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.counts, self.sums, self.ignore_index = counts, sums, scalars[variants.LOSS_SCALARS.index("ignore_index")]
+        self.positions = view.n_outer * view.rows_per_outer
+        self.record = _record(direction, self._rows_for(tensors)[0], view, facts, scalars, allow_split=False)
+
+    def _rows_for(self, tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """``tensors`` with the rows' losses in the place of the reduced loss where the grid sums
+        (contiguous, as its shares were laid out), and the rows' buffer (``loss`` where it does not)."""
+        names = variants.LOSS_TENSORS["forward"]
+        at = names.index("loss")
+        rows = tensors[names.index("stats")].new_empty(self.positions) if self.sums else tensors[at]
+        return (*tensors[:at], rows, *tensors[at + 1:]), rows
 
     def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
         names = variants.LOSS_TENSORS["forward"]
-        target, stats = tensors[names.index("target")], tensors[names.index("stats")]
-        count = (target != self.ignore_index).sum(dtype=stats.dtype).reshape(1)
-        # Both denominators of an unweighted 'mean' are the count (``variants.LOSS_STATS``' first two).
-        counted = torch.cat((count, count, stats[2:]))
-        return self.record(tuple(counted if name == "stats" else t for name, t in zip(names, tensors)))
+        streamed, rows = self._rows_for(tensors)
+        if self.counts:
+            at = names.index("stats")
+            stats = streamed[at]
+            count = (streamed[names.index("target")] != self.ignore_index).sum(dtype=stats.dtype).reshape(1)
+            # Both denominators of an unweighted 'mean' are the count (``variants.LOSS_STATS``' first two).
+            streamed = (*streamed[:at], torch.cat((count, count, stats[2:])), *streamed[at + 1:])
+        plan = self.record(streamed)
+        if self.sums:
+            tensors[names.index("loss")].copy_(rows.sum())
+        return plan
 
 
 def counts(record: LaunchRecord) -> bool:
     """Whether ``record``'s forward counts its 'mean''s targets itself (``variants.loss_counts``):
     its call's stats then hold 1 in the denominators' places."""
     return bool(record.launches[0].get("COUNTED"))
+
+
+def sums(record: LaunchRecord) -> bool:
+    """Whether ``record``'s forward sums its reduced loss itself (``variants.loss_sums``): it is
+    then launched with the loss, of the input's dtype, in the place of ``loss`` (it was built
+    with the rows' buffer there, which keys it)."""
+    return bool(record.launches[0].get("SUMMED"))
 
 
 def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,

@@ -88,15 +88,16 @@ def forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
         grad = torch.zeros_like(x) if write_grad else None
         return loss_reduction.reduced(torch.empty_like(lse), x.dtype, options), lse, grad, stats, x
     grad = (x if inplace else torch.empty_like(x)) if write_grad else None
-    # A reduced loss is the sum of whatever the launch wrote its terms into (``_launch``).
+    # A reduced loss is the sum of whatever the launch wrote its terms into, or what its grid
+    # summed them into (``_launch``).
     rows = torch.empty_like(lse) if options.reduction == "none" else None
-    terms, used = _launch(x, target, weight, stats, rows, lse, grad, options, counted)
+    terms, used, summed = _launch(x, target, weight, stats, rows, lse, grad, options, counted)
     if terms is None:
         x, target = x.contiguous(), target.contiguous()
         if write_grad:
             grad = x if inplace else torch.empty_like(x)
-        terms, used = _launch(x, target, weight, stats, rows, lse, grad, options, counted)
-    return loss_reduction.reduced(terms, x.dtype, options), lse, grad, used, x
+        terms, used, summed = _launch(x, target, weight, stats, rows, lse, grad, options, counted)
+    return terms if summed else loss_reduction.reduced(terms, x.dtype, options), lse, grad, used, x
 
 
 def forward_alone(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor],
@@ -112,10 +113,10 @@ def forward_alone(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.
         _check_targets(target, options)
     stats = loss_reduction.unscaled_stats(x.device, _acc(x.dtype), options)
     lse = stats.new_empty(_positions(x.shape))
-    terms, _ = _launch(x, target, None, stats, None, lse, None, options)
+    terms, _, _ = _launch(x, target, None, stats, None, lse, None, options)
     if terms is None:
         x, target = x.contiguous(), target.contiguous()
-        terms, _ = _launch(x, target, None, stats, None, lse, None, options)
+        terms, _, _ = _launch(x, target, None, stats, None, lse, None, options)
     return loss_reduction.counted_mean(terms, target, x.dtype, options), lse
 
 
@@ -138,13 +139,14 @@ def launch_forward(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch
 
 def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
             rows: Optional[torch.Tensor], lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options,
-            counted: bool = False) -> tuple[Optional[torch.Tensor], torch.Tensor]:
-    """``launch_forward``'s launch, and the stats it read; None where it launched nothing. With
-    ``rows`` None (a reduced loss: only the sum of the rows' losses is wanted) they go into a
-    buffer of its own, returned as it is: a split plan's shares unsummed, so that the loss is one
-    reduction of them, not a sum over the chunks and another over the rows. Its buffers are fresh
-    from torch's allocator, at least 16-byte aligned as the record built from another such one
-    assumes.
+            counted: bool = False) -> tuple[Optional[torch.Tensor], torch.Tensor, bool]:
+    """``launch_forward``'s launch, the stats it read, and whether it returns the reduced loss
+    itself; None where it launched nothing. With ``rows`` None (a reduced loss: only the sum of
+    the rows' losses is wanted) they go into a buffer of its own, returned as it is: a split
+    plan's shares unsummed, so that the loss is one reduction of them, not a sum over the chunks
+    and another over the rows; or, where the forward writes the gradient and its grid sums the
+    shares itself (``variants.loss_sums``), the loss in x's dtype. Its buffers are fresh from
+    torch's allocator, at least 16-byte aligned as the record built from another such one assumes.
 
     ``counted`` (``forward``'s unweighted 'mean' that writes the gradient, its ``stats`` holding 1
     in the denominators' places): the launch's grid counts the targets where its plan can
@@ -164,45 +166,53 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
             # loss's dtype): its kernel compiles beside this forward's.
             loss_launch.grad_scale_ahead(grad, x.dtype)
         shaped = rows if rows is not None else stats.new_empty(_positions(x.shape))
-        found = loss_launch.keep(key, _Launch.build(x, target, weight, stats, shaped, lse, grad, options, counted))
+        found = loss_launch.keep(key, _Launch.build(x, target, weight, stats, shaped, lse, grad, options, counted,
+                                                    rows is None and grad is not None))
     if found.record is None:
-        return None, stats
+        return None, stats, False
     if counted and not found.counts:
         stats = loss_reduction.stats(x, target, weight, options)
+    if found.sums:
+        # The grid's sum (its graph-capture stand-in's too: ``loss_launch._StandIn``).
+        loss = x.new_empty((), dtype=x.dtype)
+        found.record((x, target, weight if weight is not None else x, stats, loss, lse, grad))
+        return loss, stats, True
     if not found.chunks:
         if rows is None:
             rows = stats.new_empty(_positions(x.shape))
         found.record((x, target, weight if weight is not None else x, stats, rows, lse,
                       grad if grad is not None else x))
-        return rows, stats
+        return rows, stats, False
     shares = stats.new_empty((found.chunks, *_positions(x.shape)))
     # The plan the launch ran: under a graph capture that cannot grow the split path's scratch, the
     # loop, which writes the rows' losses into the first slab alone.
     plan = found.record((x, target, weight if weight is not None else x, stats, shares, lse,
                          grad if grad is not None else x))
     if rows is None:
-        return (shares if plan.regime == "split" else shares[0]), stats
+        return (shares if plan.regime == "split" else shares[0]), stats, False
     if plan.regime == "split":
         torch.sum(shares, 0, out=rows)
     else:
         rows.copy_(shares[0])
-    return rows, stats
+    return rows, stats, False
 
 
 @dataclass(frozen=True)
 class _Launch:
     """One layout's forward or backward: its launch record (None where some tensor's rows cannot
     be walked in place), for a split plan the chunks its loss shares come in (0 otherwise), and
-    whether its grid counts the 'mean''s targets itself (``loss_launch.counts``)."""
+    whether its grid counts the 'mean''s targets itself (``loss_launch.counts``) and sums the
+    reduced loss itself (``loss_launch.sums``: its record takes the loss in the shares' place)."""
 
     record: Optional[loss_launch.LaunchRecord]
     chunks: int
     counts: bool = False
+    sums: bool = False
 
     @staticmethod
     def build(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], stats: torch.Tensor,
               rows: torch.Tensor, lse: torch.Tensor, grad: Optional[torch.Tensor], options: Options,
-              counted: bool) -> "_Launch":
+              counted: bool, summed: bool) -> "_Launch":
         tensors = _rows(x, target, rows, lse, grad if grad is not None else x)
         view = row_layout.row_view(tensors[0].shape, 1, *tensors)
         if view is None:
@@ -210,11 +220,14 @@ class _Launch:
         x_rows, target_rows, rows_rows, lse_rows, grad_rows = tensors
         launch = (x_rows, target_rows, weight if weight is not None else x_rows, stats, rows_rows, lse_rows,
                   grad_rows)
-        facts = dataclasses.replace(_facts(x, options, grad is not None), counted=counted)
+        facts = dataclasses.replace(_facts(x, options, grad is not None), counted=counted, summed=summed)
         scalars = (options.ignore_index,)
         record = loss_launch.record_for("forward", launch, view, facts, scalars)
         if record.plan.regime != "split":
             return _Launch(record, 0)
+        if loss_launch.sums(record):
+            # Its grid sums the shares: launched with the loss (x's dtype) in their place.
+            return _Launch(record, record.plan.chunks, loss_launch.counts(record), True)
         # The shares are walked as a contiguous ``rows``: the record of that layout.
         shares = torch.empty((record.plan.chunks, *rows.shape), dtype=rows.dtype, device=rows.device)
         tensors = _rows(x, target, shares[0], lse, grad if grad is not None else x)

@@ -36,8 +36,10 @@ NO_FUSION = (1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 SCRATCH = (("slot", "i64"), ("done", "i32"))
 # The counters after the per-tile ones of a split grid of one-row tiles, for a loss forward that
 # counts its 'mean''s targets itself (``loss_counts``, ``kernels/grid_count.py``): one word of its
-# arrivals and its count (the count in the low GRID_COUNT_BITS), and the departures.
-GRID_COUNTERS = 2
+# arrivals and its count (the count in the low GRID_COUNT_BITS), and the departures; for one that
+# sums its loss itself (``loss_sums``, ``kernels/grid_sum.py``), the finish counter; then a
+# program's partial each (``launch.LaunchRecord``).
+GRID_COUNTERS = 3
 GRID_COUNT_BITS = 19
 # The split kernels' PHASE (``kernels.exchange.EXCHANGE_*``, the same numbers): one launch whose
 # programs wait on their row's peers (a resident grid); or, where programs cannot wait on each
@@ -364,6 +366,9 @@ class LossFacts:
     # An unweighted 'mean' of class targets that writes the gradient: its denominators, the count of
     # counted targets, may be formed by the forward's own grid (``loss_counts``), its stats holding 1.
     counted: bool = False
+    # A reduced loss ('mean' or 'sum') that writes the gradient: its sum may be formed by the
+    # forward's own grid (``loss_sums``), into a loss tensor of the input's dtype.
+    summed: bool = False
 
 
 def grid_count_fits(n_rows: int, programs: int) -> bool:
@@ -381,6 +386,17 @@ def loss_counts(config: Config, facts: LossFacts) -> bool:
     Where it does not (nor where its grid and rows do not fit the count's word,
     ``grid_count_fits``), the call's stats hold the denominators (``loss_reduction.stats``)."""
     return (facts.counted and facts.write_grad and config.regime == "split"
+            and not (config.ticketed or config.arrival))
+
+
+def loss_sums(config: Config, facts: LossFacts) -> bool:
+    """Whether the cross-entropy forward of ``config`` sums a reduced loss itself (``SUMMED``,
+    ``kernels/grid_sum.py``) for a call of ``facts``: a ``summed`` call whose rows are split over
+    a persistent grid (or exchanged in two launches), a partial a program; not a ticketed grid (a
+    program an item: as many partials as the shares), nor one by arrival (no gradient). Its
+    ``loss`` is then the reduced loss, in the input's dtype; elsewhere the kernel writes shares a
+    sum after it reduces (``loss_reduction.reduced``)."""
+    return (facts.summed and facts.write_grad and config.regime == "split"
             and not (config.ticketed or config.arrival))
 
 
@@ -413,6 +429,7 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
         values["DEPENDENT"] = facts.dependent
         if config.regime == "split":
             values["COUNTED"] = loss_counts(config, facts)
+            values["SUMMED"] = loss_sums(config, facts)
         if config.regime == "loop":
             # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
             values["ALIGN"] = config.align

@@ -113,10 +113,11 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
                         for name in variants.loss_row_tensors("forward"))
         # Windows over the logits and the gradient, as loss_launch reads them for a split row.
         align, shifted = call_windows(1, rows, classes, [strides[0], strides[-1]], [size, size], True)
-        # The default 'mean': with the gradient, its count by the forward's grid where it can.
+        # The default 'mean': with the gradient, its count and its sum by the forward's grid where
+        # it can.
         facts = variants.LossFacts(acc_fp64=wide, write_grad=call.backward,
                                    wait_atomic=target.tuning.split_wait_atomic, shifted=shifted,
-                                   counted=call.backward)
+                                   counted=call.backward, summed=call.backward)
         loss = launch_plan.LossCall("forward", RowView(1, rows, classes, strides), facts, (-100,), size, True, align,
                                     target.record.cooperative_launch)
         known = _known(target, table, call.dtype, loss.writes_gradient, size)
@@ -129,10 +130,11 @@ def plan_call(target: Target, table: Optional[ResourceTable], call: WarmupCall) 
         found = [PlannedLaunch("stats", plan_stats(target, variants.STATS_BLOCK), ((variants.STATS_KERNEL, UNSIZED),))
                  ] if stats else []
         found += [PlannedLaunch("forward", plan, _kernels(table, call.dtype, chosen) * len(variants.launch_phases(
-                      plan.config))),
-                  # The 'mean' from the forward's terms (``loss_reduction.reduced``): one program.
-                  PlannedLaunch("loss sum", plan_sum(target, variants.SUM_BLOCK, wide, not call.backward),
-                                ((variants.SUM_KERNEL, UNSIZED),))]
+                      plan.config)))]
+        if not variants.loss_sums(plan.config, facts):
+            # The 'mean' from the forward's terms (``loss_reduction.reduced``): one program.
+            found.append(PlannedLaunch("loss sum", plan_sum(target, variants.SUM_BLOCK, wide, not call.backward),
+                                       ((variants.SUM_KERNEL, UNSIZED),)))
         if call.backward:
             scale = plan_elementwise(target, rows * classes, variants.GRAD_SCALE_BLOCK)
             found.append(PlannedLaunch("gradient scale", scale, ((variants.GRAD_SCALE_KERNEL, UNSIZED),)))

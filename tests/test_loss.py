@@ -323,69 +323,79 @@ def _stats_launched() -> bool:
 
 
 @pytest.mark.parametrize("regime, grid", [("split", None), ("pipelined", None), ("split", "one"),
-                                         ("pipelined", "wide")],
-                         ids=["split", "pipelined", "one-program", "wider-than-its-items"])
-def test_split_rows_count_their_targets(device, monkeypatch, regime, grid):
+                                         ("pipelined", "wide"), ("split", "blocks")],
+                         ids=["split", "pipelined", "one-program", "wider-than-its-items", "partials-in-blocks"])
+def test_split_rows_count_their_targets_and_sum_their_loss(device, monkeypatch, regime, grid):
     # The default 'mean' with the gradient, its rows split: the forward's grid counts the targets
-    # that are not ignored itself (``kernels/grid_count.py``; its stats hold 1), no stats launch.
-    # Calls back to back, each ignoring another share (a count left over from the call before, or
-    # a counter not reset, scales the loss and gradient wrongly). ``grid``: one program (the
+    # that are not ignored itself (``kernels/grid_count.py``; its stats hold 1), no stats launch,
+    # and sums the loss itself (``kernels/grid_sum.py``), no sum launch after it. Calls back to
+    # back, each ignoring another share (a count left over from the call before, or a counter not
+    # reset, scales the loss and gradient wrongly; a loss left unwritten holds what its fresh
+    # buffer held). ``grid``: one program (the
     # interpreter's: a resident grid is a multiple of its chunks) walking a slice of 40 positions,
     # more than a block of 32; or a grid wider than its items (2 rows of 3 chunks on 9 programs:
     # the plan's own grid widened after the first call, since no plan outnumbers its items and the
     # loss takes no forced grid), three programs that take no item, arrive nowhere and are neither
     # waited for nor counted out (a pipelined grid reads the count before its item loop, whatever
-    # it takes).
-    if grid == "one" and not interpreted(device):
-        pytest.skip("a grid of one program: the interpreter's (a resident split grid is a multiple of its chunks)")
+    # it takes), nor summed; or the last program's sum of 5 programs' partials in blocks of 2 (the
+    # plan's grid widened to 5 as above; the block's size the interpreter's: it reads it as it runs).
+    if grid in ("one", "blocks") and not interpreted(device):
+        pytest.skip("the interpreter's grid (a resident split grid is a multiple of its chunks) and block")
     changes = {"max_programs": 1} if grid == "one" else {}
+    if grid == "blocks":
+        from portable_softmax.interpreter import interpreted_kernels
+
+        monkeypatch.setattr(interpreted_kernels().grid_sum, "SUM_BLOCK", 2)
     _split(monkeypatch, device, regime, **changes)
     loss_launch.calls.clear()
-    rows = {None: 7, "one": 40, "wide": 2}[grid]
+    rows = {None: 7, "one": 40, "wide": 2, "blocks": 7}[grid]
     for step, ignored in enumerate((0.0, 0.5, 0.8, 0.2)):
         x = logits((rows, 300), torch.float32, device)
         target = class_targets((rows,), 300, device, ignored)
         target[0] = 1  # one counted at least: the 'mean' of none is NaN (its own test)
         check(x, target)
-        if grid == "wide" and step == 0:
+        if grid in ("wide", "blocks") and step == 0:
             for key, record in loss_launch._records.items():
                 if key[0] == "forward":
-                    record.plan = dataclasses.replace(record.plan, programs=9)
+                    record.plan = dataclasses.replace(record.plan, programs=9 if grid == "wide" else 5)
     counting = [record for key, record in loss_launch._records.items() if key[0] == "forward"]
-    assert counting and all(loss_launch.counts(record) for record in counting)
-    assert not _stats_launched()
+    assert counting and all(loss_launch.counts(record) and loss_launch.sums(record) for record in counting)
+    assert not _stats_launched() and not any(key[0] == "sum" for key in loss_launch.calls)
     if grid:
-        assert {record.plan.programs for record in counting} == {1 if grid == "one" else 9}
+        assert {record.plan.programs for record in counting} == {{"one": 1, "wide": 9, "blocks": 5}[grid]}
     # The counters the grid used are left at 0 for the next launch.
     for pool in (launch._scratch, launch._phased_scratch):
         for _, counters in pool._buffers.values():
             assert not counters.any()
 
 
-def test_a_counting_grids_streamed_stand_in_counts_first(device, monkeypatch):
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_summing_grids_streamed_stand_in_sums_and_counts_first(device, monkeypatch, reduction):
     # Under a graph capture that cannot grow the split scratch, a split record streams the call
-    # instead (``LaunchRecord``'s fallback): for a grid that counted its targets, whose stats hold
-    # 1, the stand-in forms the count first (``loss_launch._CountedFirst``).
+    # instead (``LaunchRecord``'s fallback, ``loss_launch._StandIn``). Its grid summed the loss
+    # itself into a loss of x's dtype: the stand-in sums the streamed rows into it; for the 'mean'
+    # the grid also counted its targets, its stats holding 1: the stand-in forms the count first.
     _split(monkeypatch, device)
-    x = logits((3, 300), torch.float32, device)
+    x = logits((3, 300), torch.bfloat16, device)
     target = torch.tensor([5, -100, 299], device=device)
-    ps.cross_entropy(x.clone().requires_grad_(), target).backward()
+    ps.cross_entropy(x.clone().requires_grad_(), target, reduction=reduction).backward()
     (record,) = [record for key, record in loss_launch._records.items() if key[0] == "forward"]
-    assert loss_launch.counts(record)
+    assert loss_launch.sums(record) and loss_launch.counts(record) == (reduction == "mean")
     from portable_softmax import loss_reduction
     from portable_softmax.loss_arguments import Options
 
-    options = Options(300, False, "mean", -100, 0.0, 0.0, None, False)
-    stats = loss_reduction.unscaled_stats(x.device, torch.float32, options)
-    shares, lse, grad = (torch.full((record.plan.chunks, 3), math.nan, device=device), torch.empty(3, device=device),
-                         torch.full_like(x, math.nan))
-    tensors = (x, target, x, stats, shares, lse, grad)
+    options = Options(300, False, reduction, -100, 0.0, 0.0, None, False)
+    stats = (loss_reduction.unscaled_stats(x.device, torch.float32, options) if reduction == "mean"
+             else loss_reduction.stats(x, target, None, options))
+    loss, lse, grad = (torch.full((), math.nan, dtype=x.dtype, device=device), torch.empty(3, device=device),
+                       torch.full_like(x, math.nan))
+    tensors = (x, target, x, stats, loss, lse, grad)
     stand_in = record._fallback(tensors)
     assert stand_in(tensors).regime != "split"
-    theirs, leaf = reference(x, target)
+    theirs, leaf = reference(x, target, reduction=reduction)
     (expected,) = torch.autograd.grad(theirs, leaf)
-    assert relative_error(grad, expected) < TOLERANCE[torch.float32]
-    assert relative_error(shares[0].sum(), theirs) < TOLERANCE[torch.float32]
+    assert relative_error(grad, expected) < TOLERANCE[torch.bfloat16]
+    assert relative_error(loss, theirs) < TOLERANCE[torch.bfloat16]
 
 
 def test_split_rows_with_every_target_ignored(device, monkeypatch):

@@ -30,11 +30,11 @@ GROWTH = 1.3
 # (a launch ~7.3); the path before made 6 and 9 (the stats by !=, sum and where), and before that 9
 # and 14. Class weights add no op (they took 9 more before). The forward alone of an unweighted
 # 'mean' forms no stats (its mean is divided in the sum's launch, ``loss_reduction.counted_mean``):
-# one op and one launch fewer; with the gradient, neither (its split grid counts the targets,
-# ``kernels/grid_count.py``).
+# one op and one launch fewer; with the gradient, neither, nor shares and a sum (its split grid
+# counts the targets, ``kernels/grid_count.py``, and sums the loss into it, ``kernels/grid_sum.py``).
 FORWARD_OPS = 4
 COUNTED_FORWARD_OPS = 3
-TRAINING_OPS = 6
+TRAINING_OPS = 5
 
 
 def _per_call(step, calls: int) -> float:
@@ -107,12 +107,13 @@ def test_cross_entropy_repeated_call_dispatches_few_ops(monkeypatch):
     ps.cross_entropy(logits, target)
     weighted()
     for step, most, records in ((lambda: ps.cross_entropy(logits, target), COUNTED_FORWARD_OPS, 2),
-                                (weighted, FORWARD_OPS, 3), (train, TRAINING_OPS, 3)):
+                                (weighted, FORWARD_OPS, 3), (train, TRAINING_OPS, 2)):
         launches.clear()
         with DispatchedOps() as ops:
             step()
         assert len(ops.names) <= most, ops.names
         # One record a launch: the stats' (but for an unweighted 'mean': alone, it divides after
         # the forward; with the gradient, the split grid counts its targets itself), the
-        # forward's, the loss's sum, and the held gradient's rescale.
+        # forward's, the loss's sum (but where the split grid sums it itself, with the gradient),
+        # and the held gradient's rescale.
         assert len(launches) == records, launches

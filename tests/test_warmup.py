@@ -50,12 +50,16 @@ def test_for_a_recorded_chip_it_lists_one_kernel_per_launch(capsys):
     assert [k["kernel"] for k in column["kernels"]] == ["softmax_forward_partials", "softmax_forward_normalize"]
     scale = launches[("cross_entropy 4096x50257 bfloat16 forward+backward", "gradient scale")]
     assert scale["kernels"] == [{"kernel": "cross_entropy_grad_scale", "resources": warmup.UNSIZED}]
-    # The default 'mean' split over a resident grid counts its targets itself: no stats launch before it.
-    loss = launches[("cross_entropy 4096x50257 bfloat16 forward+backward", "forward")]
-    assert loss["regime"] == "split" and ("cross_entropy 4096x50257 bfloat16 forward+backward", "stats") not in launches
-    summed = launches[("cross_entropy 4096x50257 bfloat16 forward+backward", "loss sum")]
-    assert summed["kernels"] == [{"kernel": "cross_entropy_sum", "resources": warmup.UNSIZED}]
-    assert summed["programs"] == 1
+    # The default 'mean' split over a resident grid counts its targets and sums its loss itself: no
+    # stats launch before it, no sum after it; the forward alone's 'mean' is one program after it.
+    training = "cross_entropy 4096x50257 bfloat16 forward+backward"
+    assert launches[(training, "forward")]["regime"] == "split"
+    assert (training, "stats") not in launches and (training, "loss sum") not in launches
+    code, out, _ = _run(["warmup", "--profile", "h100", "--shape", "4096x50257", "--dtype", "bfloat16", "--loss",
+                         "--json", "--no-progress"], capsys)
+    alone = {launch["what"]: launch for call in json.loads(out)["calls"] for launch in call["launches"]}
+    assert alone["loss sum"]["kernels"] == [{"kernel": "cross_entropy_sum", "resources": warmup.UNSIZED}]
+    assert alone["loss sum"]["programs"] == 1
 
 
 def test_the_calls_it_warms(capsys):

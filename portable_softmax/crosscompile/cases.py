@@ -49,12 +49,14 @@ FUSED_FORM = {"scale": 2, "mask": 1, "causal": True}
 DEFAULT_LOSS_SHAPES = ((16384, 4096), (8192, 128256), (4096, 50257))
 
 # The forms of the loss kernels compiled for each problem, by role: the forward that writes the
-# gradient (plain: the default 'mean', its grid counting the targets where it splits rows; and
-# with every option: class weights, smoothing, z-loss, softcap), the forward alone (no gradient
-# needed), and the backward of reduction='none' with every option.
+# gradient (plain: the default 'mean', its grid counting the targets where it splits rows; and with
+# every option: class weights, smoothing, z-loss, softcap; both summing the loss by the grid where
+# it splits rows), the forward alone (no gradient needed), and the backward of reduction='none'
+# with every option.
 ALL_OPTIONS = {"weight": True, "smoothing": True, "z_loss": True, "softcap": True}
 LOSS_FORMS = {
-    "forward": {"grad": {"write_grad": True, "counted": True}, "grad, all": {**ALL_OPTIONS, "write_grad": True},
+    "forward": {"grad": {"write_grad": True, "counted": True, "summed": True},
+                "grad, all": {**ALL_OPTIONS, "write_grad": True, "summed": True},
                 "no grad": {}},
     "backward": {"all": ALL_OPTIONS},
 }
@@ -395,6 +397,9 @@ def loss_arguments(config: KernelConfig, case: Case, role: str, wait_atomic: boo
     facts = variants.LossFacts(acc_fp64=case.dtype == "float64", wait_atomic=wait_atomic,
                                dependent=variants.loss_dependent(case.direction, dependent),
                                **LOSS_FORMS[case.direction][loss_form(role)])
+    if case.direction == "forward" and variants.loss_sums(config, facts):
+        # The grid's sum: the loss itself, of the logits' dtype (``loss_rows._launch``).
+        args[variants.LOSS_TENSORS["forward"].index("loss")] = (pointer, True)
     return (variants.loss_kernel_name(case.direction, config.regime), tuple(args),
             variants.loss_constexprs(case.direction, config, facts))
 

@@ -36,6 +36,7 @@ from .dependency import _overlapped
 from .exchange import (EXCHANGE_ARRIVE, EXCHANGE_PUBLISH, EXCHANGE_READ, EXCHANGE_WAIT, MAXIMA_LSE, _arrive,
                        _empty_last, _empty_previous, _exchange, _float_bits)
 from .grid_count import _arrived, _counted_total, _grid_counters
+from .grid_sum import _finished, _sum_counters
 from .loss import _target_logit
 from .loss_terms import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                          _weights)
@@ -55,7 +56,7 @@ def cross_entropy_forward_split(
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
     TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
-    PHASE: tl.constexpr, DEPENDENT: tl.constexpr, COUNTED: tl.constexpr,
+    PHASE: tl.constexpr, DEPENDENT: tl.constexpr, COUNTED: tl.constexpr, SUMMED: tl.constexpr,
 ):
     # Rows of classes are taken one at a time (a tile of several would need them adjacent in
     # memory); class targets, float32 (module docstring).
@@ -82,6 +83,10 @@ def cross_entropy_forward_split(
         # for the call site on every item (``grid_count.py``).
         ce_scale = 1.0 / _counted_total(word, departures, n_items, PHASE == EXCHANGE_WAIT).to(tl.float32)
         z_scale = ce_scale
+    # SUMMED (a reduced loss, the gradient written, a grid not by ticket): the grid sums the
+    # shares itself (``grid_sum.py``) into ``loss_ptr``, the loss (in its dtype), a partial a program.
+    tl.static_assert(not SUMMED or (WRITE_GRAD and not TICKETED), "a grid sums its shares: persistent, gradient")
+    summed = tl.zeros([BLOCK_M], tl.float32)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
     for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
@@ -178,8 +183,13 @@ def cross_entropy_forward_split(
             ce = tl.where(owns, ce, -smoothing / n_cols * smooth_sum)
             share = _scaled_loss(ce, tl.where(owns, lse, 0.0), row_max, ignored, valid, ce_scale, z_scale, z_loss,
                                  Z_LOSS)
-            _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride, loss_row_stride,
-                        lse_outer_stride, lse_row_stride, share, lse, row_mask & owns)
+            if SUMMED:
+                summed += share
+                tl.store(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), lse,
+                         mask=row_mask & owns)
+            else:
+                _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride,
+                            loss_row_stride, lse_outer_stride, lse_row_stride, share, lse, row_mask & owns)
             if WRITE_GRAD:
                 _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
                                 row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
@@ -189,6 +199,9 @@ def cross_entropy_forward_split(
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
+    if SUMMED and PHASE != EXCHANGE_PUBLISH:
+        finish, partials = _sum_counters(done_ptr, n_rows)
+        _finished(tl.sum(summed, 0), finish, partials, loss_ptr, n_items)
 
 
 @_jit
