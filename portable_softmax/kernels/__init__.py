@@ -26,7 +26,8 @@ kernel's arguments and constexprs. One module per family:
   (tiles of whole rows, or rows streamed), for ``portable_softmax.cross_entropy``; and
   ``loss_split``, its forward over rows cut into chunks held by co-resident programs (the split
   regime's items, windows and exchange; ``grid_count``: the count of a 'mean''s targets formed by
-  its own grid); both form their rows' loss, lse and gradient with ``loss_terms``.
+  its own grid; ``grid_sum``: the reduced loss summed by it); both form their rows' loss, lse and
+  gradient with ``loss_terms``.
 
 Shared pieces: ``common`` (rows of a tile, loads and stores, the forward and backward formulas),
 ``fused`` (the fused scale, masks and causal terms), ``jit`` (which decorator this copy uses).

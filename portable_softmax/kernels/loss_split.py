@@ -17,7 +17,10 @@ two where they cannot). It then knows the row's lse and writes:
   of the whole row (lse's, the target logit's, which it loads alone, and the z-loss); every
   chunk's holds the smoothing's sum over its own columns, -eps / C sum_c w_c z_c. Each share is
   scaled and masked as the row's loss (``loss._scaled_loss``): ignored rows give 0 times the
-  scale in every chunk, a target outside the classes NaN;
+  scale in every chunk, a target outside the classes NaN. With ``SUMMED`` (a reduced loss that
+  writes the gradient, a persistent grid) the shares are not stored: each program adds its own
+  as it goes, and the grid's last program to finish sums those partials into ``loss``, the
+  reduced loss itself (``grid_sum.py``);
 * that chunk the row's lse.
 
 Without the gradient nothing is held across the exchange, and only one chunk need learn the
