@@ -144,8 +144,9 @@ def test_a_first_cross_entropy_compiles_only_the_kernel_it_launches(h100):
                     for name in variants.loss_row_tensors("forward"))
     tensors = (logits, torch.zeros(4, dtype=torch.int64), logits, torch.empty(6), torch.empty(4), torch.empty(4),
                logits)
-    loss_launch._record("forward", tensors, RowView(1, 4096, 50257, strides), variants.LossFacts(write_grad=True),
-                        (-100,))
+    # The default training call: a 'mean' whose split grid counts its targets and sums its loss.
+    loss_launch._record("forward", tensors, RowView(1, 4096, 50257, strides),
+                        variants.LossFacts(write_grad=True, counted=True, summed=True), (-100,))
     (record,) = Launched.records
     kernel = getattr(launch._kernel_module(get_backend("cuda")), record.kernel)
     assert h100.asked == [h100.key(kernel, (*tensors, *record.scalars), record.launches[0], record.options)]

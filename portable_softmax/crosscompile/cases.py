@@ -51,12 +51,13 @@ DEFAULT_LOSS_SHAPES = ((16384, 4096), (8192, 128256), (4096, 50257))
 # The forms of the loss kernels compiled for each problem, by role: the forward that writes the
 # gradient (plain: the default 'mean', its grid counting the targets where it splits rows; and with
 # every option: class weights, smoothing, z-loss, softcap; both summing the loss by the grid where
-# it splits rows), the forward alone (no gradient needed), and the backward of reduction='none'
+# it splits rows; and the rows' losses written, not summed: the head's and the tensor-parallel
+# loss's chunks), the forward alone (no gradient needed), and the backward of reduction='none'
 # with every option.
 ALL_OPTIONS = {"weight": True, "smoothing": True, "z_loss": True, "softcap": True}
 LOSS_FORMS = {
     "forward": {"grad": {"write_grad": True, "counted": True, "summed": True},
-                "grad, all": {**ALL_OPTIONS, "write_grad": True, "summed": True},
+                "grad, all": {**ALL_OPTIONS, "write_grad": True, "summed": True}, "grad, rows": {"write_grad": True},
                 "no grad": {}},
     "backward": {"all": ALL_OPTIONS},
 }
