@@ -369,6 +369,27 @@ def test_split_rows_count_their_targets_and_sum_their_loss(device, monkeypatch, 
             assert not counters.any()
 
 
+@pytest.mark.parametrize("regime", ["split", "pipelined"])
+def test_split_rows_give_the_same_loss_and_gradient_every_call(device, monkeypatch, regime):
+    # The grid sums its programs' partials in one fixed order (``kernels/grid_sum.py``: no float
+    # atomics), so the same logits give the same bits every call, as torch's loss does; a sum in
+    # the order programs finish would not (on a GPU).
+    _split(monkeypatch, device, regime)
+    x = logits((7, 300), torch.bfloat16, device)
+    target = class_targets((7,), 300, device, 0.3)
+    target[0] = 1
+    results = []
+    for _ in range(3):
+        leaf = x.clone().requires_grad_()
+        loss = ps.cross_entropy(leaf, target, label_smoothing=0.1)
+        loss.backward()
+        results.append((loss.detach(), leaf.grad))
+    summing = [loss_launch.sums(record) for key, record in loss_launch._records.items() if key[0] == "forward"]
+    assert summing and all(summing)
+    for loss, grad in results[1:]:
+        assert torch.equal(loss, results[0][0]) and torch.equal(grad, results[0][1])
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_a_summing_grids_streamed_stand_in_sums_and_counts_first(device, monkeypatch, reduction):
     # Under a graph capture that cannot grow the split scratch, a split record streams the call
