@@ -3,7 +3,9 @@ before the forward, the stats its kernels read through a pointer (``variants.LOS
 denominators of 'mean', W, eps, the z-loss factor, the softcap); after it, the reduced loss from
 the terms it wrote. Each is a kept constant or one launch of a one-program kernel
 (``cross_entropy_stats``, ``cross_entropy_sum``), kept per layout in ``loss_launch.calls``, where
-torch took three to fifteen operations and their host time a call (NOTES v39)."""
+torch took three to fifteen operations and their host time a call (NOTES v39). A split grid that
+writes the gradient forms both itself where it can: the count of an unweighted 'mean'
+(``kernels/grid_count.py``) and the reduced loss (``kernels/grid_sum.py``)."""
 from __future__ import annotations
 
 import functools

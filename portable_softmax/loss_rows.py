@@ -3,7 +3,8 @@
 (``loss_arguments``) and the reduction's values formed on the device (``loss_reduction``).
 
 The loss of an (N, C) or (N, C, d1, ...) input is formed per position by the kernels (float32
-math, float64 for float64 input), then reduced here. Where the input needs a gradient and the
+math, float64 for float64 input), then reduced here; a split grid that writes the gradient reduces
+it itself (``kernels/grid_sum.py``). Where the input needs a gradient and the
 reduction is 'mean' or 'sum' (``writes_gradient``), the forward writes the gradient (rows held
 whole, in tiles or split across programs: in the same pass; streamed rows: a second pass) and the
 backward only rescales it by the incoming gradient (``rescale``: decided on the device, nothing
