@@ -18,9 +18,10 @@ interpreter: ``EXCHANGE_PUBLISH`` then ``EXCHANGE_READ``), the first launch arri
 reads, with no wait. A ticketed grid (a program per item, not all resident) cannot wait on the
 last of them: its 'mean' keeps the stats kernel (``variants.loss_counts``).
 
-Where: two int32 counters after the tiles' (``variants.GRID_COUNTERS``). An integer count is the
-same in any order of the adds. (A weighted 'mean''s denominator is a float sum, whose rounding
-its order would change: it keeps the stats kernel, which sums in one fixed order.)
+Where: two int32 counters after the tiles' (the first two of ``variants.GRID_COUNTERS``; the third
+is the grid sum's, ``grid_sum.py``). An integer count is the same in any order of the adds. (A
+weighted 'mean''s denominator is a float sum, whose rounding its order would change: it keeps the
+stats kernel, which sums in one fixed order.)
 
 When. Each program arrives before its item loop: Triton's pipeliner moved an arrival made in the
 loop body for the first item into another stage than the read, and a grid hung on an H200. A
