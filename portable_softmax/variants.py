@@ -378,26 +378,29 @@ def grid_count_fits(n_rows: int, programs: int) -> bool:
     return n_rows < 1 << GRID_COUNT_BITS and programs < 1 << (31 - GRID_COUNT_BITS)
 
 
+def _persistent_gradient_grid(config: Config, facts: LossFacts) -> bool:
+    """Whether the cross-entropy forward of ``config`` writes the gradient over a split grid whose
+    programs are resident at once, or exchanged in two launches: not a ticketed grid (its later
+    programs start only as earlier ones end, a program an item), nor one by arrival (no gradient).
+    Such a grid may form a 'mean''s count and the reduced loss itself."""
+    return facts.write_grad and config.regime == "split" and not (config.ticketed or config.arrival)
+
+
 def loss_counts(config: Config, facts: LossFacts) -> bool:
     """Whether the cross-entropy forward of ``config`` counts the 'mean''s targets itself
-    (``COUNTED``, ``kernels/grid_count.py``) for a call of ``facts``: a ``counted`` call whose rows
-    are split over a grid that is resident at once, or exchanged in two launches; not a ticketed
-    grid (its later programs start only as earlier ones end), nor one by arrival (no gradient).
-    Where it does not (nor where its grid and rows do not fit the count's word,
-    ``grid_count_fits``), the call's stats hold the denominators (``loss_reduction.stats``)."""
-    return (facts.counted and facts.write_grad and config.regime == "split"
-            and not (config.ticketed or config.arrival))
+    (``COUNTED``, ``kernels/grid_count.py``) for a ``counted`` call of ``facts``, over a
+    ``_persistent_gradient_grid``. Where it does not (nor where its grid and rows do not fit the
+    count's word, ``grid_count_fits``), the call's stats hold the denominators
+    (``loss_reduction.stats``)."""
+    return facts.counted and _persistent_gradient_grid(config, facts)
 
 
 def loss_sums(config: Config, facts: LossFacts) -> bool:
     """Whether the cross-entropy forward of ``config`` sums a reduced loss itself (``SUMMED``,
-    ``kernels/grid_sum.py``) for a call of ``facts``: a ``summed`` call whose rows are split over
-    a persistent grid (or exchanged in two launches), a partial a program; not a ticketed grid (a
-    program an item: as many partials as the shares), nor one by arrival (no gradient). Its
-    ``loss`` is then the reduced loss, in the input's dtype; elsewhere the kernel writes shares a
-    sum after it reduces (``loss_reduction.reduced``)."""
-    return (facts.summed and facts.write_grad and config.regime == "split"
-            and not (config.ticketed or config.arrival))
+    ``kernels/grid_sum.py``, a partial a program) for a ``summed`` call of ``facts``, over a
+    ``_persistent_gradient_grid``. Its ``loss`` is then the reduced loss, in the input's dtype;
+    elsewhere the kernel writes shares a sum after it reduces (``loss_reduction.reduced``)."""
+    return facts.summed and _persistent_gradient_grid(config, facts)
 
 
 def loss_dependent(direction: str, offered: bool) -> bool:
