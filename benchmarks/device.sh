@@ -42,6 +42,8 @@
 #   losshost       loss_host.py (v29): the loss's host time per call window by window, wall per call
 #                  back to back and do_bench three times in a row, fwd+bwd and fwd, ours against torch
 #                  eager and Liger from .whl/, 8192x32000 and 4096x50257 bf16 (LOSS_HOST_CASES)
+#   loss-sweep-ab  loss_sweep.py with LOSS_SWEEP_ARGS in this tree, then LOSS_SWEEP_BASE_ARGS (default
+#                  `--setting base`) in ab_base/, then this tree again (LOSS_SWEEP_AB_ARGS: both sides')
 #   losshost-ab    loss_host.py in this tree and in ab_base/ (a base's package: `git archive REV
 #                  portable_softmax | tar -x -C ab_base`, carried), new base new base, ours and torch
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
@@ -174,6 +176,14 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
       peer_wheels
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 400 python3 benchmarks/loss_host.py "$OUT/losshost" 2>&1 | quiet \
         | tee "$OUT/losshost.log" ;;
+    loss-sweep-ab)
+      # A kernel change's A/B: the base takes only settings that mean something in its tree.
+      for s in new base new; do
+        args="${LOSS_SWEEP_ARGS:-} ${LOSS_SWEEP_AB_ARGS:-}"
+        [ "$s" = base ] && args="${LOSS_SWEEP_BASE_ARGS:---setting base} ${LOSS_SWEEP_AB_ARGS:-}"
+        side "$s" timeout 280 python3 benchmarks/loss_sweep.py --json "$OUT/loss-sweep-$s.json" $args 2>&1 | quiet \
+          | sed "s/^/$s /" | tee -a "$OUT/loss-sweep-ab.log"
+      done ;;
     losshost-ab)
       # The same in this tree (new) and in ab_base/ (base), alternated, no peers: a host-path change's A/B.
       for s in new base new base; do

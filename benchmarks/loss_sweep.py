@@ -65,17 +65,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
     "alone-split": {"loss_split": frozenset({"gradient", "loss"})},
-    # The forward alone streamed (the loop regime: each program its rows, no exchange), pipelined.
+    # The forward alone streamed (the loop regime: each program its rows, no exchange).
     # Blocks of 4096 at the planner's warps (before v37), and the v37 row's 8192 at 8 warps.
     "alone-loop": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_warps": 0},
-    "alone-loop-s3": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_warps": 0,
-                      "loss_loop_stages": 3},
-    "alone-loop-s4": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_warps": 0,
-                      "loss_loop_stages": 4},
-    "alone-loop-s3-c8k": {"loss_split": frozenset({"gradient"}), "loss_loop_stages": 3, "loss_alone_chunk": 8192,
-                          "loss_loop_warps": 8},
-    "alone-loop-s3-w8": {"loss_split": frozenset({"gradient"}), "loss_alone_chunk": 4096, "loss_loop_stages": 3,
-                         "loss_loop_warps": 8},
     # Blocks of 4 or 8 lane rows of 2048 (v34: the block reduced within each thread). 8 warps: the
     # planner's 16 elements a thread would give 16 or 32, whose threads and vectors outnumber the
     # lanes, and the middle axis would be reduced across warps.
@@ -91,6 +83,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "alone-loop-fit5": {"loss_loop_fit": {2: 5, 4: 5}},
     "alone-loop-fit6": {"loss_loop_fit": {2: 6, 4: 6}},
     "alone-loop-nofit": {"loss_loop_fit": {}},
+    # The streamed grid: resident programs times 1, 2 (the base's 4) or 16 (8192 rows: a program a row).
+    "alone-waves1": {"tile_waves": 1},
+    "alone-waves2": {"tile_waves": 2},
+    "alone-waves16": {"tile_waves": 16},
+    # The H200's program a row where the rows fill 12 waves (v45), off.
+    "alone-no-row-programs": {"loss_alone_row_waves": 0},
     "alone-tile32k": {"row_elements": 32768},
     "alone-tile64k": {"row_elements": 65536},
     # Programs a unit for the split forms (the register cap fitted to them).

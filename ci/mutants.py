@@ -98,8 +98,8 @@ MUTANTS = [
     # The streamed rows in lane rows (v36: blocks of 1024 columns or more, as the interpreter's
     # 16384 and the test's 4096).
     Mutant("lane_rescale_dropped", f"{KERNELS}/common.py",
-           "        lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(",
-           "        lane_sum = lane_sum + tl.sum(",
+           "    lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(",
+           "    lane_sum = lane_sum + tl.sum(",
            _ids(FORWARD, "cpu-softmax-torch.float32-2x70000")
            + _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-bf16-5000")),
     # A streamed row's scale alone goes without the select only where nothing reduces the block
@@ -118,8 +118,8 @@ MUTANTS = [
            _ids("tests/test_fused.py::test_streamed_rows_reduced_in_lane_rows", "cpu-softmax-fp32-5000")),
     # The loss's form of the same step (its one-FFMA exponentials).
     Mutant("loss_lane_rescale_dropped", f"{KERNELS}/common.py",
-           "        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(",
-           "        lane_sum = lane_sum + tl.sum(",
+           "    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(",
+           "    lane_sum = lane_sum + tl.sum(",
            _ids("tests/test_loss.py::test_streamed_blocks_reduced_in_lane_rows", "cpu-4096-class-5000",
                 "cpu-4096-prob-5000", "cpu-8192-class-5000", "cpu-8192-prob-5000")),
     Mutant("backward_term_dropped", f"{KERNELS}/common.py",
@@ -289,10 +289,10 @@ MUTANTS = [
            _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-tile", "cpu-loop",
                 "cpu-split")
            + _ids("tests/test_loss.py::test_streamed_forward_alone_reads_aligned_windows", "cpu-fp32-odd-stride-plain")),
-    # The loss's lanes likewise (kernels/common.py's _lane_update, written apart: see there).
+    # The loss's lanes likewise (kernels/common.py's _vector_update, written apart: see there).
     Mutant("loss_lane_reference_of_plus_inf_kept", f"{KERNELS}/common.py",
-           "        ref = tl.where((high == -float(\"inf\")) | (high == float(\"inf\")), 0.0, high)\n",
-           "        ref = tl.where(high == -float(\"inf\"), 0.0, high)\n",
+           "    ref = tl.where((high == -float(\"inf\")) | (high == float(\"inf\")), 0.0, high)\n",
+           "    ref = tl.where(high == -float(\"inf\"), 0.0, high)\n",
            _ids("tests/test_loss.py::test_lse_of_rows_holding_infinities_is_torchs", "cpu-loop")),
     # The split loss's exchange rescales its chunks' sums to 0 where the row's maximum is +inf.
     Mutant("loss_exchange_plus_inf_reference_dropped", f"{KERNELS}/exchange.py",

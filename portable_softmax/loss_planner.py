@@ -36,6 +36,19 @@ def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> La
                f"{share:g} of the {record.l2_cache_bytes} B L2")
 
 
+def _row_programs(target: Target, plan: LaunchPlan) -> LaunchPlan:
+    """The forward alone's streamed ``plan`` with a program a row where its rows fill
+    ``Tuning.loss_alone_row_waves`` waves of resident programs or more (one tile a row: the
+    streamed plans' ``block_m`` is 1)."""
+    waves = target.tuning.loss_alone_row_waves
+    resident = target.record.compute_units * max(plan.occupancy, 1)
+    programs = min(plan.tiles, target.record.grid_limit, target.tuning.max_programs)
+    if not waves or plan.tiles < waves * resident or programs <= plan.programs:
+        return plan
+    return dataclasses.replace(plan, programs=programs, rows_per_program=_cdiv(plan.tiles * plan.block_m, programs),
+                               reason=f"{plan.reason}; a program a row ({plan.tiles / resident:.1f} waves)")
+
+
 def _split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
                 per_thread: Optional[int]) -> KernelConfig:
     """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
@@ -157,13 +170,18 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             note = _no_split_note(record)
         chunk = min((0 if writes_gradient else tuning.loss_alone_chunk) or tuning.loop_chunk, width)
         warps = tuning.loss_loop_warps or _warps(chunk, tuning.elements_per_thread, record, tuning.max_warps)
-        config = KernelConfig("loop", 1, chunk, 1, warps, max(1, tuning.loss_loop_stages),
-                              align=1 if writes_gradient else align)
+        # One stage: Triton 3.6 pipelines a loop of these loads only where the loop names its stages,
+        # which the streamed loops do not (a launch's num_stages of 3 left them as they were, so
+        # the stages once measured here measured nothing); a loop that named them cost 44% more
+        # instructions a block through shared memory (sm_90, NOTES v45).
+        config = KernelConfig("loop", 1, chunk, 1, warps, 1, align=1 if writes_gradient else align)
     kernel = _resources(resources, target, config, writes_gradient, input_bytes)
     plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient, note=note)
     assert plan is not None  # tiles and loops always have a grid
     if plan.regime == "loop" and rereads:
         plan = _l2_fit(target, plan, n_rows, n_cols * input_bytes)
+    elif plan.regime == "loop" and not writes_gradient:
+        plan = _row_programs(target, plan)
     return dataclasses.replace(plan, reason=f"cross-entropy {plan.reason}")
 
 

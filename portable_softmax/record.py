@@ -147,9 +147,10 @@ class Tuning:
             the forward alone's streamed cross-entropy program is capped to fit (a register cap,
             where the backend has one: more warps resident to hide the stream's latency), most
             first down to what it holds uncapped; none where absent.
-        loss_loop_stages: Triton's ``num_stages`` for a streamed cross-entropy program: above 1
-            the next chunks are copied into shared memory while the current one is reduced (more
-            bytes in flight a program, without registers); 1: none.
+        loss_alone_row_waves: the forward alone's streamed grid takes a program a row (the
+            hardware hands rows to programs as they finish) where its rows fill at least this
+            many waves of resident programs; below, and at 0, the ``tile_waves`` grid, each
+            program stepping through its rows.
         loss_l2_share: the share of the device's L2 (``DeviceRecord.l2_cache_bytes``) that the
             rows of a cross-entropy forward which streams each row twice (loss, then gradient,
             in the same program) may hold at once: its grid is cut to that many rows' programs
@@ -297,8 +298,8 @@ class Tuning:
     loop_chunk: int = 4096
     loss_alone_chunk: int = 0
     loss_loop_warps: int = 0
-    loss_loop_stages: int = 1
     loss_loop_fit: Mapping[int, int] = field(default_factory=dict)
+    loss_alone_row_waves: int = 0
     loss_l2_share: float = 0.0
     loss_split: frozenset[str] = frozenset({"gradient", "loss"})
     loss_arrival: bool = True

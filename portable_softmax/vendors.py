@@ -434,9 +434,14 @@ _H200_STRIDED_SLICES = {("forward", 2): 4096, ("backward", 2): 16384}
 # unmeasured): 8192x32000 0.82 -> 0.84 of the floor, 4096x50257 0.77 -> 0.80, 4096x151936 0.95 ->
 # 0.97, longer rows level (+-0.01); 6 programs lost (0.74-0.89). float32 lost at 5 (0.93-1.04 ->
 # 0.84-0.95): not taken.
+#
+# The forward alone streamed with a program a row where the rows fill 12 waves of resident
+# programs or more (NOTES v45, H200, bf16, two runs): 8192x32000 0.89 -> 0.91 of the floor,
+# 8192x128256 1.00 -> 1.01, 16384x128256 1.02 -> 1.04; at 4096 rows (6 waves) it lost
+# (4096x50257 0.84 -> 0.82, 4096x256000 1.00 -> 0.98), float32 level at 8192 rows.
 H200_TUNING = replace(CUDA_TUNING, split_fit_bytes=196608, ticket_chunk={("forward", 4): 4096},
                       strided_slices=_H200_STRIDED_SLICES, loss_gradient_programs_per_unit=4,
-                      loss_loop_fit={2: 5})
+                      loss_loop_fit={2: 5}, loss_alone_row_waves=12)
 
 CUDA = register_backend(Backend("cuda", "cuda", "cuda", _cuda_normalize, _cuda_occupancy, _cuda_fit_options,
                                        cooperative_launch=True,

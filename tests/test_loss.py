@@ -150,8 +150,8 @@ def test_every_option_in_each_regime(device, monkeypatch, regime):
 @pytest.mark.parametrize("kind", ["class", "prob"])
 @pytest.mark.parametrize("block", [4096, 8192])
 def test_streamed_blocks_reduced_in_lane_rows(device, monkeypatch, n_classes, kind, block):
-    # Blocks of 4096 stream as 2 lane rows of 2048 (kernels.loss._lane_columns), each reduced within
-    # a thread before the lanes': 2100 classes end inside the first block's second lane row, 5000
+    # Blocks of 4096 stream as 2 lane rows of 2048 (kernels.common._lane_columns), each reduced within
+    # a thread into one running value a run of its vector's lanes (_vector_update): 2100 classes end inside the first block's second lane row, 5000
     # leave the second block's second lane row all padding. Blocks of 8192 (the CUDA rows' forward
     # alone, 4 lane rows at 8 warps): 5000 classes end in the third lane row, the fourth all
     # padding. Rows of every kind of extreme: a +inf and a NaN logit (NaN, as torch), a row of -inf
@@ -1190,6 +1190,24 @@ def test_h200_fits_the_forward_alones_16_bit_stream_to_five_programs_a_unit(dtyp
     assert (cap is not None) == capped
     if capped:
         assert target.occupancy(target.record, resources(variant)) == 5
+
+
+@pytest.mark.parametrize("n_rows, row_programs", [(8192, True), (4096, False), (16384, True)])
+def test_h200_streams_the_forward_alone_a_program_a_row_where_rows_fill_twelve_waves(n_rows, row_programs):
+    # NOTES v45: on the H200 the bf16 forward alone of 8192 rows and more read 0.01-0.02 more of
+    # the floor with a program a row; 4096 rows (6 waves of 660 resident programs) read less.
+    from portable_softmax import loss_planner, profiles, targets
+    from portable_softmax.record import KernelResources
+
+    target = targets.target_for(profiles.profile_record("h200"))
+    # 48 registers (the cap that fits 5 programs of 8 warps a unit): 660 resident.
+    plan = loss_planner.plan_loss(target, n_rows, 32000, "float32", writes_gradient=False, input_bytes=2,
+                                  resources=lambda config: KernelResources(48, 0, config.num_warps))
+    assert plan.regime == "loop" and plan.occupancy == 5
+    assert plan.programs == (n_rows if row_programs else 4 * 5 * target.record.compute_units)
+    written = loss_planner.plan_loss(target, n_rows, 32000, "float32", writes_gradient=True, input_bytes=2,
+                                     resources=lambda config: KernelResources(48, 0, config.num_warps))
+    assert written.programs < n_rows
 
 
 @pytest.mark.parametrize("regime", ["tile", "split"])

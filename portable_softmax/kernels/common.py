@@ -117,38 +117,57 @@ def _lane_columns(BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @_jit
-def _lane_update(lane_max, lane_sum, z, EXACT: tl.constexpr):
-    """One streamed block's step of the maximum and sum of exponentials kept per lane: ``z`` is
-    [rows, LANE_ROWS, lanes], its middle axis held by each thread (``_lane_columns``), so that
-    the block's maximum and sum over it are a thread's own instructions, no shuffle or barrier.
-    An element costs its maximum, one exponential and an add; a lane's rescale by its new
-    maximum is paid once a block. While a lane is -inf (padding, masked rows) its reference is
-    finite (``_finite_floor``; the loss's 0) and its sum stays 0, never 0 * inf (the rescale is
-    from the lane's previous maximum, not its reference); a NaN makes the lane's sum NaN (its
-    exponential is NaN), as does a +inf in the softmax's (inf - inf). The loss's take a +inf
-    maximum's exponentials against 0 too (``_lse_reference``): the lane's sum is then +inf (NaN
-    with a NaN), and its rescales, exp(inf) or exp(m), keep it so.
-
-    ``EXACT``: the exponentials of z - ref (exact near the maximum; a subtract and a multiply an
-    element): the softmax, whose output pass takes them so and divides by this sum. Else of
-    z * log2(e) - ref * log2(e), one fused multiply-add whose rounding grows with |z| (about
-    |z| * 2**-24 relative), which the loss's lse, an absolute quantity, tolerates."""
+def _lane_update(lane_max, lane_sum, z):
+    """One streamed block's step of the maximum and sum of exponentials kept per lane (the
+    softmax's): ``z`` is [rows, LANE_ROWS, lanes], its middle axis held by each thread
+    (``_lane_columns``), so that the block's maximum and sum over it are a thread's own
+    instructions, no shuffle or barrier. An element costs its maximum, one exponential and an add;
+    a lane's rescale by its new maximum is paid once a block. While a lane is -inf (padding,
+    masked rows) its reference is finite (``_finite_floor``) and its sum stays 0, never 0 * inf
+    (the rescale is from the lane's previous maximum, not its reference); a NaN makes the lane's
+    sum NaN (its exponential is NaN), as does a +inf (inf - inf). The exponentials are of z - ref
+    (exact near the maximum; a subtract and a multiply an element): the output pass takes them so
+    and divides by this sum."""
     high = tl.maximum(lane_max, tl.max(z, 1))
-    if EXACT:
-        ref = _finite_floor(high)
-        lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(
-            tl.exp2((z - ref[:, None, :]) * LOG2E), 1)
-    else:
-        # Against 0, not the floor: the floor times log2(e) would overflow to -inf; against 0 for
-        # +inf too (``_lse_reference``'s reference, written as two compares that LLVM folds into
-        # one of |high|: with ``_lse_reference``'s own form here as well as after the loop, ptxas
-        # took 76 registers where the -inf test took 64 (sm_90, the fp32 forward alone in blocks
-        # of 8192); so its SASS is the -inf test's but for that compare's operand).
-        ref = tl.where((high == -float("inf")) | (high == float("inf")), 0.0, high)
-        scaled_ref = ref * LOG2E
-        lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
-            tl.exp2(z * LOG2E - scaled_ref[:, None, :]), 1)
+    ref = _finite_floor(high)
+    lane_sum = lane_sum * tl.exp2((lane_max - ref) * LOG2E) + tl.sum(tl.exp2((z - ref[:, None, :]) * LOG2E), 1)
     return high, lane_sum
+
+
+@_jit
+def _vector_update(lane_max, lane_sum, z, VEC: tl.constexpr):
+    """The loss's step of a streamed block: ``_lane_update``'s, with one running maximum and sum a
+    run of ``VEC`` adjacent lanes (a thread's 16-byte vector) rather than one a lane. ``z`` is
+    [rows, LANE_ROWS, lanes] (``_lane_columns``), seen as [rows, LANE_ROWS, runs, VEC] and reduced
+    over its lane rows and vector within each thread; ``lane_max`` and ``lane_sum`` are [rows,
+    runs]. A run's rescale, an exponential, comes once a block, where a lane's came once per
+    element of the vector: sm_90, bf16 blocks of 8192 on 8 warps, 222 instructions a block where
+    lanes took 264 (33 exponentials a thread, not 40; NOTES v45). (A reshape of the lane axis, not
+    a fourth axis of columns: with one, Triton laid the lane rows across threads.)
+
+    The exponentials are of z * log2(e) - ref * log2(e), one fused multiply-add whose rounding
+    grows with |z| (about |z| * 2**-24 relative), which the loss's lse, an absolute quantity,
+    tolerates. The reference is the run's maximum, or 0 where that is infinite
+    (``_lse_reference``'s: a run of -inf sums 0; a +inf maximum's exponentials are taken against
+    0, so the run's sum is +inf, NaN with a NaN, and its rescales, exp(inf) or exp(m), keep it so)
+    -- not ``_finite_floor``, which times log2(e) would overflow to -inf. Written as two compares
+    that LLVM folds into one of |high|: with ``_lse_reference``'s own form here as well as after
+    the loop, ptxas took 76 registers where the -inf test took 64 (sm_90, the fp32 forward alone
+    in blocks of 8192)."""
+    z = tl.reshape(z, [z.shape[0], z.shape[1], z.shape[2] // VEC, VEC])
+    high = tl.maximum(lane_max, tl.max(tl.max(z, 3), 1))
+    ref = tl.where((high == -float("inf")) | (high == float("inf")), 0.0, high)
+    scaled_ref = ref * LOG2E
+    lane_sum = lane_sum * tl.exp2(lane_max * LOG2E - scaled_ref) + tl.sum(
+        tl.sum(tl.exp2(z * LOG2E - scaled_ref[:, None, :, None]), 3), 1)
+    return high, lane_sum
+
+
+@_jit
+def _vector_sum(v, VEC: tl.constexpr):
+    """A block's [rows, LANE_ROWS, lanes] summed over its lane rows and each run of ``VEC`` lanes
+    (``_vector_update``): [rows, runs]."""
+    return tl.sum(tl.reshape(tl.sum(v, 1), [v.shape[0], v.shape[2] // VEC, VEC]), 2)
 
 
 @_jit
@@ -171,7 +190,7 @@ def _lse_reference(v):
     0 where that is infinite, as torch's logsumexp takes it. A row of -inf only then sums to 0
     (lse -inf, never -inf - -inf); a row holding +inf to +inf, its lse +inf (torch's), or NaN
     with a NaN there too, where against the maximum, inf - inf, its sum was NaN. One compare
-    (|v|, a source modifier) and one select a row or lane, never an element's. (``_lane_update``
+    (|v|, a source modifier) and one select a row or lane, never an element's. (``_vector_update``
     writes its own the other way: see there.)"""
     return tl.where(tl.abs(v) == float("inf"), 0.0, v)
 

@@ -8,7 +8,7 @@ Kernels (``variants.LOSS_KERNELS``):
   rows and lse, and with ``WRITE_GRAD`` the gradient in the same pass (the backward then only
   rescales it, ``cross_entropy_grad_scale``).
 * ``cross_entropy_forward_loop``: rows streamed once in chunks (online maximum and sum kept per
-  lane, reduced across threads once a row; the target's logit one load a row): loss
+  run of lanes, reduced across threads once a row; the target's logit one load a row): loss
   rows and lse; with ``WRITE_GRAD`` streamed a second time for the gradient, a read that the
   first pass asks L2 to serve, which it does only while the rows in flight fit there. Without
   it, rows off 16-byte boundaries are read through aligned windows (``ALIGN``, ``windows.py``).
@@ -26,12 +26,12 @@ Kernels (``variants.LOSS_KERNELS``):
   weights, into the stats the other kernels read: one launch where torch takes three to fifteen
   operations (``loss_reduction.stats``).
 """
-from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _lane_update, _load, _lse_reference,
-    _row_starts, _store, _tile_rows, _wide)
+from .common import (LANE_WIDTH, LOG2E, _cast, _lane_columns, _lane_combine, _load, _lse_reference, _row_starts,
+    _store, _tile_rows, _vector_sum, _vector_update, _wide)
 from .dependency import _overlapped
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
-from .loss_terms import (_capped, _class_terms, _constants, _grad, _grad_of, _row_loss, _row_lse, _smoothed,
-                         _store_rows, _weights)
+from .loss_terms import (_capped, _class_terms, _class_terms_of, _constants, _grad, _grad_of, _row_loss, _row_lse,
+                         _smoothed, _store_rows, _target_index, _weights)
 from .windows import _row_edges, _window_start
 
 
@@ -138,6 +138,43 @@ def _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap,
 
 
 @_jit
+def _stream_block(x_ptr, target_ptr, weight_ptr, cols, x_window, x_col_stride, target_base, target_col_stride,
+                  row_mask, lead, inner, tail, n_cols, lane_max, lane_sum, lane_dot, lane_prob, smoothing, softcap,
+                  VEC: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr, PROB_TARGET: tl.constexpr,
+                  SMOOTHING: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, EVICT: tl.constexpr):
+    """One streamed block of ``cross_entropy_forward_loop``'s rows taken into their running values:
+    ``cols`` are [BLOCK_M, LANE_ROWS, LANES] (``_lane_columns``), ``_load`` adds the row starts
+    along the first axis. With windows, columns of the window (``inner``, ``tail``: the row's
+    whole groups); the row's own are ``row_cols``."""
+    if ALIGN > 1:
+        # Constant over each group (its bounds are multiples of ALIGN): vector loads.
+        mask = (cols >= inner) & (cols < tail)
+        col_mask = mask
+        row_cols = cols - lead[:, None, None]
+    else:
+        col_mask = cols < n_cols
+        mask = row_mask[:, None, None] & col_mask
+        row_cols = cols
+    x = _load(x_ptr, x_window[:, None], cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64,
+              EVICT)
+    z, _ = _capped(x, mask, softcap, SOFTCAP)
+    lane_max, lane_sum = _vector_update(lane_max, lane_sum, z, VEC)
+    if PROB_TARGET or SMOOTHING:
+        # Padding is -inf: kept out of every sum that multiplies it.
+        finite_z = tl.where(mask, z, 0.0)
+        w = _weights(weight_ptr, row_cols, col_mask, WEIGHT, ACC_FP64)
+        if PROB_TARGET:
+            wq = w * _smoothed(_load(target_ptr, target_base[:, None], cols, target_col_stride, mask, 0.0,
+                                     target_ptr.dtype.element_ty, ACC_FP64, EVICT), mask, smoothing, n_cols,
+                               SMOOTHING)
+            lane_prob += _vector_sum(wq, VEC)
+            lane_dot += _vector_sum(wq * finite_z, VEC)
+        else:
+            lane_dot += _vector_sum(w * finite_z, VEC)
+    return lane_max, lane_sum, lane_dot, lane_prob
+
+
+@_jit
 def cross_entropy_forward_loop(
     x_ptr, target_ptr, weight_ptr, stats_ptr, loss_ptr, lse_ptr, grad_ptr,
     n_tiles, tiles_per_outer, rows_per_outer, n_cols,
@@ -152,9 +189,9 @@ def cross_entropy_forward_loop(
     # WRITE_GRAD: a second streamed pass writes the gradient. Its reads find the row in L2 (the
     # first pass asks to keep it there; the planner sizes the grid so that the rows streamed at
     # once fit: loss_planner.plan_loss), so memory sees one read and one write, as a held tile's.
-    # The streamed pass keeps every running quantity per lane ([BLOCK_M, lanes], ``_lane_columns``)
-    # and reduces across threads once per row, after it: a block-wide reduction (shuffles and
-    # barriers) per chunk would stall the loads of a memory-bound stream.
+    # The streamed pass keeps every running quantity per run of lanes ([BLOCK_M, runs],
+    # ``_vector_update``) and reduces across threads once per row, after it: a block-wide
+    # reduction (shuffles and barriers) per chunk would stall the loads of a memory-bound stream.
     # ALIGN > 1 (rows off 16-byte boundaries, bf16 rows of 50257: read one element an instruction,
     # the stream issue-bound): each row is read through its aligned window (``windows.py``), its
     # whole ALIGN-element groups as vectors in the chunks and the at most 2 * (ALIGN - 1) elements
@@ -168,6 +205,8 @@ def cross_entropy_forward_loop(
     tl.static_assert(ALIGN == 1 or not PROB_TARGET, "windows: class targets")
     keep: tl.constexpr = "evict_last" if WRITE_GRAD else ""
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
+    # A thread's 16-byte vector of x's elements (``_vector_update``).
+    VEC: tl.constexpr = 128 // tl.constexpr(x_ptr.dtype.element_ty.primitive_bitwidth)
     block_cols = _lane_columns(BLOCK_N, LANE_WIDTH)
     _overlapped(DEPENDENT)
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
@@ -175,14 +214,10 @@ def cross_entropy_forward_loop(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
         target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
+        # The targets loaded before the stream and used after it: their logits' addresses wait for
+        # them, and formed here they held the row's first block back by a round trip (sm_90).
         if not PROB_TARGET:
-            target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
-                                                               weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
-            z_t = _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap, ACC_FP64, SOFTCAP)
-        else:
-            target = rows
-            ignored = rows < 0
-            valid = row_mask
+            target_index = _target_index(target_ptr, target_base, row_mask, ignore_index)
         if ALIGN > 1:
             x_window = _window_start(x_base, ALIGN)
             lead = (x_base - x_window).to(tl.int32)
@@ -201,47 +236,32 @@ def cross_entropy_forward_loop(
             # No windows: the row itself; the edge names stand for nothing (used under ALIGN > 1).
             x_window = x_base
             lead = rows * 0
+            inner = lead[:, None, None]
+            tail = inner
             span = n_cols
             edge, edge_mask, z_edge = lead, row_mask, lead
-        lane_max = _wide(tl.full([BLOCK_M, block_cols.shape[2]], -float("inf"), tl.float32), ACC_FP64)
-        lane_sum = _wide(tl.zeros([BLOCK_M, block_cols.shape[2]], tl.float32), ACC_FP64)
+        lane_max = _wide(tl.full([BLOCK_M, block_cols.shape[2] // VEC], -float("inf"), tl.float32), ACC_FP64)
+        lane_sum = _wide(tl.zeros([BLOCK_M, block_cols.shape[2] // VEC], tl.float32), ACC_FP64)
         # The smoothing's sum_c w_c z_c, or a probability target's sum_c w_c q'_c and
-        # sum_c w_c q'_c z_c, per lane likewise.
+        # sum_c w_c q'_c z_c, per run likewise.
         lane_dot = lane_sum
         lane_prob = lane_sum
         for start in tl.range(0, span, BLOCK_N):
-            # [BLOCK_M, LANE_ROWS, LANES] (``_lane_columns``): ``_load`` adds the row starts
-            # along the first axis. With windows, columns of the window; the row's own are
-            # ``row_cols``.
-            cols = start + block_cols
-            if ALIGN > 1:
-                # Constant over each group (its bounds are multiples of ALIGN): vector loads.
-                mask = (cols >= inner) & (cols < tail)
-                col_mask = mask
-                row_cols = cols - lead[:, None, None]
-            else:
-                col_mask = cols < n_cols
-                mask = row_mask[:, None, None] & col_mask
-                row_cols = cols
-            x = _load(x_ptr, x_window[:, None], cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty,
-                      ACC_FP64, keep)
-            z, tanh = _capped(x, mask, softcap, SOFTCAP)
-            lane_max, lane_sum = _lane_update(lane_max, lane_sum, z, False)
-            if PROB_TARGET or SMOOTHING:
-                # Padding is -inf: kept out of every sum that multiplies it.
-                finite_z = tl.where(mask, z, 0.0)
-                w = _weights(weight_ptr, row_cols, col_mask, WEIGHT, ACC_FP64)
-                if PROB_TARGET:
-                    wq = w * _smoothed(_load(target_ptr, target_base[:, None], cols, target_col_stride, mask, 0.0,
-                                             target_ptr.dtype.element_ty, ACC_FP64, keep), mask, smoothing, n_cols,
-                                       SMOOTHING)
-                    lane_prob += tl.sum(wq, 1)
-                    lane_dot += tl.sum(wq * finite_z, 1)
-                else:
-                    lane_dot += tl.sum(w * finite_z, 1)
+            lane_max, lane_sum, lane_dot, lane_prob = _stream_block(
+                x_ptr, target_ptr, weight_ptr, start + block_cols, x_window, x_col_stride, target_base,
+                target_col_stride, row_mask, lead, inner, tail, n_cols, lane_max, lane_sum, lane_dot, lane_prob,
+                smoothing, softcap, VEC, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING, SOFTCAP, ALIGN, keep)
+        if not PROB_TARGET:
+            target, ignored, valid, no_hit, w_t = _class_terms_of(target_index, chunk_cols, weight_ptr, ignore_index,
+                                                                  n_cols, row_mask, WEIGHT, ACC_FP64)
+            z_t = _target_logit(x_ptr, x_base, x_col_stride, target, valid, row_mask, softcap, ACC_FP64, SOFTCAP)
+        else:
+            target = rows
+            ignored = rows < 0
+            valid = row_mask
         row_max, total = _lane_combine(lane_max, lane_sum)
         if ALIGN > 1:
-            # The edges taken in as one more block (``_lane_update``'s step: against 0 while -inf or
+            # The edges taken in as one more block (``_vector_update``'s step: against 0 while -inf or
             # once +inf).
             high = tl.maximum(row_max, tl.max(z_edge, 0))
             scaled_ref = _lse_reference(high) * LOG2E

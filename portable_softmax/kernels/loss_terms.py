@@ -58,7 +58,20 @@ def _class_terms(target_ptr, target_base, row_mask, cols, weight_ptr, ignore_ind
     """Each row's target (int32, -1 where it names no class), whether it is ignored, whether it
     names a class, where the block's columns hold it ([rows, cols]), and its weight (no address
     from an invalid target)."""
-    wide = tl.load(target_ptr + target_base, mask=row_mask, other=ignore_index).to(tl.int64)
+    return _class_terms_of(_target_index(target_ptr, target_base, row_mask, ignore_index), cols, weight_ptr,
+                           ignore_index, n_cols, row_mask, WEIGHT, ACC_FP64)
+
+
+@_jit
+def _target_index(target_ptr, target_base, row_mask, ignore_index):
+    """Each row's class target as given (int64; ``ignore_index`` for a missing row)."""
+    return tl.load(target_ptr + target_base, mask=row_mask, other=ignore_index).to(tl.int64)
+
+
+@_jit
+def _class_terms_of(wide, cols, weight_ptr, ignore_index, n_cols, row_mask, WEIGHT: tl.constexpr,
+                    ACC_FP64: tl.constexpr):
+    """``_class_terms`` from the rows' targets ``wide`` (``_target_index``)."""
     ignored = wide == ignore_index
     valid = (wide >= 0) & (wide < n_cols)
     # Compared with the columns in 32 bits (a class index is below n_cols): -1 where none.

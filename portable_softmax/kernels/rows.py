@@ -178,7 +178,7 @@ def _online_stats(x_ptr, x_base, row_mask, n_cols, x_col_stride, x_scale, where,
             x = _fused_load_rows(x_ptr, x_base[:, None], cols, x_col_stride, mask, start + BLOCK_N, n_cols, CAST_TY,
                                  ACC_FP64, row_mask[:, None], x_scale[:, None], where[:, None], q[:, None], mask_ptr,
                                  mask_k_stride, BLOCK_M, SCALE, MASK, CAUSAL, True)
-            lane_max, lane_sum = _lane_update(lane_max, lane_sum, x, True)
+            lane_max, lane_sum = _lane_update(lane_max, lane_sum, x)
         row_max, total = _lane_combine(lane_max, lane_sum)
         ref = tl.where(row_max == -float("inf"), 0.0, row_max)
     else:
