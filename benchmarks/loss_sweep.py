@@ -89,6 +89,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "alone-waves16": {"tile_waves": 16},
     # The H200's program a row where the rows fill 12 waves (v45), off.
     "alone-no-row-programs": {"loss_alone_row_waves": 0},
+    # Blocks of 4096 since the running values went a thread's vector (v45: sm_90 bf16 rows of 32000
+    # cost the same instructions as in 8192, rows of 50257 3.7% fewer; 39-40 registers, so 6
+    # programs an SM fit uncapped-alike).
+    "alone-c4k": {"loss_alone_chunk": 4096, "loss_loop_warps": 8},
+    "alone-c4k-fit6": {"loss_alone_chunk": 4096, "loss_loop_warps": 8, "loss_loop_fit": {2: 6}},
     "alone-tile32k": {"row_elements": 32768},
     "alone-tile64k": {"row_elements": 65536},
     # Programs a unit for the split forms (the register cap fitted to them).
