@@ -43,7 +43,8 @@
 #                  back to back and do_bench three times in a row, fwd+bwd and fwd, ours against torch
 #                  eager and Liger from .whl/, 8192x32000 and 4096x50257 bf16 (LOSS_HOST_CASES)
 #   loss-sweep-ab  loss_sweep.py with LOSS_SWEEP_ARGS in this tree, then LOSS_SWEEP_BASE_ARGS (default
-#                  `--setting base`) in ab_base/, then this tree again (LOSS_SWEEP_AB_ARGS: both sides')
+#                  `--setting base`) in ab_base/, then this tree again (LOSS_SWEEP_AB_ARGS: both sides';
+#                  LOSS_SWEEP_SIDES, default "new base new": other names run the copy in ab_NAME/)
 #   losshost-ab    loss_host.py in this tree and in ab_base/ (a base's package: `git archive REV
 #                  portable_softmax | tar -x -C ab_base`, carried), new base new base, ours and torch
 #   enable         enable_bench.py: a small and a large Transformer's step with and without enable()
@@ -101,7 +102,8 @@ peer_wheels() {
   fi
 }
 # Runs its command with the package of one side first on the path: new (this tree) or base (ab_base/).
-side() { local root="$PWD"; [ "$1" = base ] && root="$PWD/ab_base"; shift; PYTHONPATH="$root:$PYTHONPATH" "$@"; }
+# A side of an A/B: "new" is this tree, any other NAME the package copy in ab_NAME/ (carried).
+side() { local root="$PWD"; [ "$1" != new ] && root="$PWD/ab_$1"; shift; PYTHONPATH="$root:$PYTHONPATH" "$@"; }
 sweep() { SWEEP_SHAPES=${SWEEP_SHAPES:-$SPLIT_SHAPES} timeout "${SWEEP_TIMEOUT:-300}" python3 benchmarks/sweep.py "$@" 2>&1 | quiet; }
 
 for section in "$@"; do
@@ -178,9 +180,9 @@ print('head: float32 sum inside addmm (out_dtype):', h._adds_wide(torch.device('
         | tee "$OUT/losshost.log" ;;
     loss-sweep-ab)
       # A kernel change's A/B: the base takes only settings that mean something in its tree.
-      for s in new base new; do
+      for s in ${LOSS_SWEEP_SIDES:-new base new}; do
         args="${LOSS_SWEEP_ARGS:-} ${LOSS_SWEEP_AB_ARGS:-}"
-        [ "$s" = base ] && args="${LOSS_SWEEP_BASE_ARGS:---setting base} ${LOSS_SWEEP_AB_ARGS:-}"
+        [ "$s" != new ] && args="${LOSS_SWEEP_BASE_ARGS:---setting base} ${LOSS_SWEEP_AB_ARGS:-}"
         side "$s" timeout 280 python3 benchmarks/loss_sweep.py --json "$OUT/loss-sweep-$s.json" $args 2>&1 | quiet \
           | sed "s/^/$s /" | tee -a "$OUT/loss-sweep-ab.log"
       done ;;

@@ -445,6 +445,9 @@ def loss_scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_c
                           strides: Sequence[tuple[int, int, int]], scalars: Sequence[Any]) -> tuple[Any, ...]:
     """The arguments after the tensors (and a split kernel's scratch): ``COUNTS`` (a split
     kernel's items are tiles x chunks), each row tensor's strides, ``LOSS_SCALARS``."""
+    if config.regime == "split" and config.block_m == 1 and n_outer == 1:
+        n_outer, rows_per_outer = rows_per_outer, 1
+        strides = [(r, r, c) for _, r, c in strides]
     per_outer, total = tiles(config, n_outer, rows_per_outer)
     items = total * config.chunks if config.regime == "split" else total
     return (items, per_outer, rows_per_outer, n_cols, *(s for triple in strides for s in triple), *scalars)

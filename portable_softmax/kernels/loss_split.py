@@ -89,18 +89,76 @@ def cross_entropy_forward_split(
     # SUMMED (a reduced loss, the gradient written, a grid not by ticket): the grid sums the
     # shares itself (``grid_sum.py``) into ``loss_ptr``, the loss (in its dtype), a partial a program.
     tl.static_assert(not SUMMED or (WRITE_GRAD and not TICKETED), "a grid sums its shares: persistent, gradient")
-    summed = tl.zeros([BLOCK_M], tl.float32)
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
+    # A persistent grid that is a multiple of CHUNKS gives each program one chunk of every row it
+    # takes. Where that chunk lies wholly inside the row (every chunk but the row's last, without
+    # windows), its loop is compiled with no column mask: no select of -inf, no compare an element
+    # vector, loads and stores unpredicated (sm_90, bf16 8192x32000: 941 -> 799 instructions an item).
+    if ALIGN == 1 and not TICKETED:
+        whole = ((tl.program_id(0) % CHUNKS + 1) * BLOCK_N <= n_cols) & (tl.num_programs(0) % CHUNKS == 0)
+        if whole:
+            summed = _split_loop(
+                x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, first, stop, step,
+                n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
+                x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
+                lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
+                word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_M, BLOCK_N, WEIGHT,
+                SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
+                SHIFTED, PHASE, COUNTED, SUMMED, True)
+        else:
+            summed = _split_loop(
+                x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, first, stop, step,
+                n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
+                x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
+                lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
+                word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_M, BLOCK_N, WEIGHT,
+                SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
+                SHIFTED, PHASE, COUNTED, SUMMED, False)
+    else:
+        summed = _split_loop(
+            x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, first, stop, step,
+            n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
+            x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
+            lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
+            word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_M, BLOCK_N, WEIGHT,
+            SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
+            SHIFTED, PHASE, COUNTED, SUMMED, False)
+    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                PHASE)
+    if SUMMED and PHASE != EXCHANGE_PUBLISH:
+        finish, partials = _sum_counters(done_ptr, n_rows)
+        _finished(tl.sum(summed, 0), finish, partials, loss_ptr, n_items)
+
+
+@_jit
+def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, first, stop, step,
+                n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
+                x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
+                lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
+                word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr,
+                SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr,
+                ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr,
+                SHIFTED: tl.constexpr, PHASE: tl.constexpr, COUNTED: tl.constexpr, SUMMED: tl.constexpr,
+                WHOLE: tl.constexpr):
+    """The split forward's items (``cross_entropy_forward_split``): this program's share of the
+    reduced loss with ``SUMMED``. ``WHOLE``: every item's chunk lies inside its row, its mask
+    ``_whole`` (the compiler folds it away)."""
+    summed = tl.zeros([BLOCK_M], tl.float32)
     for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
             item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
+        if WHOLE:
+            mask = _whole(cols, row_mask)
         if STAGES > 1:
             # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
             # the load's would be carried from stage to stage (``split._staged_columns``).
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, x_ptr.dtype.element_ty, False, "")
             cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
+            if WHOLE:
+                mask = _whole(cols, row_mask)
             x = tl.where(mask, x, -float("inf"))
         else:
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, False, "")
@@ -200,11 +258,7 @@ def cross_entropy_forward_split(
                                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
                                 Z_LOSS, SOFTCAP, ALIGN, SHIFTED, STAGES)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
-    _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
-                PHASE)
-    if SUMMED and PHASE != EXCHANGE_PUBLISH:
-        finish, partials = _sum_counters(done_ptr, n_rows)
-        _finished(tl.sum(summed, 0), finish, partials, loss_ptr, n_items)
+    return summed
 
 
 @_jit
@@ -296,3 +350,10 @@ def _none(mask):
     comparison the compiler folds to false, not ``mask & False``, whose constant is an int1 that
     Triton 3.2's interpreter cannot make."""
     return mask != mask
+
+
+@_jit
+def _whole(cols, row_mask):
+    """The mask of a chunk that lies inside its row: its row's, over every column (``cols ==
+    cols`` folds to true; a constant int1 Triton 3.2's interpreter cannot make, as ``_none``)."""
+    return (cols == cols) & row_mask[:, None]
