@@ -286,6 +286,11 @@ SPLIT_CASES = [
                                                          ignored=0.3, z_loss=0.01, shift=-50.0), {}, id="bf16-negative"),
     pytest.param("ticketed", (2, 300), torch.float16, dict(softcap=3.0), {}, id="fp16-softcap"),
     pytest.param("split", (2, 50257), torch.bfloat16, dict(ignored=0.3), {"split_chunk": 8192}, id="bf16-50257-windows-plain"),
+    # Windows pipelined (``Tuning.split_windows_pipelined``): the staged columns' masks and the
+    # edges beside them.
+    pytest.param("pipelined", (3, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1, ignored=0.3),
+                 {"split_chunk": 8192, "split_windows": frozenset({"forward", "backward"}),
+                  "split_windows_pipelined": frozenset({"forward"})}, id="pipelined-bf16-50257-windows"),
 ]
 
 
