@@ -63,12 +63,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-w4": {"split_chunk": 16384, "loss_split_elements_per_thread": 128},
     "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
-    # Rows off 16-byte boundaries (50257): windows pipelined, chunks of 8192 (7 a row, 12% padding),
-    # both, or no windows (pipelined, read an element at a time).
-    "split-win-pipelined": {"split_windows_pipelined": frozenset({"forward"})},
-    "split-c8k-pad": {"split_max_padding": 0.3},
-    "split-c8k-pad-win-pipelined": {"split_max_padding": 0.3, "split_windows_pipelined": frozenset({"forward"})},
-    "split-no-windows": {"split_windows": frozenset()},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
     "alone-split": {"loss_split": frozenset({"gradient", "loss"})},
     # The forward alone streamed (the loop regime: each program its rows, no exchange).

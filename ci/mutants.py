@@ -209,6 +209,18 @@ MUTANTS = [
            "    tl.store(ptr + at, value, mask=holds)\n",
            "    tl.store(ptr + at, value, mask=holds & False)\n",
            _ids(SPLIT_LOSS, "cpu-every-option-mean", "cpu-bf16-50257-windows")),
+    # A program whose chunk lies inside every row runs the loop with no column mask: taken by every
+    # program, the rows' last chunks read past their row (the next row's logits, or padding).
+    Mutant("split_loss_every_chunk_whole", f"{KERNELS}/loss_split.py",
+           "        whole = ((first % CHUNKS + 1) * BLOCK_N <= n_cols) & grouped\n",
+           "        whole = grouped\n",
+           _ids("tests/test_loss.py::test_split_rows_whose_programs_hold_whole_chunks", "cpu-split", "cpu-pipelined")),
+    # The chunks a group of programs takes, rotated by the group's number: rotated by a program's
+    # own number instead, two programs of a group take the same chunk and one chunk no program.
+    Mutant("split_loss_rotation_not_a_permutation", f"{KERNELS}/loss_split.py",
+           "first // CHUNKS * CHUNKS + (first + first // CHUNKS) % CHUNKS",
+           "first // CHUNKS * CHUNKS + (first + first // 2) % CHUNKS",
+           _ids("tests/test_loss.py::test_split_rows_whose_programs_hold_whole_chunks", "cpu-split", "cpu-pipelined")),
     # An ignored row's zeros, selected after its one coefficient: without the select the row's
     # gradient is that coefficient times its exponentials (the z-loss's term, NaN for a +inf logit).
     Mutant("loss_ignored_row_not_zeroed", f"{KERNELS}/loss_terms.py",

@@ -196,8 +196,6 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
             per instruction.
-        split_windows_pipelined: the directions whose windowed split rows keep the pipeline
-            (``split_pipelined``); else they run unpipelined.
         split_tickets: the directions whose split path may give each item a program that takes
             it by ticket (``kernels.split._split_items``) instead of running a persistent grid: the
             hardware then starts a program wherever one ends, rather than a fixed group of
@@ -310,7 +308,6 @@ class Tuning:
     loss_gradient_programs_per_unit: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    split_windows_pipelined: frozenset[str] = frozenset()
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})
     split_ticket_bytes: int = 131072
     split_ticket_waves: int = 2

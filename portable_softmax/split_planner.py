@@ -50,17 +50,16 @@ def split_config(target: Target, n_rows: int, n_cols: int, *, backward: bool = F
     if align == 1 or _direction(backward) not in target.tuning.split_windows:
         return plain
     return _windowed(plain, _split_config(target, target.tuning, n_rows, n_cols + align - 1, backward, per_thread),
-                     align, _direction(backward) in target.tuning.split_windows_pipelined)
+                     align)
 
 
-def _windowed(plain: KernelConfig, windowed: KernelConfig, align: int, pipelined: bool = False) -> KernelConfig:
+def _windowed(plain: KernelConfig, windowed: KernelConfig, align: int) -> KernelConfig:
     """``windowed`` (planned for rows ``align - 1`` columns longer) read through windows of
-    ``align``, where it needs no more or wider chunks than ``plain``; else ``plain``. Unpipelined
-    unless ``pipelined`` (``Tuning.split_windows_pipelined``)."""
+    ``align``, where it needs no more or wider chunks than ``plain``; else ``plain``."""
     if dataclasses.replace(windowed, align=1) != plain:
         return plain
     # Windowed rows run unpipelined: the pipeline's buffers cost them more programs than it buys.
-    return dataclasses.replace(windowed, align=align, num_stages=windowed.num_stages if pipelined else 1)
+    return dataclasses.replace(windowed, align=align, num_stages=1)
 
 
 def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, backward: bool,

@@ -441,11 +441,22 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
     return values
 
 
+def one_row_groups(config: Config, n_outer: int) -> bool:
+    """Whether the loss's split kernel takes the rows of one group (a 2-D input) as groups of one
+    row each: Triton specialises the rows a group (1) and the tiles a group (1) as constants, so an
+    item finds its row with no division and its row mask folds away (sm_90, bf16 8192x32000: 1191
+    -> 1072 instructions an item, NOTES v46). Persistent grids of aligned rows only: on the H200
+    the ticketed fp32 forms ran 2-3% slower so, and the windowed bf16 rows of 50257 spilled more
+    at 10 programs an SM and fitted 8."""
+    return (config.regime == "split" and config.block_m == 1 and n_outer == 1 and not config.ticketed
+            and config.align == 1)
+
+
 def loss_scalar_arguments(config: Config, n_outer: int, rows_per_outer: int, n_cols: int,
                           strides: Sequence[tuple[int, int, int]], scalars: Sequence[Any]) -> tuple[Any, ...]:
     """The arguments after the tensors (and a split kernel's scratch): ``COUNTS`` (a split
     kernel's items are tiles x chunks), each row tensor's strides, ``LOSS_SCALARS``."""
-    if config.regime == "split" and config.block_m == 1 and n_outer == 1:
+    if one_row_groups(config, n_outer):
         n_outer, rows_per_outer = rows_per_outer, 1
         strides = [(r, r, c) for _, r, c in strides]
     per_outer, total = tiles(config, n_outer, rows_per_outer)

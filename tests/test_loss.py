@@ -286,11 +286,6 @@ SPLIT_CASES = [
                                                          ignored=0.3, z_loss=0.01, shift=-50.0), {}, id="bf16-negative"),
     pytest.param("ticketed", (2, 300), torch.float16, dict(softcap=3.0), {}, id="fp16-softcap"),
     pytest.param("split", (2, 50257), torch.bfloat16, dict(ignored=0.3), {"split_chunk": 8192}, id="bf16-50257-windows-plain"),
-    # Windows pipelined (``Tuning.split_windows_pipelined``): the staged columns' masks and the
-    # edges beside them.
-    pytest.param("pipelined", (3, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1, ignored=0.3),
-                 {"split_chunk": 8192, "split_windows": frozenset({"forward", "backward"}),
-                  "split_windows_pipelined": frozenset({"forward"})}, id="pipelined-bf16-50257-windows"),
 ]
 
 
@@ -372,6 +367,36 @@ def test_split_rows_count_their_targets_and_sum_their_loss(device, monkeypatch, 
     for pool in (launch._scratch, launch._phased_scratch):
         for _, counters in pool._buffers.values():
             assert not counters.any()
+
+
+@pytest.mark.parametrize("regime", ["split", "pipelined"])
+def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime):
+    # A grid that is a multiple of its rows' chunks gives each program one chunk of every row, the
+    # chunks of each group of programs rotated by the group's number; a program whose chunk lies
+    # inside every row runs its loop with no column mask (``kernels/loss_split.py``). Rows of 320
+    # in chunks of 128 (the last 64 long), 16-byte aligned (no windows), on 6 programs: two groups
+    # of 3, rotated by 0 and 1 (the plan's own grid set after the first call, as above). The
+    # logits are the first 7 rows of an 8-row buffer, their gradient written over them
+    # (``inplace_backward``): a last chunk taken as whole reads and writes the next row's columns.
+    _split(monkeypatch, device, regime)
+    for step in range(3):
+        h = logits((8, 320), torch.bfloat16, device).requires_grad_()
+        target = class_targets((7,), 320, device, 0.3)
+        target[:3] = torch.tensor([0, 127, 319])  # in the first, a whole and the last chunk
+        reference = h.detach()[:7].double().requires_grad_()
+        expected = F.cross_entropy(reference, target, label_smoothing=0.1)
+        expected.backward()
+        loss = ps.cross_entropy((h * 1.0)[:7], target, label_smoothing=0.1, inplace_backward=True)
+        loss.backward()
+        assert relative_error(loss, expected) <= TOLERANCE[torch.bfloat16]
+        assert relative_error(h.grad[:7], reference.grad) <= TOLERANCE[torch.bfloat16]
+        assert not h.grad[7].any()
+        if step == 0:
+            for key, record in loss_launch._records.items():
+                if key[0] == "forward":
+                    record.plan = dataclasses.replace(record.plan, programs=6)
+    plans = [record.plan for key, record in loss_launch._records.items() if key[0] == "forward"]
+    assert [(p.chunks, p.align, p.ticketed, p.programs) for p in plans] == [(3, 1, False, 6)]
 
 
 @pytest.mark.parametrize("regime", ["split", "pipelined"])

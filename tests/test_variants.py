@@ -57,6 +57,22 @@ def test_scalar_arguments_count_tiles_and_items():
     assert variants.scalar_arguments(_config("split"), 2, 10, 4096, [(0, 4096, 1)] * 2)[:2] == (80, 10)
 
 
+@pytest.mark.parametrize("changes, one_row", [({}, True), ({"ticketed": True}, False), ({"align": 8}, False)],
+                         ids=["persistent", "ticketed", "windowed"])
+def test_a_split_loss_of_one_group_takes_its_rows_as_groups_of_one(changes, one_row):
+    # 10 rows of 1000 in one group, 4 chunks a row: (items, tiles a group, rows a group, columns,
+    # the logits' strides (group, row, column), the targets'). As groups of one row, the 1s are
+    # constants to Triton, and a group's stride is the row's.
+    scalars = variants.loss_scalar_arguments(_config("split", **changes), 1, 10, 1000, [(0, 1000, 1), (0, 1, 0)],
+                                             (-100,))
+    assert scalars[:10] == ((40, 1, 1, 1000, 1000, 1000, 1, 1, 1, 0) if one_row
+                            else (40, 10, 10, 1000, 0, 1000, 1, 0, 1, 0))
+    # Groups of their own (N, C, d) keep them, as the tile and loop regimes always do.
+    assert variants.loss_scalar_arguments(_config("split", **changes), 2, 10, 1000, [(10000, 1, 10)], (-100,))[:3] \
+        == (80, 10, 10)
+    assert variants.loss_scalar_arguments(_config("tile"), 1, 10, 1000, [(0, 1000, 1)], (-100,))[:3] == (10, 10, 10)
+
+
 def test_options_ask_cooperation_only_for_persistent_split_grids():
     assert variants.options(_config("split"), 4, True)["launch_cooperative_grid"]
     assert "launch_cooperative_grid" not in variants.options(_config("split", ticketed=True), 4, True)
