@@ -1,0 +1,89 @@
+"""Probe (v46): what the split cross-entropy's exchange costs its forward + backward, by row length.
+
+Variants of the kernel package (``kernel_variant.py``; measurement only, the variants' outputs are
+wrong), each run through the library's own planner and launcher at the same programs an SM:
+
+* ``base``: the library's kernels.
+* ``nowait``: a chunk reads its row's slots once and goes on (``exchange._awaited_slots`` without its
+  loop): what waiting on the row's slowest chunk costs, the round trip of the read kept.
+* ``noexchange``: no publication and no read; each chunk takes its own maximum and sum as its row's:
+  the split grid's loads, reductions and stores alone.
+
+If waiting costs the long rows (19-32 chunks) what it does not cost the short ones (4), an exchange
+skewed by one item (publish an item's partials, finish the item before it) would buy it back.
+
+    python3 benchmarks/probes/loss_wait_cost.py [variant,...] [SHAPE,...] [PROGRAMS]
+
+PROGRAMS: the forward's grid set after its first call (a multiple of the rows' chunks), to tell the
+cost of a row's chunks from that of a grid that leaves some units a program short.
+"""
+import dataclasses
+import sys
+import tempfile
+
+import torch
+from triton.testing import do_bench
+
+from kernel_variant import edited_kernels
+import portable_softmax as ps
+from portable_softmax import launch, launch_compile, loss_launch
+
+SHAPES = ["8192x32000", "8192x128256", "4096x151936", "4096x256000"]
+WAIT = ("    if WAIT:\n"
+        "        while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:\n"
+        "            v = _read_slots(first_slot + peers, present, ATOMIC)\n")
+EXCHANGE = ("            row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,\n"
+            "                                           CHUNKS_P2, MAXIMA_LSE, STAGES, WAIT_ATOMIC, PHASE)\n")
+
+
+def variant_edits(name: str) -> dict[str, list[tuple[str, str]]]:
+    """The (old, new) replacements of variant ``name``, by module of the kernel package."""
+    if name == "nowait":
+        return {"exchange": [(WAIT, "")]}
+    if name == "noexchange":
+        return {"loss_split": [(EXCHANGE, "            row_max, row_total = chunk_max, total\n")]}
+    return {}
+
+
+def main() -> None:
+    names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["base", "nowait", "noexchange"]
+    shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else SHAPES
+    programs = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    folder = tempfile.mkdtemp()
+    modules = {name: edited_kernels(name, variant_edits(name), folder) for name in names}
+    print(f"{'variant':>11} {'shape':>12} {'fwd+bwd ms':>10} {'floor':>6} plan", flush=True)
+    for shape in shapes:
+        n_rows, n_cols = (int(v) for v in shape.split("x"))
+        x = (torch.randn(n_rows, n_cols, device="cuda", dtype=torch.bfloat16) * 3).requires_grad_()
+        target = torch.randint(0, n_cols, (n_rows,), device="cuda")
+        # A clone reads and writes the logits once: the forward + backward's floor.
+        copy = do_bench(lambda: x.detach().clone(), warmup=10, rep=50, return_mode="median")
+        for round_ in range(2):
+            for name, module in modules.items():
+                launch._kernel_module = loss_launch._kernel_module = lambda backend, module=module: module
+                loss_launch._forget()
+                launch_compile._resources_cache.clear()
+                for pool in ("_scratch", "_ticket_scratch", "_counted_scratch", "_phased_scratch"):
+                    setattr(launch, pool, launch._Scratch())
+
+                def step() -> None:
+                    x.grad = None
+                    ps.cross_entropy(x, target).backward()
+
+                step()
+                if programs:
+                    for key, record in loss_launch._records.items():
+                        if key[0] == "forward":
+                            record.plan = dataclasses.replace(record.plan, programs=programs)
+                    step()
+                ms = do_bench(step, warmup=10, rep=50, return_mode="median")
+                plans = {record.plan for key, record in loss_launch._records.items() if key[0] == "forward"}
+                text = "; ".join(f"{p.regime} p{p.programs} w{p.num_warps} c{p.block_n} x{p.chunks} s{p.num_stages} "
+                                 f"occ{p.occupancy}" for p in plans)
+                print(f"{name:>11} {shape:>12} {ms:10.3f} {copy / ms:6.2f} {text}", flush=True)
+        del x, target
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
