@@ -95,7 +95,9 @@ def cross_entropy_forward_split(
     # windows), its loop is compiled with no column mask: no select of -inf, no compare an element
     # vector, loads and stores unpredicated (sm_90, bf16 8192x32000: 941 -> 799 instructions an item).
     summed = tl.zeros([BLOCK_M], tl.float32)
-    if ALIGN == 1 and not TICKETED:
+    whole_form: tl.constexpr = ALIGN == 1 and not TICKETED
+    split = first
+    if whole_form:
         # Each group of CHUNKS programs takes its chunks rotated by the group's number: programs a
         # wave of units apart (on one unit, as the first wave fills the chip) then hold different
         # chunks where the unit count is a multiple of CHUNKS (132 and 4 chunks: 33 groups a wave),
@@ -103,35 +105,22 @@ def cross_entropy_forward_split(
         # (A grid that is not a multiple of CHUNKS, forced, takes its items as they come.)
         grouped = tl.num_programs(0) % CHUNKS == 0
         first = tl.where(grouped, first // CHUNKS * CHUNKS + (first + first // CHUNKS) % CHUNKS, first)
-        # Two loops one after the other, one of them empty: in the two arms of a branch Triton
-        # gave each its own pipeline buffers (64 KB a program for bf16 chunks of 8192, against 32).
         whole = ((first % CHUNKS + 1) * BLOCK_N <= n_cols) & grouped
         split = tl.where(whole, stop, first)
-        summed = _split_loop(
-            x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, first, split, step,
-            n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
-            x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
-            lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
-            word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, summed, BLOCK_M, BLOCK_N,
-            WEIGHT, SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
-            SHIFTED, PHASE, COUNTED, SUMMED, True)
-        summed = _split_loop(
-            x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, split, stop, step,
-            n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
-            x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
-            lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
-            word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, summed, BLOCK_M, BLOCK_N,
-            WEIGHT, SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
-            SHIFTED, PHASE, COUNTED, SUMMED, False)
-    else:
-        summed = _split_loop(
-            x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr, first, stop, step,
-            n_items, n_rows, tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride,
-            x_col_stride, target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride,
-            lse_outer_stride, lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index,
-            word, departures, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, summed, BLOCK_M, BLOCK_N,
-            WEIGHT, SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
-            SHIFTED, PHASE, COUNTED, SUMMED, False)
+    # Two loops one after the other, one of them empty, the whole one only where it can be taken:
+    # in the two arms of a branch Triton gave each its own pipeline buffers (64 KB a program for
+    # bf16 chunks of 8192, against 32).
+    for part in tl.static_range(2):
+        if part == 1 or whole_form:
+            summed = _split_loop(
+                x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr,
+                tl.where(part == 0, first, split), tl.where(part == 0, split, stop), step, n_items, n_rows,
+                tiles_per_outer, rows_per_outer, n_cols, chunk_cols, x_outer_stride, x_row_stride, x_col_stride,
+                target_outer_stride, target_row_stride, loss_outer_stride, loss_row_stride, lse_outer_stride,
+                lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index, word, departures,
+                ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, summed, BLOCK_M, BLOCK_N, WEIGHT,
+                SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
+                SHIFTED, PHASE, COUNTED, SUMMED, part == 0)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
     if SUMMED and PHASE != EXCHANGE_PUBLISH:
