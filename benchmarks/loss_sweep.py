@@ -63,6 +63,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-w4": {"split_chunk": 16384, "loss_split_elements_per_thread": 128},
     "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
+    # A register cap that spills up to 16 words a thread (8 by default): more programs an SM.
+    "split-spills16": {"split_fit_max_spills": 16},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
     "alone-split": {"loss_split": frozenset({"gradient", "loss"})},
     # The forward alone streamed (the loop regime: each program its rows, no exchange).
