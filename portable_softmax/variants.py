@@ -32,7 +32,8 @@ FUSED_SCALARS = ("scale_value", "n_heads", "n_queries", "mask_a_stride", "mask_b
                  "mask_k_stride", "scale_a_stride", "scale_b_stride", "scale_q_stride")
 FLOAT_SCALARS = ("scale_value",)
 NO_FUSION = (1.0, 1, 1, 0, 0, 0, 0, 0, 0, 0)
-# The split path's exchange slots (int64, empty = -1) and arrival counters (int32).
+# The split path's exchange slots (int64, empty = -1; a row's CHUNKS_P2 apart) and arrival counters
+# (int32).
 SCRATCH = (("slot", "i64"), ("done", "i32"))
 # The counters after the per-tile ones of a split grid of one-row tiles, for a loss forward that
 # counts its 'mean''s targets itself (``loss_counts``, ``kernels/grid_count.py``): one word of its

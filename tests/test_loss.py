@@ -399,6 +399,32 @@ def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime
     assert [(p.chunks, p.align, p.ticketed, p.programs) for p in plans] == [(3, 1, False, 6)]
 
 
+def test_split_rows_exchange_slots_lie_a_power_of_two_apart(device, monkeypatch):
+    # A row's slots lie CHUNKS_P2 apart (``kernels.exchange._row_slots``), so that no row shares a
+    # 128-byte line with another's polls. Rows of 300 in 3 chunks: slots 4 apart, the fourth never
+    # written. The interpreter's two launches leave their slots full: each row's 3 hold partials,
+    # the fourth and every slot past the rows stay empty (-1); a grid that waits empties its own
+    # (a cleanup at another layout would leave some full).
+    _split(monkeypatch, device)
+    for pool in ("_scratch", "_phased_scratch"):
+        monkeypatch.setattr(launch, pool, launch._Scratch())
+    x = logits((5, 300), torch.bfloat16, device).requires_grad_()
+    target = class_targets((5,), 300, device, 0.0)
+    reference = x.detach().double().requires_grad_()
+    F.cross_entropy(reference, target).backward()
+    ps.cross_entropy(x, target).backward()
+    assert relative_error(x.grad, reference.grad) <= TOLERANCE[torch.bfloat16]
+    (record,) = [record for key, record in loss_launch._records.items() if key[0] == "forward"]
+    assert record.plan.chunks == 3
+    if interpreted(device):
+        ((slots, _),) = launch._phased_scratch._buffers.values()
+        rows = slots[:20].view(5, 4).cpu()
+        assert (rows[:, :3] != -1).all() and (rows[:, 3] == -1).all() and (slots[20:] == -1).all()
+    else:
+        ((slots, _),) = launch._scratch._buffers.values()
+        assert (slots == -1).all()
+
+
 @pytest.mark.parametrize("regime", ["split", "pipelined"])
 def test_split_rows_give_the_same_loss_and_gradient_every_call(device, monkeypatch, regime):
     # The grid sums its programs' partials in one fixed order (``kernels/grid_sum.py``: no float

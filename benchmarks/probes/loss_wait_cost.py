@@ -8,6 +8,11 @@ wrong), each run through the library's own planner and launcher at the same prog
   loop): what waiting on the row's slowest chunk costs, the round trip of the read kept.
 * ``noexchange``: no publication and no read; each chunk takes its own maximum and sum as its row's:
   the split grid's loads, reductions and stores alone.
+* ``pad`` (v47): each row's slots start on a 128-byte line (a row of 19 chunks otherwise shares its
+  first and last lines with the rows beside it, which other groups publish to and poll while it
+  waits); ``spreadS``: its slots S apart besides (4: a 32-byte sector each, 16: a line each);
+  ``fresh``: a trip of the wait reads only the slots still empty. Correct outputs, the slot
+  scratch asked for 32 times as large.
 
 If waiting costs the long rows (19-32 chunks) what it does not cost the short ones (4), an exchange
 skewed by one item (publish an item's partials, finish the item before it) would buy it back.
@@ -37,12 +42,33 @@ EXCHANGE = ("            row_max, row_total = _exchange(slot_ptr, done_ptr, tile
 
 
 def variant_edits(name: str) -> dict[str, list[tuple[str, str]]]:
-    """The (old, new) replacements of variant ``name``, by module of the kernel package."""
-    if name == "nowait":
-        return {"exchange": [(WAIT, "")]}
-    if name == "noexchange":
-        return {"loss_split": [(EXCHANGE, "            row_max, row_total = chunk_max, total\n")]}
-    return {}
+    """The (old, new) replacements of variant ``name``, by module of the kernel package; parts joined
+    by ``+`` apply one after the other (``spread4+fresh``)."""
+    edits: dict[str, list[tuple[str, str]]] = {}
+    # ``fresh`` first: the others edit the addresses its text holds.
+    for part in sorted(name.split("+"), key=lambda part: part != "fresh"):
+        if part == "nowait":
+            edits.setdefault("exchange", []).append((WAIT, ""))
+        elif part == "noexchange":
+            edits.setdefault("loss_split", []).append((EXCHANGE, "            row_max, row_total = chunk_max, total\n"))
+        elif part == "pad" or part.startswith("spread"):
+            # A row's slots SPREAD apart (spread4: one a 32-byte sector, spread16: one a line), the
+            # row's first on a 128-byte line.
+            spread = 1 if part == "pad" else int(part[len("spread"):])
+            row = f"((CHUNKS * {spread} + 15) // 16 * 16)"
+            edits.setdefault("exchange", []).extend([
+                ("tl.arange(0, BLOCK_M)) * CHUNKS\n", f"tl.arange(0, BLOCK_M)) * {row}\n"),
+                ("slot_ptr + tile * CHUNKS", f"slot_ptr + tile * {row}"),
+                ("slots + chunk", f"slots + chunk * {spread}"),
+                ("first_slot + peers", f"first_slot + peers * {spread}"),
+                ("slots[:, None] + peers[None, :]", f"slots[:, None] + peers[None, :] * {spread}")])
+        elif part == "fresh":
+            # Each trip of the wait reads only the slots still empty.
+            edits.setdefault("exchange", []).append((
+                "            v = _read_slots(first_slot + peers, present, ATOMIC)\n",
+                "            v = tl.where(v == EMPTY_SLOT, _read_slots(first_slot + peers, present & (v == EMPTY_SLOT),"
+                " ATOMIC), v)\n"))
+    return edits
 
 
 def main() -> None:
@@ -50,6 +76,10 @@ def main() -> None:
     shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else SHAPES
     programs = int(sys.argv[3]) if len(sys.argv) > 3 else None
     folder = tempfile.mkdtemp()
+    if any("pad" in name or "spread" in name for name in names):
+        # Room for rows of slots spread and padded (at most 32 times a row's chunks).
+        get = launch._Scratch.get
+        launch._Scratch.get = lambda self, device, stream, slots, tiles: get(self, device, stream, 32 * slots, tiles)
     modules = {name: edited_kernels(name, variant_edits(name), folder) for name in names}
     print(f"{'variant':>11} {'shape':>12} {'fwd+bwd ms':>10} {'floor':>6} plan", flush=True)
     for shape in shapes:
@@ -77,6 +107,15 @@ def main() -> None:
                             record.plan = dataclasses.replace(record.plan, programs=programs)
                     step()
                 ms = do_bench(step, warmup=10, rep=50, return_mode="median")
+                if round_ == 0:
+                    # The gradient's relative error against torch in float64 (nowait's and noexchange's
+                    # are wrong by design).
+                    xd = x.detach().double().requires_grad_()
+                    torch.nn.functional.cross_entropy(xd, target).backward()
+                    step()
+                    error = ((x.grad.double() - xd.grad).norm() / xd.grad.norm()).item()
+                    print(f"{name:>11} {shape:>12} gradient error {error:.2e}", flush=True)
+                    del xd
                 plans = {record.plan for key, record in loss_launch._records.items() if key[0] == "forward"}
                 text = "; ".join(f"{p.regime} p{p.programs} w{p.num_warps} c{p.block_n} x{p.chunks} s{p.num_stages} "
                                  f"occ{p.occupancy}" for p in plans)

@@ -258,7 +258,8 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
                                 rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
                                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
                                 Z_LOSS, SOFTCAP, ALIGN, SHIFTED, STAGES)
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                        PHASE)
     return summed
 
 

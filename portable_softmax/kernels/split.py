@@ -114,7 +114,8 @@ def softmax_forward_split(
                 _edge_store(y_ptr, y_base, edge, edge_mask,
                             _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max,
                                      LOG, MASK))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                        PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
 
@@ -171,7 +172,8 @@ def softmax_backward_split(
                                       mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
                                       SCALE, MASK, CAUSAL)
                 _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
-        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, TICKETED, PHASE)
+        _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
+                        PHASE)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
 
