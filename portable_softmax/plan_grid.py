@@ -60,10 +60,20 @@ class KernelConfig:
     # The tile kernels' DENSE=2 (``variants.dense_level``): one group, int32 offsets, masks kept,
     # for tiles that cannot be dense (``planner.flat_form``).
     flat: bool = False
+    # The loss's split forward's WHOLE (``variants.loss_constexprs``): a persistent program whose
+    # chunk lies inside every row it takes runs them through a loop with no column mask
+    # (``kernels/loss_split.py``; ``loss_planner``: rows of up to ``Tuning.loss_whole_chunks``).
+    whole: bool = False
 
     @property
     def chunks_p2(self) -> int:
         return next_power_of_2(self.chunks)
+
+    @property
+    def whole_loop(self) -> bool:
+        """The loss's split kernel's WHOLE: ``whole`` where a program holds one chunk of every row
+        it takes (a persistent grid, not one by ticket) and its rows need no windows."""
+        return self.whole and self.align == 1 and not self.ticketed
 
 
 @dataclass(frozen=True)
@@ -91,12 +101,13 @@ class LaunchPlan:
     phased: bool = False
     arrival: bool = False
     flat: bool = False
+    whole: bool = False
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
                             self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.phased,
-                            self.arrival, self.flat)
+                            self.arrival, self.flat, self.whole)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -245,7 +256,9 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         reason += "; exchanged in two launches (partials published, then read), no program waits on another"
     if config.align > 1:
         reason += f"; rows read in aligned windows of {config.align}"
+    if config.whole_loop:
+        reason += "; chunks inside every row a program takes through a loop without column masks"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
                       config.ticketed, config.reread, config.per_tile, config.dense, config.phased, config.arrival,
-                      config.flat)
+                      config.flat, config.whole)

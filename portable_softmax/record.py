@@ -192,6 +192,14 @@ class Tuning:
             0: as many as ``split_fit_bytes`` asks. On the H200 (NOTES v31, bf16 rows of 16
             chunks, 3 stages) 4 a unit read 0.77-0.78 of the floor forward + backward and 5 (a
             cap of 102 registers) 0.68-0.69.
+        loss_whole_chunks: the most chunks a row may hold for the loss's split forward that writes
+            the gradient to run its whole chunks through a second loop, with no column mask
+            (``plan_grid.KernelConfig.whole``); 0: every row. That loop's registers are the
+            kernel's beside the masked one's: on sm_90 (Triton 3.6, bf16 chunks of 8192, 4 warps,
+            3 stages) a cap of 96 registers, 5 programs an SM, spills 12 words a thread with it
+            and 2 without. Rows of many chunks wait on their peers and want the fifth program
+            more than the loop (NOTES v47, H200: bf16 4096x256000, 32 chunks, 1.24 -> 1.16 ms
+            forward + backward), rows of 16 the loop at 4 (8192x128256 1.11 ms against 1.20).
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -306,6 +314,7 @@ class Tuning:
     loss_split_elements_per_thread: int = 0
     loss_gradient_pipelined: bool = True
     loss_gradient_programs_per_unit: int = 0
+    loss_whole_chunks: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -71,9 +71,13 @@ class Config(Protocol):
     phased: bool
     arrival: bool
     flat: bool
+    whole: bool
 
     @property
     def chunks_p2(self) -> int: ...
+
+    @property
+    def whole_loop(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -434,6 +438,7 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
         if config.regime == "split":
             values["COUNTED"] = loss_counts(config, facts)
             values["SUMMED"] = loss_sums(config, facts)
+            values["WHOLE"] = config.whole_loop
         if config.regime == "loop":
             # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
             values["ALIGN"] = config.align

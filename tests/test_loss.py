@@ -396,7 +396,7 @@ def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime
                 if key[0] == "forward":
                     record.plan = dataclasses.replace(record.plan, programs=6)
     plans = [record.plan for key, record in loss_launch._records.items() if key[0] == "forward"]
-    assert [(p.chunks, p.align, p.ticketed, p.programs) for p in plans] == [(3, 1, False, 6)]
+    assert [(p.chunks, p.align, p.ticketed, p.programs, p.config.whole) for p in plans] == [(3, 1, False, 6, True)]
 
 
 def test_split_rows_exchange_slots_lie_a_power_of_two_apart(device, monkeypatch):
@@ -1035,6 +1035,27 @@ def test_streamed_forward_alone_plans_windows():
     # Aligned rows (50256) take none.
     assert loss_planner.plan_loss(target, 4096, 50256, "float32", writes_gradient=False, input_bytes=2,
                                   splittable=True, align=planner.contiguous_align(4096, 50256, 2)).align == 1
+
+
+def test_split_rows_of_many_chunks_leave_the_whole_loop_out():
+    # The whole loop's registers cost rows of many chunks a program an SM, which they want more
+    # (``Tuning.loss_whole_chunks``, the CUDA rows' 16): on the H200 bf16 rows of 256000 and 151936
+    # (32 and 19 chunks of 8192) leave it out, rows of 128256 and 32000 (16, 4) keep it; the
+    # forward alone has none; a limit of 0 gives it to every row.
+    from portable_softmax import loss_planner, profiles, targets
+
+    target = targets.target_for(profiles.profile_record("h200"))
+    assert target.tuning.loss_whole_chunks == 16
+    for n_cols, chunks, whole in ((256000, 32, False), (151936, 19, False), (128256, 16, True), (32000, 4, True)):
+        plan = loss_planner.plan_loss(target, 4096, n_cols, "float32", writes_gradient=True, input_bytes=2,
+                                      splittable=True)
+        assert (plan.regime, plan.chunks, plan.config.whole) == ("split", chunks, whole), plan.reason
+    alone = loss_planner.plan_loss(target, 4096, 32000, "float32", writes_gradient=False, input_bytes=2,
+                                   splittable=True)
+    assert not alone.config.whole
+    every = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_whole_chunks=0))
+    assert loss_planner.plan_loss(every, 4096, 256000, "float32", writes_gradient=True, input_bytes=2,
+                                  splittable=True).config.whole
 
 
 @pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])

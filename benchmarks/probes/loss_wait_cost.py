@@ -12,15 +12,18 @@ wrong), each run through the library's own planner and launcher at the same prog
   first and last lines with the rows beside it, which other groups publish to and poll while it
   waits); ``spreadS``: its slots S apart besides (4: a 32-byte sector each, 16: a line each);
   ``fresh``: a trip of the wait reads only the slots still empty. Correct outputs, the slot
-  scratch asked for 32 times as large.
+  scratch asked for 32 times as large. (The library's slots lie CHUNKS_P2 apart since v47: ``pad``
+  is the base there.)
+* ``nowhole``: every item through the masked loop (no whole loop beside it: fewer registers).
 
 If waiting costs the long rows (19-32 chunks) what it does not cost the short ones (4), an exchange
 skewed by one item (publish an item's partials, finish the item before it) would buy it back.
 
-    python3 benchmarks/probes/loss_wait_cost.py [variant,...] [SHAPE,...] [PROGRAMS]
+    python3 benchmarks/probes/loss_wait_cost.py [variant,...] [SHAPE,...] [PROGRAMS [MAXNREG]]
 
 PROGRAMS: the forward's grid set after its first call (a multiple of the rows' chunks), to tell the
-cost of a row's chunks from that of a grid that leaves some units a program short.
+cost of a row's chunks from that of a grid that leaves some units a program short; MAXNREG: its
+register cap set with it (v47: 96 fits 5 programs of 4 warps an SM, where 128 fits 4).
 """
 import dataclasses
 import sys
@@ -62,6 +65,11 @@ def variant_edits(name: str) -> dict[str, list[tuple[str, str]]]:
                 ("slots + chunk", f"slots + chunk * {spread}"),
                 ("first_slot + peers", f"first_slot + peers * {spread}"),
                 ("slots[:, None] + peers[None, :]", f"slots[:, None] + peers[None, :] * {spread}")])
+        elif part == "nowhole":
+            # One masked loop (v47: the whole loop beside it takes a register cap of 96 from 2 spilled
+            # words to 12 at bf16 4096x256000, sm_90).
+            edits.setdefault("loss_split", []).append((
+                "    whole_form: tl.constexpr = ALIGN == 1 and not TICKETED\n", "    whole_form: tl.constexpr = False\n"))
         elif part == "fresh":
             # Each trip of the wait reads only the slots still empty.
             edits.setdefault("exchange", []).append((
@@ -75,6 +83,7 @@ def main() -> None:
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["base", "nowait", "noexchange"]
     shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else SHAPES
     programs = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    cap = int(sys.argv[4]) if len(sys.argv) > 4 else None
     folder = tempfile.mkdtemp()
     if any("pad" in name or "spread" in name for name in names):
         # Room for rows of slots spread and padded (at most 32 times a row's chunks).
@@ -104,6 +113,9 @@ def main() -> None:
                 if programs:
                     for key, record in loss_launch._records.items():
                         if key[0] == "forward":
+                            if cap:
+                                record.options = {**record.options, "maxnreg": cap}
+                                record._compiled = False
                             record.plan = dataclasses.replace(record.plan, programs=programs)
                     step()
                 ms = do_bench(step, warmup=10, rep=50, return_mode="median")

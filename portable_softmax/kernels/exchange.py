@@ -119,7 +119,7 @@ def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.conste
     its scratch is not the waiting form's, whose slots must be empty between launches."""
     counter = done_ptr + tile
     first_slot = slot_ptr + tile * CHUNKS_P2
-    tl.atomic_xchg(first_slot + chunk, packed, mask=row_mask, sem="relaxed")
+    tl.atomic_xchg(_row_slots(slot_ptr, tile, 1, CHUNKS_P2) + chunk, packed, mask=row_mask, sem="relaxed")
     # One thread counts for the program: the barrier first makes every thread's stores its own.
     tl.debug_barrier()
     last = tl.atomic_add(counter, 1, sem="acq_rel") == CHUNKS - 1

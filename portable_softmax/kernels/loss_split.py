@@ -29,8 +29,8 @@ publishes and counts its arrival, and the row's last to arrive reads every chunk
 takes the row's terms into its share (and stores the lse), in place of the target's chunk; it
 loads the target's logit itself, after the exchange. The others write their smoothing sums only.
 
-A persistent grid runs its items in two loops, the second masked: where its program's chunk of
-every row lies inside the row, the first, with no column mask, takes them all
+With ``WHOLE``, a persistent grid runs its items in two loops, the second masked: where its
+program's chunk of every row lies inside the row, the first, with no column mask, takes them all
 (``cross_entropy_forward_split``'s comments).
 
 Class targets only: a probability target's loss needs its own sums over the row, which this
@@ -64,6 +64,7 @@ def cross_entropy_forward_split(
     WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
     TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
     PHASE: tl.constexpr, DEPENDENT: tl.constexpr, COUNTED: tl.constexpr, SUMMED: tl.constexpr,
+    WHOLE: tl.constexpr,
 ):
     # Rows of classes are taken one at a time (a tile of several would need them adjacent in
     # memory); class targets, float32 (module docstring).
@@ -94,14 +95,16 @@ def cross_entropy_forward_split(
     # shares itself (``grid_sum.py``) into ``loss_ptr``, the loss (in its dtype), a partial a program.
     tl.static_assert(not SUMMED or (WRITE_GRAD and not TICKETED), "a grid sums its shares: persistent, gradient")
     first, stop, step = _split_items(n_items, done_ptr, TICKETED)
-    # A persistent grid that is a multiple of CHUNKS gives each program one chunk of every row it
-    # takes. Where that chunk lies wholly inside the row (every chunk but the row's last, without
-    # windows), its loop is compiled with no column mask: no select of -inf, no compare an element
-    # vector, loads and stores unpredicated (sm_90, bf16 8192x32000: 942 -> 810 instructions an item).
+    # With WHOLE, a persistent grid that is a multiple of CHUNKS gives each program one chunk of
+    # every row it takes. Where that chunk lies wholly inside the row (every chunk but the row's
+    # last, without windows), its loop is compiled with no column mask: no select of -inf, no
+    # compare an element vector, loads and stores unpredicated (sm_90, bf16 8192x32000: 942 -> 810
+    # instructions an item). Its registers are the kernel's beside the masked loop's: the planner
+    # leaves it out of rows of many chunks (``Tuning.loss_whole_chunks``).
+    tl.static_assert(not WHOLE or (ALIGN == 1 and not TICKETED), "whole chunks: persistent grids of aligned rows")
     summed = tl.zeros([BLOCK_M], tl.float32)
-    whole_form: tl.constexpr = ALIGN == 1 and not TICKETED
     split = first
-    if whole_form:
+    if WHOLE:
         # Each group of CHUNKS programs takes its chunks rotated by the group's number: programs a
         # wave of units apart (on one unit, as the first wave fills the chip) then hold different
         # chunks where the unit count is a multiple of CHUNKS (132 and 4 chunks: 33 groups a wave),
@@ -115,7 +118,7 @@ def cross_entropy_forward_split(
     # in the two arms of a branch Triton gave each its own pipeline buffers (64 KB a program for
     # bf16 chunks of 8192, against 32).
     for part in tl.static_range(2):
-        if part == 1 or whole_form:
+        if part == 1 or WHOLE:
             summed = _split_loop(
                 x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot_ptr, done_ptr,
                 tl.where(part == 0, first, split), tl.where(part == 0, split, stop), step, n_items, n_rows,
