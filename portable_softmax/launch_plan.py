@@ -306,7 +306,8 @@ def loss_variant(target: Target, call: LossCall, config: KernelConfig, lookup: L
                          variants.options(config, config.num_warps, call.cooperative, call.facts.dependent), config)
     fit = target
     limit = target.tuning.loss_gradient_programs_per_unit
-    if limit and call.writes_gradient and config.num_stages > 1:
+    # (Rows of many chunks, without the whole loop, want every program the cap fits: NOTES v47.)
+    if limit and call.writes_gradient and config.num_stages > 1 and config.whole_loop:
         fit = dataclasses.replace(target, tuning=dataclasses.replace(
             target.tuning, split_programs_per_unit=min(limit, target.tuning.split_programs_per_unit)))
     caps = split_fit(fit, config, call.input_bytes) or _loop_fit(target, config, call)

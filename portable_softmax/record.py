@@ -191,7 +191,8 @@ class Tuning:
             the loss's pipelined split forward that writes the gradient asks for (``split_fit``);
             0: as many as ``split_fit_bytes`` asks. On the H200 (NOTES v31, bf16 rows of 16
             chunks, 3 stages) 4 a unit read 0.77-0.78 of the floor forward + backward and 5 (a
-            cap of 102 registers) 0.68-0.69.
+            cap of 102 registers) 0.68-0.69. Only where the kernel runs the whole loop
+            (``loss_whole_chunks``): the rows of more chunks that leave it out want the fifth.
         loss_whole_chunks: the most chunks a row may hold for the loss's split forward that writes
             the gradient to run its whole chunks through a second loop, with no column mask
             (``plan_grid.KernelConfig.whole``); 0: every row. That loop's registers are the

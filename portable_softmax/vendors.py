@@ -432,7 +432,8 @@ INTERPRETER_TUNING = replace(Tuning(), tile_elements=65536, row_elements=65536, 
 _H200_STRIDED_SLICES = {("forward", 2): 4096, ("backward", 2): 16384}
 # The loss's pipelined forward that writes the gradient at 4 programs a unit (NOTES v31, same
 # plans otherwise, one run): bf16 rows of 16 chunks 0.77-0.78 of the floor forward + backward
-# against 0.68-0.69 at the 5 that the register cap fits (102 registers), 0.69-0.70 at 3.
+# against 0.68-0.69 at the 5 that the register cap fits (102 registers), 0.69-0.70 at 3. Rows of
+# more chunks leave the whole loop out and take 5 (``_CUDA_LOSS_WHOLE_CHUNKS``, NOTES v47).
 #
 # The loss's forward alone streamed from 2-byte logits at 5 programs a unit (a register cap: 40
 # warps where 4 programs' 64 registers held 32; NOTES v41, H200, two sweeps, bf16; fp16

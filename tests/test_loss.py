@@ -1211,13 +1211,15 @@ def test_ignore_index_inside_the_classes(device):
     check(x, target, ignore_index=3, reduction="none", z_loss=0.01)
 
 
-@pytest.mark.parametrize("writes", [True, False], ids=["gradient", "alone"])
-def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypatch, writes):
+@pytest.mark.parametrize("n_cols, writes, four", [(128256, True, True), (128256, False, False), (256000, True, False)],
+                         ids=["gradient", "alone", "gradient-without-whole-loop"])
+def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypatch, n_cols, writes, four):
     # NOTES v31: on the H200 the loss's pipelined forward that writes the gradient read 0.77-0.78
     # of the floor at 4 programs a unit and 0.68-0.69 at the 5 a register cap fits: its register
     # caps are asked for at most 4 (``Tuning.loss_gradient_programs_per_unit``); the softmax's
-    # limit elsewhere, and for the forward alone.
-    from portable_softmax import launch_plan, profiles, split_planner, targets, variants
+    # limit elsewhere, and for the forward alone. NOTES v47: rows of more than 16 chunks, without
+    # the whole loop (``Tuning.loss_whole_chunks``), wait on their peers and want the fifth.
+    from portable_softmax import launch_plan, loss_planner, profiles, split_planner, targets, variants
     from portable_softmax.launch import RowView
     from portable_softmax.record import KernelResources
 
@@ -1230,14 +1232,14 @@ def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypat
         return caps
 
     monkeypatch.setattr(launch_plan, "split_fit", split_fit)
-    strides = tuple((0, 128256, 1) if name in ("x", "grad") else (0, 1, 0) for name in variants.loss_row_tensors("forward"))
-    call = launch_plan.LossCall("forward", RowView(1, 8192, 128256, strides), variants.LossFacts(write_grad=writes),
+    strides = tuple((0, n_cols, 1) if name in ("x", "grad") else (0, 1, 0) for name in variants.loss_row_tensors("forward"))
+    call = launch_plan.LossCall("forward", RowView(1, 8192, n_cols, strides), variants.LossFacts(write_grad=writes),
                                 (-100,), 2, True, 1, True)
-    config = split_planner.split_config(target, 8192, 128256)
-    assert config.num_stages > 1
+    config = loss_planner._split_form(target, 8192, n_cols, 1, False, writes, None)
+    assert config.num_stages > 1 and config.whole == (writes and n_cols == 128256)
     launch_plan.loss_variant(target, call, config, lambda variant: KernelResources(registers=138, shared_memory=32912,
                                                                                    num_warps=4))
-    assert asked == [4] if writes else asked[0] > 4
+    assert asked == [4] if four else asked[0] > 4
 
 
 @pytest.mark.parametrize("dtype_bytes, writes, capped", [(2, False, True), (4, False, False), (2, True, False)],
