@@ -49,7 +49,7 @@ def _row_programs(target: Target, plan: LaunchPlan) -> LaunchPlan:
                                reason=f"{plan.reason}; a program a row ({plan.tiles / resident:.1f} waves)")
 
 
-def _split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
+def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
                 per_thread: Optional[int]) -> KernelConfig:
     """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
     by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
@@ -76,12 +76,12 @@ def _unspilled(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     (the tables' rows, a first launch's binary) move it."""
     tuning = target.tuning
     per_thread = tuning.loss_split_elements_per_thread or None
-    config = _split_form(target, n_rows, n_cols, align, arrival, writes_gradient, per_thread)
+    config = split_form(target, n_rows, n_cols, align, arrival, writes_gradient, per_thread)
     if resources is None or isinstance(resources, KernelResources):
         return per_thread, config
     elements = per_thread or tuning.split_elements_per_thread
     while _resources(resources, target, config, False, input_bytes).spills > tuning.split_fit_max_spills:
-        wider = _split_form(target, n_rows, n_cols, align, arrival, writes_gradient, elements // 2)
+        wider = split_form(target, n_rows, n_cols, align, arrival, writes_gradient, elements // 2)
         if elements <= 1 or wider.num_warps <= config.num_warps:
             break
         elements, per_thread, config = elements // 2, elements // 2, wider

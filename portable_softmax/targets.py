@@ -38,6 +38,11 @@ def split_config(record: DeviceRecord, n_rows: int, n_cols: int, **options: Any)
     return split_planner.split_config(target_for(record), n_rows, n_cols, **options)
 
 
+def loss_split_form(record: DeviceRecord, n_rows: int, n_cols: int, **options: Any) -> KernelConfig:
+    """``loss_planner.split_form`` for ``record``'s target."""
+    return loss_planner.split_form(target_for(record), n_rows, n_cols, **options)
+
+
 def split_fit(record: DeviceRecord, config: KernelConfig, input_bytes: int) -> list[tuple[int, dict[str, Any]]]:
     """``split_planner.split_fit`` for ``record``'s target."""
     return split_planner.split_fit(target_for(record), config, input_bytes)

@@ -1235,7 +1235,7 @@ def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypat
     strides = tuple((0, n_cols, 1) if name in ("x", "grad") else (0, 1, 0) for name in variants.loss_row_tensors("forward"))
     call = launch_plan.LossCall("forward", RowView(1, 8192, n_cols, strides), variants.LossFacts(write_grad=writes),
                                 (-100,), 2, True, 1, True)
-    config = loss_planner._split_form(target, 8192, n_cols, 1, False, writes, None)
+    config = loss_planner.split_form(target, 8192, n_cols, 1, False, writes, None)
     assert config.num_stages > 1 and config.whole == (writes and n_cols == 128256)
     launch_plan.loss_variant(target, call, config, lambda variant: KernelResources(registers=138, shared_memory=32912,
                                                                                    num_warps=4))

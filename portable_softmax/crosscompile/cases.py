@@ -12,8 +12,8 @@ from portable_softmax import variants
 from portable_softmax.plan_grid import KernelConfig, next_power_of_2
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, contiguous_align, plan_sharded, call_windows,
                                       input_bytes_per_column)
-from portable_softmax.targets import (dense_form, flat_form, plan_loss, select_config, split_config, target_for,
-                                      ticketed_forms)
+from portable_softmax.targets import (dense_form, flat_form, loss_split_form, plan_loss, select_config,
+                                      target_for, ticketed_forms)
 from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 from portable_softmax.crosscompile.targets import Target
@@ -251,9 +251,10 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         if split.regime != "split":
             continue
         per_thread = tuning_for(resident).loss_split_elements_per_thread or None
-        primary = split_config(resident, case.rows, case.cols, align=case.align, per_thread=per_thread)
-        if options["writes_gradient"] and not tuning_for(resident).loss_gradient_pipelined:
-            primary = dataclasses.replace(primary, num_stages=1)
+        # As the loss planner forms it: unpipelined where this Triton does not build the gradient's
+        # pipelined form, the whole loop where its rows take it (``KernelConfig.whole``).
+        primary = loss_split_form(resident, case.rows, case.cols, align=case.align, arrival=False,
+                                  writes_gradient=options["writes_gradient"], per_thread=per_thread)
         others = [("split", primary)]
         if "forward" in tuning_for(resident).split_tickets:
             others += [("ticketed", ticketed) for ticketed in ticketed_forms(resident, primary, case.cols, False,
