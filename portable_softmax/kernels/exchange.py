@@ -321,13 +321,18 @@ def _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BL
     """Empty the slots of a program's last tile, which no later publication vouches for: the last
     of its chunks to arrive at the tile's counter empties them all and resets the counter, leaving
     the scratch clean for the next launch (kernel boundaries order the resets before any later
-    read). Nothing for ticketed grids, whose counter is their ticket (``_split_items``), nor for
-    tiles of several rows (``_gather_tile``), nor for a two-launch exchange (``_empty_previous``)."""
+    read); nothing for a program that took no item. Nothing for ticketed grids, whose counter is
+    their ticket (``_split_items``), nor for tiles of several rows (``_gather_tile``), nor for a
+    two-launch exchange (``_empty_previous``)."""
     # Parenthesised: Triton 3.2 refuses a chain of three boolean operands.
     if (PHASE == EXCHANGE_WAIT and not TICKETED) and BLOCK_M == 1:
         first, step = tl.program_id(0), tl.num_programs(0)
         tile = (first + (n_items - 1 - first) // step * step) // CHUNKS
-        last = tl.atomic_add(done_ptr + tile, 1, sem="relaxed") == CHUNKS - 1
+        # A program of a grid wider than its items took none: its "last tile" is -1, whose counter
+        # lies before the buffer (an H200 run's loss came out a third short when the buffers
+        # beside it moved, NOTES v47).
+        took = first < n_items
+        last = (tl.atomic_add(done_ptr + tile, 1, mask=took, sem="relaxed") == CHUNKS - 1) & took
         slots, row_mask = _tile_slots(slot_ptr, tile, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS_P2)
         peers = tl.arange(0, CHUNKS_P2)
         tl.store(slots[:, None] + peers[None, :], tl.full([BLOCK_M, CHUNKS_P2], EMPTY_SLOT, tl.int64),
