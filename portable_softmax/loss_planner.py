@@ -50,14 +50,15 @@ def _row_programs(target: Target, plan: LaunchPlan) -> LaunchPlan:
 
 
 def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
-                per_thread: Optional[int]) -> KernelConfig:
+               per_thread: Optional[int]) -> KernelConfig:
     """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
     by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
     Triton in use does not build the pipelined form; with the gradient, its whole chunks through
     their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``)."""
     config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
     limit = target.tuning.loss_whole_chunks
-    config = dataclasses.replace(config, whole=writes_gradient and not arrival and (not limit or config.chunks <= limit))
+    whole = writes_gradient and not arrival and (not limit or config.chunks <= limit)
+    config = dataclasses.replace(config, whole=whole)
     if arrival:
         return dataclasses.replace(config, arrival=True, phased=False, num_stages=1)
     if writes_gradient and not target.tuning.loss_gradient_pipelined:

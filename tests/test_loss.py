@@ -1232,7 +1232,8 @@ def test_h200_fits_the_pipelined_gradient_form_to_four_programs_a_unit(monkeypat
         return caps
 
     monkeypatch.setattr(launch_plan, "split_fit", split_fit)
-    strides = tuple((0, n_cols, 1) if name in ("x", "grad") else (0, 1, 0) for name in variants.loss_row_tensors("forward"))
+    strides = tuple((0, n_cols, 1) if name in ("x", "grad") else (0, 1, 0)
+                    for name in variants.loss_row_tensors("forward"))
     call = launch_plan.LossCall("forward", RowView(1, 8192, n_cols, strides), variants.LossFacts(write_grad=writes),
                                 (-100,), 2, True, 1, True)
     config = loss_planner.split_form(target, 8192, n_cols, 1, False, writes, None)

@@ -12,9 +12,9 @@ wrong), each run through the library's own planner and launcher at the same prog
   first and last lines with the rows beside it, which other groups publish to and poll while it
   waits); ``spreadS``: its slots S apart besides (4: a 32-byte sector each, 16: a line each);
   ``fresh``: a trip of the wait reads only the slots still empty. Correct outputs, the slot
-  scratch asked for 32 times as large. (The library's slots lie CHUNKS_P2 apart since v47: ``pad``
-  is the base there.)
-* ``nowhole``: every item through the masked loop (no whole loop beside it: fewer registers).
+  scratch asked for 32 times as large. (Since v47 the library's rows lie CHUNKS_P2 slots apart, the
+  layout ``pad`` measured, and these pad and spread from there. v47's ``nowhole``, every item
+  through the masked loop, is now ``Tuning.loss_whole_chunks``'s to choose.)
 
 If waiting costs the long rows (19-32 chunks) what it does not cost the short ones (4), an exchange
 skewed by one item (publish an item's partials, finish the item before it) would buy it back.
@@ -40,8 +40,8 @@ SHAPES = ["8192x32000", "8192x128256", "4096x151936", "4096x256000"]
 WAIT = ("    if WAIT:\n"
         "        while tl.sum((v == EMPTY_SLOT).to(tl.int32)) > 0:\n"
         "            v = _read_slots(first_slot + peers, present, ATOMIC)\n")
-EXCHANGE = ("            row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, CHUNKS,\n"
-            "                                           CHUNKS_P2, MAXIMA_LSE, STAGES, WAIT_ATOMIC, PHASE)\n")
+EXCHANGE = ("            row_max, row_total = _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M, "
+            "CHUNKS,\n                                           CHUNKS_P2, MAXIMA_LSE, STAGES, WAIT_ATOMIC, PHASE)\n")
 
 
 def variant_edits(name: str) -> dict[str, list[tuple[str, str]]]:
@@ -58,18 +58,13 @@ def variant_edits(name: str) -> dict[str, list[tuple[str, str]]]:
             # A row's slots SPREAD apart (spread4: one a 32-byte sector, spread16: one a line), the
             # row's first on a 128-byte line.
             spread = 1 if part == "pad" else int(part[len("spread"):])
-            row = f"((CHUNKS * {spread} + 15) // 16 * 16)"
+            row = f"((CHUNKS_P2 * {spread} + 15) // 16 * 16)"
             edits.setdefault("exchange", []).extend([
-                ("tl.arange(0, BLOCK_M)) * CHUNKS\n", f"tl.arange(0, BLOCK_M)) * {row}\n"),
-                ("slot_ptr + tile * CHUNKS", f"slot_ptr + tile * {row}"),
+                ("tl.arange(0, BLOCK_M)) * CHUNKS_P2\n", f"tl.arange(0, BLOCK_M)) * {row}\n"),
+                ("slot_ptr + tile * CHUNKS_P2", f"slot_ptr + tile * {row}"),
                 ("slots + chunk", f"slots + chunk * {spread}"),
                 ("first_slot + peers", f"first_slot + peers * {spread}"),
                 ("slots[:, None] + peers[None, :]", f"slots[:, None] + peers[None, :] * {spread}")])
-        elif part == "nowhole":
-            # One masked loop (v47: the whole loop beside it takes a register cap of 96 from 2 spilled
-            # words to 12 at bf16 4096x256000, sm_90).
-            edits.setdefault("loss_split", []).append((
-                "    whole_form: tl.constexpr = ALIGN == 1 and not TICKETED\n", "    whole_form: tl.constexpr = False\n"))
         elif part == "fresh":
             # Each trip of the wait reads only the slots still empty.
             edits.setdefault("exchange", []).append((

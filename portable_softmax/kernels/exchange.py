@@ -137,12 +137,12 @@ def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.conste
 
 @_jit
 def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """The first exchange slot of each row of ``tile`` ([BLOCK_M]). A row's CHUNKS slots lie
-    CHUNKS_P2 apart (``variants.slot_rows``): a row of up to 16 slots then lies within one
+    """The first exchange slot of each row of ``tile`` ([BLOCK_M]). Rows lie CHUNKS_P2 slots
+    apart (``launch.LaunchRecord`` sizes the scratch so): a row of up to 16 slots lies in one
     128-byte line, and a longer row starts one. A row of 19 chunks packed 19 apart shared its
     first and last lines with the rows beside it, which other programs publish to and poll while
-    it waits: bf16 4096x151936, forward + backward, 0.72 ms against 0.68 padded on the H200 (NOTES
-    v47)."""
+    it waits: bf16 4096x151936, forward + backward, 0.72 ms against 0.68 padded on the H200
+    (NOTES v47)."""
     return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * CHUNKS_P2
 
 
@@ -297,7 +297,8 @@ def _bits_float(bits):
 
 @_jit
 def _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M: tl.constexpr,
-                    CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, TICKETED: tl.constexpr, PHASE: tl.constexpr = EXCHANGE_WAIT):
+                    CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, TICKETED: tl.constexpr,
+                    PHASE: tl.constexpr = EXCHANGE_WAIT):
     """Empty this program's slots of the tile it held before ``tile`` (none on its first). Called
     once every chunk of ``tile`` has published: a peer publishes only after it has read all of
     the previous tile's slots, and the peers of every tile are the same programs (the grid is a
