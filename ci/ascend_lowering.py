@@ -140,12 +140,15 @@ def lowering_jobs():
                     (True, "summed", {"summed": True})]
     for write_grad, form, flags in split_forms:
         facts = variants.LossFacts(write_grad=write_grad, **flags)
-        summed = ("summed",) if variants.loss_sums(split, facts) else ()
-        for phase in variants.launch_phases(split):
+        # With the gradient, its whole chunks through their own loop, as the loss planner forms it
+        # (``Tuning.loss_whole_chunks``: 0 on Ascend, every row).
+        config = types.SimpleNamespace(**vars(split), whole_loop=write_grad)
+        summed = ("summed",) if variants.loss_sums(config, facts) else ()
+        for phase in variants.launch_phases(config):
             label = f"M=1 N=8192 CHUNKS={LOSS_SPLIT_CHUNKS} PHASE={phase} {form}"
             yield (variants.loss_kernel_name("forward", "split"), ("loss", "forward", False, "split", *summed),
                    label + (" WRITE_GRAD" if write_grad else ""),
-                   variants.loss_constexprs("forward", split, facts, phase))
+                   variants.loss_constexprs("forward", config, facts, phase))
     yield (variants.GRAD_SCALE_KERNEL, "grad_scale", f"BLOCK={variants.GRAD_SCALE_BLOCK}",
            {"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": False, "DEPENDENT": False})
     for weight in (False, True):
