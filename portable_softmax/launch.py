@@ -35,7 +35,7 @@ from portable_softmax.kernel_resources import table_for
 from portable_softmax.launch_compile import _compiled_resources, _kernel_module, _specialization, compile_ahead
 from portable_softmax.launch_plan import (Fusion, Lookup, RowView, Variant, known_resources, plan_softmax,
                                           softmax_call)
-from portable_softmax.plan_grid import LaunchPlan, Target, next_power_of_2
+from portable_softmax.plan_grid import LaunchPlan, Target
 from portable_softmax.planner import plan_sharded
 from portable_softmax.targets import target_for
 from portable_softmax.record import KernelResources
@@ -136,8 +136,8 @@ class LaunchRecord:
     def plan(self, plan: LaunchPlan) -> None:
         """The plan, and the scratch its grid needs (a plan set again resizes it)."""
         self._plan = plan
-        # A row's slots lie a power of two apart (``kernels.exchange._row_slots``: on their own lines).
-        self._slots = plan.tiles * plan.block_m * next_power_of_2(plan.chunks) if plan.regime == "split" else 0
+        # A row's slots lie CHUNKS_P2 apart (``kernels.exchange._row_slots``: on their own lines).
+        self._slots = plan.tiles * plan.block_m * plan.config.chunks_p2 if plan.regime == "split" else 0
         # Counters: one per tile (rows split one at a time), a loss grid's count of its targets and
         # sum of its loss (``variants.GRID_COUNTERS``) and a partial of that sum a program; or the
         # ticket counter and two per tile (tiles of several rows count arrivals and departures:
