@@ -63,6 +63,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "split-c16k-w4": {"split_chunk": 16384, "loss_split_elements_per_thread": 128},
     "split-c16k-ticketed": {"split_chunk": 16384, "split_ticket_bytes": 0, "split_ticket_waves": 0},
     "split-c16k-pad": {"split_chunk": 16384, "split_max_padding": 0.3},
+    # Chunks of 8192 on rows whose last chunk is mostly padding (50257: 7 chunks, 12%) rather
+    # than 4096 at 2 warps.
+    "split-pad15": {"split_max_padding": 0.15},
+    "split-pad15-ppu4": {"split_max_padding": 0.15, "split_programs_per_unit": 4},
     # A register cap that spills up to 16 words a thread (8 by default): more programs an SM.
     "split-spills16": {"split_fit_max_spills": 16},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).

@@ -41,6 +41,12 @@ TARGET_CONSTEXPRS = frozenset({"DEPENDENT"})
 # a nearer guess than an estimate.
 FORM_CONSTEXPRS = frozenset({"LOG", "SCALE", "MASK", "CAUSAL", "WEIGHT", "PROB_TARGET", "SMOOTHING", "Z_LOSS",
                              "SOFTCAP"})
+# Constexprs that count a split row's chunks: rows of another length, cut into chunks of the same
+# block at the same warps and options, hold nearly the same registers (sm_90, bf16 chunks of 8192
+# at 4 warps under a cap of 128: 127 in rows of 4 chunks, 128 in rows of 7, NOTES v48), a far
+# nearer guess than an estimate, whose register count grows with the elements a thread holds and
+# spills under every cap.
+CHUNK_CONSTEXPRS = frozenset({"CHUNKS", "CHUNKS_P2"})
 # Options a launch may leave to Triton's default, as the value that default has (Triton 3.2 to 3.9
 # fuse multiply-adds unless told not to): the same binary either way.
 OPTION_DEFAULTS = {"enable_fp_fusion": True}
@@ -93,16 +99,21 @@ def _value(value: Any) -> str:
     return str(int(value)) if isinstance(value, bool) else str(value)
 
 
-def _near_keys(key: str) -> tuple[str, str, str]:
+def _near_keys(key: str) -> tuple[str, ...]:
     """The keys of ``key``'s neighbours, nearest first: without its ``FORM_CONSTEXPRS`` (another
     form, the same arguments), without its argument signature (other shapes, the same form),
-    without both."""
+    without both; then, without its ``CHUNK_CONSTEXPRS`` and arguments too (a split row of
+    another length, the same form), and without all three."""
     head, _, options = key.partition(" | ")
     kernel, pointer, arguments, *constexprs = head.split(" ")
     shaped = [c for c in constexprs if c.partition("=")[0] not in FORM_CONSTEXPRS]
+    formed = [c for c in constexprs if c.partition("=")[0] not in CHUNK_CONSTEXPRS]
+    bare = [c for c in shaped if c.partition("=")[0] not in CHUNK_CONSTEXPRS]
     return (" ".join([kernel, pointer, arguments, *shaped, "|", options]),
             " ".join([kernel, pointer, *constexprs, "|", options]),
-            " ".join([kernel, pointer, *shaped, "|", options]))
+            " ".join([kernel, pointer, *shaped, "|", options]),
+            " ".join([kernel, pointer, *formed, "|", options]),
+            " ".join([kernel, pointer, *bare, "|", options]))
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ class ResourceTable:
 
     @functools.cached_property
     def _neighbours(self) -> tuple[dict[str, KernelResources], ...]:
-        levels: tuple[dict[str, KernelResources], ...] = ({}, {}, {})
+        levels: tuple[dict[str, KernelResources], ...] = ({}, {}, {}, {}, {})
         for key, row in self.rows.items():
             for level, near in zip(levels, _near_keys(key)):
                 if near not in level or row.registers > level[near].registers:

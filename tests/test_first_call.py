@@ -457,3 +457,32 @@ def test_the_tables_hold_every_variant_their_cases_weigh(table):
             else:
                 launch_plan.plan_softmax(target, call, lookup, lookup)
     assert not missing, f"{len(missing)} variants weighed but not in the table, e.g. {sorted(missing)[:3]}"
+
+
+def _h200_loss_plan(table: ResourceTable, rows: int, cols: int):
+    """The H200's plan of a bf16 'mean' cross-entropy that writes its gradient, from ``table``
+    alone (as ``portable-softmax warmup --profile h200`` plans): (plan, launched variants)."""
+    target = target_for(H200)
+    strides = tuple((0, cols, 1) if name in ("x", "grad") else (0, 1, 0)
+                    for name in variants.loss_row_tensors("forward"))
+    facts = variants.LossFacts(acc_fp64=False, write_grad=True, wait_atomic=target.tuning.split_wait_atomic,
+                               counted=True, summed=True)
+    call = launch_plan.LossCall("forward", RowView(1, rows, cols, strides), facts, (-100,), 2, True, 1,
+                                H200.cooperative_launch)
+    known = launch_plan.known_resources(target, table, "bfloat16", True, 2)
+    return launch_plan.plan_cross_entropy(target, call, known, known)
+
+
+def test_split_rows_of_a_length_the_table_lacks_plan_from_rows_of_other_lengths():
+    """A row of 7 chunks of 8192 (53248 classes) has no row of its own in the tables, which hold
+    the bench's shapes. Its resources are those of the rows of 4 chunks (NOTES v48: 127 and 128
+    registers under the cap of 128, no spill), not an estimate whose registers grow with a
+    thread's elements (160 uncapped, 32 words spilled under every cap): planned from the
+    estimate, it ran uncapped at 3 programs an SM, 0.73-0.78 of the floor on the H200 against
+    0.83-0.87 at 4 under the cap (v48, rows of 49152 to 100352)."""
+    table = _h100_table()
+    short, _ = _h200_loss_plan(table, 8192, 32000)
+    plan, launched = _h200_loss_plan(table, 4096, 53248)
+    assert short.chunks == 4 and plan.chunks == 7 and plan.block_n == short.block_n == 8192
+    assert plan.occupancy == short.occupancy == 4
+    assert [v.option_values.get("maxnreg") for v in launched] == [128]
