@@ -66,7 +66,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # Chunks of 8192 on rows whose last chunk is mostly padding (50257: 7 chunks, 12%) rather
     # than 4096 at 2 warps.
     "split-pad15": {"split_max_padding": 0.15},
-    "split-pad15-ppu4": {"split_max_padding": 0.15, "split_programs_per_unit": 4},
+    # Chunks of 8192 where the table holds no row of their form: a cap whose estimate spills is
+    # compiled and tried rather than refused (v48: 4 programs an SM, 122-128 registers, none spilled).
+    "split-pad15-fit": {"split_max_padding": 0.15, "split_fit_max_spills": 64, "split_programs_per_unit": 4},
     # A register cap that spills up to 16 words a thread (8 by default): more programs an SM.
     "split-spills16": {"split_fit_max_spills": 16},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
