@@ -201,6 +201,12 @@ class Tuning:
             and 2 without. Rows of many chunks wait on their peers and want the fifth program
             more than the loop (NOTES v47, H200: bf16 4096x256000, 32 chunks, 1.24 -> 1.16 ms
             forward + backward), rows of 16 the loop at 4 (8192x128256 1.11 ms against 1.20).
+        loss_window_chunk: the widest chunk of the loss's split forward that writes the gradient
+            of rows read through aligned windows (off 16-byte boundaries); 0: ``split_chunk``.
+            Such rows run unpipelined (``split_planner``), where more, narrower programs an SM
+            hold more in flight (NOTES v48, H200, bf16 forward + backward: 8192x32001 in chunks
+            of 8192 at 3 programs an SM 0.60 of the floor, of 4096 at 10 an SM 0.73; 4096x50257
+            of 8192 at 4 an SM 0.64, of 4096 at 10 0.71).
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -316,6 +322,7 @@ class Tuning:
     loss_gradient_pipelined: bool = True
     loss_gradient_programs_per_unit: int = 0
     loss_whole_chunks: int = 0
+    loss_window_chunk: int = 0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -390,6 +390,11 @@ _CUDA_LOSS_STREAM = dict(loss_split=frozenset({"gradient"}), loss_alone_chunk=81
 # SM, 1.24 -> 1.16 ms; 4096x151936 (19) 0.687 -> 0.683; rows of 16 keep it (8192x128256 at 5 an SM
 # without it 1.20 ms, with it at 4 1.11). The H100 takes it unmeasured.
 _CUDA_LOSS_WHOLE_CHUNKS = 16
+# The loss's gradient rows read through windows in chunks of 4096 (``Tuning.loss_window_chunk``;
+# NOTES v48, H200, bf16 forward + backward): 8192x32001 0.60 -> 0.73 of the floor, 4096x32001 0.59
+# -> 0.72 (at 10 programs an SM, as 4096x50257's chunks of 4096, which its padding picked before).
+# The H100 takes it unmeasured.
+_CUDA_LOSS_WINDOW_CHUNK = 4096
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'
 # 3.0; 4096 rows 5.3 -> 5.1, FlagGems' 7.8. The forward's flat form is not measured.
@@ -399,7 +404,8 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       strided_split_rows=_CUDA_STRIDED_SPLIT_ROWS, strided_split_slots=512,
                       strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES,
                       loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES, flat_tiles=frozenset({"backward"}),
-                      loss_whole_chunks=_CUDA_LOSS_WHOLE_CHUNKS, **_CUDA_LOSS_STREAM)
+                      loss_whole_chunks=_CUDA_LOSS_WHOLE_CHUNKS, loss_window_chunk=_CUDA_LOSS_WINDOW_CHUNK,
+                      **_CUDA_LOSS_STREAM)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split
 # kernel by arrival (PHASE 3: `triton-adapter-opt` exits 1 at the reduction's linalg.yield,
