@@ -85,7 +85,7 @@ def warmup_calls(shapes: Iterable[tuple[int, ...]], dtypes: Iterable[str], dims:
 @dataclass(frozen=True)
 class PlannedLaunch:
     """One launch of a planned call: what it is, its plan, and the kernels it compiles, each with
-    where its plan's resources came from (``IN_TABLE``, ``ESTIMATED``, ``UNSIZED``)."""
+    where its plan's resources came from (``IN_TABLE``, ``NEAR``, ``ESTIMATED``, ``UNSIZED``)."""
 
     what: str
     plan: LaunchPlan
@@ -93,6 +93,9 @@ class PlannedLaunch:
 
 
 IN_TABLE = "in the table"
+# A variant without a row of its own, sized from a near one (``ResourceTable.nearest``: another
+# form, shape or chunk count of the same kernel, block and options); its first call checks it.
+NEAR = "from a near row"
 ESTIMATED = "estimated"
 # Kernels whose grid is not sized from their resources (a sliced plan's two phases, the loss's
 # stats and gradient scale): compiled at their first launch.
@@ -171,7 +174,10 @@ def _known(target: Target, table: Optional[ResourceTable], dtype: str, backward:
 
 def _kernels(table: Optional[ResourceTable], dtype: str, chosen: Sequence[Variant]) -> tuple[tuple[str, str], ...]:
     def source(variant: Variant) -> str:
-        return IN_TABLE if table is not None and table.get(variant.key(dtype)) is not None else ESTIMATED
+        key = variant.key(dtype)
+        if table is None:
+            return ESTIMATED
+        return IN_TABLE if table.get(key) is not None else NEAR if table.nearest(key) is not None else ESTIMATED
     return tuple((variant.kernel, source(variant)) for variant in chosen)
 
 

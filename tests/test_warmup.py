@@ -44,7 +44,7 @@ def test_for_a_recorded_chip_it_lists_one_kernel_per_launch(capsys):
     split = launches[("softmax 4096x50257 bfloat16 dim -1 forward+backward", "forward")]
     assert split["regime"] == "split" and len(split["kernels"]) == 1
     assert split["kernels"][0]["kernel"] == "softmax_forward_split"
-    assert split["kernels"][0]["resources"] in (warmup.IN_TABLE, warmup.ESTIMATED)
+    assert split["kernels"][0]["resources"] in (warmup.IN_TABLE, warmup.NEAR, warmup.ESTIMATED)
     # A column softmax of 32768 rows over dim 0: rows side by side, sliced in two launches.
     column = launches[("softmax 32768x1024 bfloat16 dim 0 forward+backward", "forward")]
     assert [k["kernel"] for k in column["kernels"]] == ["softmax_forward_partials", "softmax_forward_normalize"]
