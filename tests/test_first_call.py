@@ -478,7 +478,7 @@ def test_split_rows_of_a_length_the_table_lacks_plan_from_rows_of_other_lengths(
     the bench's shapes. Its resources are those of the rows of 4 chunks (NOTES v48: 127 and 128
     registers under the cap of 128, no spill), not an estimate whose registers grow with a
     thread's elements (160 uncapped, 32 words spilled under every cap): planned from the
-    estimate, it ran uncapped at 3 programs an SM, 0.73-0.78 of the floor on the H200 against
+    estimate, it ran uncapped at 3 programs an SM, 0.73-0.80 of the floor on the H200 against
     0.83-0.87 at 4 under the cap (v48, rows of 49152 to 100352)."""
     table = _h100_table()
     short, _ = _h200_loss_plan(table, 8192, 32000)
