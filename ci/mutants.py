@@ -223,8 +223,8 @@ MUTANTS = [
            _ids("tests/test_loss.py::test_split_rows_whose_programs_hold_whole_chunks", "cpu-split", "cpu-pipelined")),
     # A row's exchange slots packed CHUNKS apart again (here 3 of rows of 3 chunks): rows share lines.
     Mutant("exchange_rows_packed", f"{KERNELS}/exchange.py",
-           "    return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * CHUNKS_P2\n",
-           "    return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * (CHUNKS_P2 - 1)\n",
+           "    return slot_ptr + row * CHUNKS_P2\n",
+           "    return slot_ptr + row * (CHUNKS_P2 - 1)\n",
            _ids("tests/test_loss.py::test_split_rows_exchange_slots_lie_a_power_of_two_apart", "cpu")),
     # An ignored row's zeros, selected after its one coefficient: without the select the row's
     # gradient is that coefficient times its exponentials (the z-loss's term, NaN for a +inf logit).

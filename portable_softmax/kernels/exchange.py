@@ -84,10 +84,10 @@ def _exchange(slot_ptr, done_ptr, tile, chunk, row_mask, packed, BLOCK_M: tl.con
         tl.static_assert(STAGES == 1, "split tiles of several rows are not pipelined")
         row_max, total = _gather_tile(slots, done_ptr + 1 + 2 * tile, row_mask, CHUNKS, CHUNKS_P2, MAXIMA, wait)
     elif STAGES > 1:
-        row_max, total = _gathered_row_called(slot_ptr + tile * CHUNKS_P2, tl.sum(row_mask.to(tl.int32), 0) > 0,
+        row_max, total = _gathered_row_called(_first_slot(slot_ptr, tile, CHUNKS_P2), tl.sum(row_mask.to(tl.int32), 0) > 0,
                                               CHUNKS, CHUNKS_P2, MAXIMA, PEER_GROUP, WAIT_ATOMIC, wait)
     else:
-        row_max, total = _gathered_row(slot_ptr + tile * CHUNKS_P2, tl.sum(row_mask.to(tl.int32), 0) > 0,
+        row_max, total = _gathered_row(_first_slot(slot_ptr, tile, CHUNKS_P2), tl.sum(row_mask.to(tl.int32), 0) > 0,
                                        CHUNKS, CHUNKS_P2, MAXIMA, CHUNKS_P2, WAIT_ATOMIC, wait)
     return row_max, total
 
@@ -118,7 +118,7 @@ def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.conste
     full: the next launch's last reads only slots that its own peers stored before counting. So
     its scratch is not the waiting form's, whose slots must be empty between launches."""
     counter = done_ptr + tile
-    first_slot = slot_ptr + tile * CHUNKS_P2
+    first_slot = _first_slot(slot_ptr, tile, CHUNKS_P2)
     tl.atomic_xchg(_row_slots(slot_ptr, tile, 1, CHUNKS_P2) + chunk, packed, mask=row_mask, sem="relaxed")
     # One thread counts for the program: the barrier first makes every thread's stores its own.
     tl.debug_barrier()
@@ -137,13 +137,19 @@ def _arrive(slot_ptr, done_ptr, tile, chunk, row_mask, packed, CHUNKS: tl.conste
 
 @_jit
 def _row_slots(slot_ptr, tile, BLOCK_M: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """The first exchange slot of each row of ``tile`` ([BLOCK_M]). Rows lie CHUNKS_P2 slots
+    """The first exchange slot of each row of ``tile`` ([BLOCK_M]; ``_first_slot``)."""
+    return _first_slot(slot_ptr, tile * BLOCK_M + tl.arange(0, BLOCK_M), CHUNKS_P2)
+
+
+@_jit
+def _first_slot(slot_ptr, row, CHUNKS_P2: tl.constexpr):
+    """The first exchange slot of ``row`` (a row, or a block of rows). Rows lie CHUNKS_P2 slots
     apart (``launch.LaunchRecord`` sizes the scratch so): a row of up to 16 slots lies in one
     128-byte line, and a longer row starts one. A row of 19 chunks packed 19 apart shared its
     first and last lines with the rows beside it, which other programs publish to and poll while
     it waits: bf16 4096x151936, forward + backward, 0.72 ms against 0.68 padded on the H200
     (NOTES v47)."""
-    return slot_ptr + (tile * BLOCK_M + tl.arange(0, BLOCK_M)) * CHUNKS_P2
+    return slot_ptr + row * CHUNKS_P2
 
 
 def _gather_row(first_slot, exists, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, MAXIMA: tl.constexpr,
