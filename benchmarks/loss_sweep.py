@@ -69,6 +69,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # Chunks of 8192 where the table holds no row of their form: a cap whose estimate spills is
     # compiled and tried rather than refused (v48: 4 programs an SM, 122-128 registers, none spilled).
     "split-pad15-fit": {"split_max_padding": 0.15, "split_fit_max_spills": 64, "split_programs_per_unit": 4},
+    # Rows whose chunks pad more than 5% spread evenly over them (v49: ``loss_balance_padding``);
+    # and with chunks of 8192 kept for odd rows too (no halving for padding, no window chunk).
+    "balanced": {"loss_balance_padding": 0.05},
+    "balanced-c8192": {"loss_balance_padding": 0.05, "split_max_padding": 1.0, "loss_window_chunk": 0},
+    "balanced-c8192-fit": {"loss_balance_padding": 0.05, "split_max_padding": 1.0, "loss_window_chunk": 0,
+                           "split_fit_max_spills": 64, "split_programs_per_unit": 4},
+    "split-c8192": {"split_max_padding": 1.0, "loss_window_chunk": 0},
     # A register cap that spills up to 16 words a thread (8 by default): more programs an SM.
     "split-spills16": {"split_fit_max_spills": 16},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
