@@ -16,7 +16,8 @@ A setting is a set of ``Tuning`` fields laid over the row in force for the devic
 ``portable_softmax.tuning.TUNING``, keyed by the device's name so that it wins over every other
 row). Floor: ``x.clone()`` timed before and after each shape (the faster kept), which reads and
 writes N·V·b: the floor of forward + backward (read the logits once, write the gradient once);
-half of it the forward's. Times are ``triton.testing.do_bench`` medians. Targets uniform over the
+half of it the forward's. Times are ``triton.testing.do_bench`` medians (``--graph``: of
+``do_bench_cudagraph``, the host's time left out). Targets uniform over the
 vocabulary, every seventh ignored (-100), as ``portable-softmax bench --cases loss``. The check
 (``_check``): the loss with and without the gradient, the first rows' gradient and lse, each
 against torch's in float64 (relative error of the whole tensor); a setting off torch beyond the
@@ -155,7 +156,8 @@ def _apply(setting: dict[str, Any], device) -> None:
 
 def _plans(n_cols: int) -> str:
     """The plans the last calls took for rows of ``n_cols``: direction, regime, programs, warps,
-    chunk (and a split row's chunks, T for ticketed, its windows), stages, occupancy."""
+    chunk (and a split row's chunks, /their width where spread, T for ticketed, its windows),
+    stages, occupancy."""
     from portable_softmax import loss_launch
 
     found = []
@@ -163,8 +165,8 @@ def _plans(n_cols: int) -> str:
         if key[0] in ("forward", "backward") and key[2].n_cols == n_cols:
             plan = record.plan
             kind = f"{key[0]}{'+grad' if key[0] == 'forward' and key[1].write_grad else ''}"
-            split = (f" x{plan.chunks}{' T' if plan.ticketed else ''}{f' a{plan.align}' if plan.align > 1 else ''}"
-                     if plan.regime == "split" else "")
+            split = (f" x{plan.chunks}{f'/{plan.width}' if plan.width else ''}{' T' if plan.ticketed else ''}"
+                     f"{f' a{plan.align}' if plan.align > 1 else ''}" if plan.regime == "split" else "")
             found.append(f"{kind}:{plan.regime} p{plan.programs} w{plan.num_warps} c{plan.block_n}{split} "
                          f"s{plan.num_stages} occ{plan.occupancy}")
     return "; ".join(sorted(set(found)))
@@ -219,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{' '.join(f'{r}x{c}' for r, c in EXPLORE_SHAPES)} in {' '.join(EXPLORE_DTYPES)})")
     parser.add_argument("--all", action="store_true", help="every setting on every shape and dtype given")
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with torch in float64")
+    parser.add_argument("--graph", action="store_true",
+                        help="time each call replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the "
+                             "kernels' time without the host's, which sets do_bench's for rows of 0.25-0.4 ms on "
+                             "some runs (NOTES v48)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
@@ -264,8 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                     with torch.no_grad():
                         portable_softmax.cross_entropy(x0, target)
 
-                row["fwdbwd_ms"] = triton.testing.do_bench(step, return_mode="median")
-                row["fwd_ms"] = triton.testing.do_bench(forward, return_mode="median")
+                if args.graph:
+                    row["fwdbwd_ms"] = triton.testing.do_bench_cudagraph(step, return_mode="median")
+                    row["fwd_ms"] = triton.testing.do_bench_cudagraph(forward, return_mode="median")
+                else:
+                    row["fwdbwd_ms"] = triton.testing.do_bench(step, return_mode="median")
+                    row["fwd_ms"] = triton.testing.do_bench(forward, return_mode="median")
                 row["plans"] = _plans(n_cols)
             except Exception as error:  # a setting that fails to compile or launch is reported
                 row["error"] = " ".join(repr(error).split())[:200]

@@ -3,8 +3,7 @@ per call signature by the pure planner (``loss_planner.plan_loss``), from the ke
 resources checked against its compiled binary (``launch_plan.plan_cross_entropy``), and kept as
 ``launch.LaunchRecord``s, so that a repeated call is one dictionary lookup and its launches. A
 split plan's record holds its exchange (the scratch, one launch or two) as the softmax's does,
-register caps as ``launch_plan`` fits them, and falls back to the loop regime where a graph capture
-cannot grow its scratch.
+and register caps as ``launch_plan`` fits them.
 
 The kernel arguments come from the variant table (``variants.LOSS_TENSORS`` and its neighbours),
 which the compile report and the Ascend lowering read too.
@@ -13,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import torch
@@ -78,7 +77,7 @@ def _windows(tensors: tuple[torch.Tensor, ...], view: RowView) -> tuple[int, boo
 
 
 def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
-            scalars: tuple, allow_split: bool = True) -> LaunchRecord:
+            scalars: tuple) -> LaunchRecord:
     device = tensors[0].device
     backend = backend_for(device)
     record = device_record(device)
@@ -91,7 +90,7 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     # Windows for the forward of class targets: its split kernel, and its loop that writes no
     # gradient (probability targets' loads take none).
     windowed = direction == "forward" and not facts.prob_target
-    splittable = allow_split and windowed
+    splittable = windowed
     align, shifted = _windows(tensors, view) if windowed else (1, False)
     # The forward launched to overlap the kernel before it where the device offers it
     # (``kernels/dependency.py``).
@@ -119,59 +118,14 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     if (variants.loss_counts(plan.config, facts)
             and not variants.grid_count_fits(view.n_outer * view.rows_per_outer, plan.programs)):
         # Too many rows or programs for the count's word: the stats count them, before.
-        return _record(direction, tensors, view, dataclasses.replace(facts, counted=False), scalars, allow_split)
+        return _record(direction, tensors, view, dataclasses.replace(facts, counted=False), scalars)
     logger.debug("cross-entropy %s %s on %s: %s", direction, plan.regime, record.name, plan.reason)
     args = variants.loss_scalar_arguments(plan.config, view.n_outer, view.rows_per_outer, view.n_cols, view.strides,
                                           scalars)
     launches = tuple(variants.loss_constexprs(direction, plan.config, facts, phase)
                      for phase in variants.launch_phases(plan.config))
-    fallback: Optional[Callable[[tuple[torch.Tensor, ...]], Any]] = None
-    if plan.regime == "split":
-        # The same call streamed, for a graph capture that cannot grow the scratch; built from the
-        # tensors of the call that needs it: a record holds no tensor.
-        def fallback(now: tuple[torch.Tensor, ...]) -> Any:
-            return _StandIn(direction, view, facts, scalars, variants.loss_counts(plan.config, facts),
-                            variants.loss_sums(plan.config, facts), now)
     return LaunchRecord(getattr(module, chosen[0].kernel), backend, device, plan, args, launches,
-                        chosen[0].option_values, fallback)
-
-
-class _StandIn:
-    """The streamed record standing in for a split grid (a graph capture that cannot grow its
-    scratch), called with that grid's tensors. Where the grid counts its 'mean''s targets itself
-    (``counts``, ``variants.loss_counts``), its stats hold 1 in the denominators' places: it
-    launches with the count of the targets that are not ``ignore_index`` there. Where the grid sums
-    its loss itself (``sums``, ``variants.loss_sums``), its ``loss`` is the reduced loss: it
-    launches with a buffer of the rows' losses and sums them into it. Torch's operations either
-    way: a graph capture's first call of this layout only."""
-
-    def __init__(self, direction: str, view: RowView, facts: variants.LossFacts, scalars: tuple, counts: bool,
-                 sums: bool, tensors: tuple[torch.Tensor, ...]) -> None:
-        self.counts, self.sums, self.ignore_index = counts, sums, scalars[variants.LOSS_SCALARS.index("ignore_index")]
-        self.positions = view.n_outer * view.rows_per_outer
-        self.record = _record(direction, self._rows_for(tensors)[0], view, facts, scalars, allow_split=False)
-
-    def _rows_for(self, tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        """``tensors`` with the rows' losses in the place of the reduced loss where the grid sums
-        (contiguous, as its shares were laid out), and the rows' buffer (``loss`` where it does not)."""
-        names = variants.LOSS_TENSORS["forward"]
-        at = names.index("loss")
-        rows = tensors[names.index("stats")].new_empty(self.positions) if self.sums else tensors[at]
-        return (*tensors[:at], rows, *tensors[at + 1:]), rows
-
-    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
-        names = variants.LOSS_TENSORS["forward"]
-        streamed, rows = self._rows_for(tensors)
-        if self.counts:
-            at = names.index("stats")
-            stats = streamed[at]
-            count = (streamed[names.index("target")] != self.ignore_index).sum(dtype=stats.dtype).reshape(1)
-            # Both denominators of an unweighted 'mean' are the count (``variants.LOSS_STATS``' first two).
-            streamed = (*streamed[:at], torch.cat((count, count, stats[2:])), *streamed[at + 1:])
-        plan = self.record(streamed)
-        if self.sums:
-            tensors[names.index("loss")].copy_(rows.sum())
-        return plan
+                        chosen[0].option_values)
 
 
 def counts(record: LaunchRecord) -> bool:
@@ -194,8 +148,7 @@ def record_for(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView,
     ``variants.loss_row_tensors`` order), with the values of ``variants.LOSS_SCALARS`` (built on a
     miss). Calling it with the tensors launches, and returns the plan of the launch made: a split
     plan's forward writes ``plan.chunks`` slabs of loss shares from ``loss`` on, one value a row
-    apart (``kernels/loss_split.py``), any other the rows' losses alone (the split plan's fallback
-    under a graph capture among them)."""
+    apart (``kernels/loss_split.py``), any other the rows' losses alone."""
     key = (direction, facts, view, tensors[0].device, _signature(tensors), scalars)
     found = _records.get(key)
     if found is None:
@@ -266,7 +219,7 @@ def _one_program(device: torch.device, plan: LaunchPlan, name: str, scalars: tup
     backend = backend_for(device)
     dependent = device_record(device).dependent_launch
     record = LaunchRecord(getattr(_kernel_module(backend), name), backend, device, plan, scalars,
-                          ({**constexprs, "DEPENDENT": dependent},), _one_program_options(plan, dependent), None)
+                          ({**constexprs, "DEPENDENT": dependent},), _one_program_options(plan, dependent))
     return record, compile_ahead(device, lambda: record.compile(tensors)) is not None
 
 
@@ -293,6 +246,5 @@ def _grad_scale(grad: torch.Tensor, dloss: torch.Tensor) -> LaunchRecord:
         dependent = device_record(device).dependent_launch
         found = _records[key] = LaunchRecord(kernel, backend, device, plan, (grad.numel(),),
                                              ({"BLOCK": variants.GRAD_SCALE_BLOCK, "ACC_FP64": acc_fp64,
-                                               "DEPENDENT": dependent},), _one_program_options(plan, dependent),
-                                             None)
+                                               "DEPENDENT": dependent},), _one_program_options(plan, dependent))
     return found

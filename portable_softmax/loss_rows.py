@@ -174,7 +174,7 @@ def _launch(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor
     if counted and not found.counts:
         stats = loss_reduction.stats(x, target, weight, options)
     if found.sums:
-        # The grid's sum (its graph-capture stand-in's too: ``loss_launch._StandIn``).
+        # The grid's sum.
         loss = x.new_empty((), dtype=x.dtype)
         found.record((x, target, weight if weight is not None else x, stats, loss, lse, grad))
         return loss, stats, True

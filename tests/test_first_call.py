@@ -78,7 +78,7 @@ class Launched:
 
     records: list = []
 
-    def __init__(self, kernel, backend, device, plan, scalars, launches, options, fallback) -> None:
+    def __init__(self, kernel, backend, device, plan, scalars, launches, options) -> None:
         self.plan, self.kernel, self.scalars = plan, kernel.fn.__name__, scalars
         self.launches, self.options, self._kernel, self.calls = launches, options, kernel, 0
         Launched.records.append(self)
@@ -405,7 +405,7 @@ def test_plan_checked_ends_when_the_known_numbers_keep_failing():
 
 
 def _case_calls(record, case: Case):
-    """What a first call of ``case`` plans: (direction, SoftmaxCall or loss facts, view, allow_split)."""
+    """What a first call of ``case`` plans: (function, its call, view)."""
     target = target_for(record)
     size = DTYPE_BYTES[case.dtype]
     if case.loss:
@@ -418,16 +418,14 @@ def _case_calls(record, case: Case):
             options = loss_plan_options(case, form)
             facts = variants.LossFacts(acc_fp64=case.dtype == "float64", wait_atomic=target.tuning.split_wait_atomic,
                                        **flags)
-            # Split where the plan may, and its fallback under a graph capture.
-            calls += [("loss", launch_plan.LossCall(case.direction, view, facts, (-100,), case.input_bytes, splittable,
-                                                    options["align"], record.cooperative_launch), view)
-                      for splittable in {options["splittable"], False}]
+            calls.append(("loss", launch_plan.LossCall(case.direction, view, facts, (-100,), case.input_bytes,
+                                                       options["splittable"], options["align"],
+                                                       record.cooperative_launch), view))
         return calls
     fusion = Fusion(FUSED_FORM["scale"], FUSED_FORM["mask"], case.causal, _fused_scalars(case)) if case.fused else None
     view = RowView(1, case.rows, case.cols, tuple(case.tensor_strides))
     return [("softmax", launch_plan.softmax_call(target, case.direction, view, [size] * len(case.tensor_strides),
-                                                 True, case.log, case.dtype == "float64", allow_split, fusion=fusion),
-             view) for allow_split in (True, False)]
+                                                 True, case.log, case.dtype == "float64", fusion=fusion), view)]
 
 
 @pytest.mark.parametrize("table", _shipped(), ids=lambda t: f"{t.backend}-{t.arch}-triton-{t.triton}")
