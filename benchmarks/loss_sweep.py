@@ -70,13 +70,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # Chunks of 8192 where the table holds no row of their form: a cap whose estimate spills is
     # compiled and tried rather than refused (v48: 4 programs an SM, 122-128 registers, none spilled).
     "split-pad15-fit": {"split_max_padding": 0.15, "split_fit_max_spills": 64, "split_programs_per_unit": 4},
-    # Rows whose chunks pad more than 5% spread evenly over them (v49: ``loss_balance_padding``);
-    # and with chunks of 8192 kept for odd rows too (no halving for padding, no window chunk).
-    "balanced": {"loss_balance_padding": 0.05},
-    "balanced-c8192": {"loss_balance_padding": 0.05, "split_max_padding": 1.0, "loss_window_chunk": 0},
-    "balanced-c8192-fit": {"loss_balance_padding": 0.05, "split_max_padding": 1.0, "loss_window_chunk": 0,
-                           "split_fit_max_spills": 64, "split_programs_per_unit": 4},
-    "split-c8192": {"split_max_padding": 1.0, "loss_window_chunk": 0},
     # A register cap that spills up to 16 words a thread (8 by default): more programs an SM.
     "split-spills16": {"split_fit_max_spills": 16},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
@@ -156,8 +149,7 @@ def _apply(setting: dict[str, Any], device) -> None:
 
 def _plans(n_cols: int) -> str:
     """The plans the last calls took for rows of ``n_cols``: direction, regime, programs, warps,
-    chunk (and a split row's chunks, /their width where spread, T for ticketed, its windows),
-    stages, occupancy."""
+    chunk (and a split row's chunks, T for ticketed, its windows), stages, occupancy."""
     from portable_softmax import loss_launch
 
     found = []
@@ -165,8 +157,8 @@ def _plans(n_cols: int) -> str:
         if key[0] in ("forward", "backward") and key[2].n_cols == n_cols:
             plan = record.plan
             kind = f"{key[0]}{'+grad' if key[0] == 'forward' and key[1].write_grad else ''}"
-            split = (f" x{plan.chunks}{f'/{plan.width}' if plan.width else ''}{' T' if plan.ticketed else ''}"
-                     f"{f' a{plan.align}' if plan.align > 1 else ''}" if plan.regime == "split" else "")
+            split = (f" x{plan.chunks}{' T' if plan.ticketed else ''}{f' a{plan.align}' if plan.align > 1 else ''}"
+                     if plan.regime == "split" else "")
             found.append(f"{kind}:{plan.regime} p{plan.programs} w{plan.num_warps} c{plan.block_n}{split} "
                          f"s{plan.num_stages} occ{plan.occupancy}")
     return "; ".join(sorted(set(found)))
@@ -223,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the comparison with torch in float64")
     parser.add_argument("--graph", action="store_true",
                         help="time each call replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the "
-                             "kernels' time without the host's, which sets do_bench's for rows of 0.25-0.4 ms on "
-                             "some runs (NOTES v48)")
+                             "kernels' time without the host's, which sets do_bench's for rows of 0.25-0.4 ms in "
+                             "some rounds (NOTES v49)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 

@@ -46,7 +46,7 @@ FORM_CONSTEXPRS = frozenset({"LOG", "SCALE", "MASK", "CAUSAL", "WEIGHT", "PROB_T
 # at 4 warps under a cap of 128: 127 in rows of 4 chunks, 128 in rows of 7, NOTES v48), a far
 # nearer guess than an estimate, whose register count grows with the elements a thread holds and
 # spills under every cap.
-CHUNK_CONSTEXPRS = frozenset({"CHUNKS", "CHUNKS_P2", "WIDTH"})
+CHUNK_CONSTEXPRS = frozenset({"CHUNKS", "CHUNKS_P2"})
 # Options a launch may leave to Triton's default, as the value that default has (Triton 3.2 to 3.9
 # fuse multiply-adds unless told not to): the same binary either way.
 OPTION_DEFAULTS = {"enable_fp_fusion": True}

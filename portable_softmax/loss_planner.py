@@ -11,7 +11,7 @@ from portable_softmax.plan_grid import (KernelConfig, LaunchPlan, ResourceSource
                                         _size, _warps, next_power_of_2)
 from portable_softmax.planner import DTYPE_BYTES
 from portable_softmax.record import KernelResources
-from portable_softmax.split_planner import _can_split, _no_split_note, plan_split, split_config, spread
+from portable_softmax.split_planner import _can_split, _no_split_note, plan_split, split_config
 
 
 def _l2_fit(target: Target, plan: LaunchPlan, n_rows: int, row_bytes: int) -> LaunchPlan:
@@ -54,16 +54,13 @@ def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
     by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
     Triton in use does not build the pipelined form; with the gradient, its whole chunks through
-    their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``),
-    rows read through windows in chunks of up to ``Tuning.loss_window_chunk``, and rows whose
-    chunks would pad more than ``Tuning.loss_balance_padding`` spread evenly over them
-    (``_balanced``)."""
+    their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``), and
+    rows read through windows in chunks of up to ``Tuning.loss_window_chunk``."""
     tuning = target.tuning
     chunk = tuning.loss_window_chunk
     if writes_gradient and not arrival and align > 1 and 0 < chunk < tuning.split_chunk:
         target = dataclasses.replace(target, tuning=dataclasses.replace(tuning, split_chunk=chunk))
-    config = _balanced(split_config(target, n_rows, n_cols, align=align, per_thread=per_thread), n_cols,
-                       tuning.loss_balance_padding)
+    config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
     limit = tuning.loss_whole_chunks
     whole = writes_gradient and not arrival and (not limit or config.chunks <= limit)
     config = dataclasses.replace(config, whole=whole)
@@ -72,18 +69,6 @@ def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     if writes_gradient and not tuning.loss_gradient_pipelined:
         return dataclasses.replace(config, num_stages=1)
     return config
-
-
-def _balanced(config: KernelConfig, n_cols: int, padding: float) -> KernelConfig:
-    """``config`` with its row's columns spread evenly over its chunks (``split_planner.spread``)
-    where its blocks would pad the row more than ``padding`` (0: never). A row's chunks wait on
-    each other at the exchange, so the row takes as long as its fullest chunk: 50256 columns in
-    chunks of 8192 (the last holding 1104) took what 57344 take (NOTES v48), where chunks of
-    7184 hold 12% less each."""
-    padded = 1 - (n_cols + config.align - 1) / (config.chunks * config.block_n)
-    if config.regime != "split" or not 0 < padding < padded:
-        return config
-    return spread(config, n_cols)
 
 
 def _unspilled(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,

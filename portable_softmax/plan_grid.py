@@ -64,15 +64,6 @@ class KernelConfig:
     # chunk lies inside every row it takes runs them through a loop with no column mask
     # (``kernels/loss_split.py``; ``loss_planner``: rows of up to ``Tuning.loss_whole_chunks``).
     whole: bool = False
-    # The loss's split forward's WIDTH (``kernels/loss_split.py``): the columns each chunk of a
-    # row holds, a multiple of 16 below ``block_n`` where the row's columns are spread evenly over
-    # its chunks (``loss_planner``, ``Tuning.loss_balanced_chunks``); 0: ``block_n``.
-    width: int = 0
-
-    @property
-    def chunk_width(self) -> int:
-        """The columns each chunk of a split row holds: ``width``, else the whole block."""
-        return self.width or self.block_n
 
     @property
     def chunks_p2(self) -> int:
@@ -111,13 +102,12 @@ class LaunchPlan:
     arrival: bool = False
     flat: bool = False
     whole: bool = False
-    width: int = 0
 
     @property
     def config(self) -> KernelConfig:
         return KernelConfig(self.regime, self.block_m, self.block_n, self.chunks, self.num_warps, self.num_stages,
                             self.align, self.ticketed, self.reread, self.per_tile, self.dense, self.phased,
-                            self.arrival, self.flat, self.whole, self.width)
+                            self.arrival, self.flat, self.whole)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -268,9 +258,7 @@ def _size(target: Target, config: KernelConfig, kernel: KernelResources, n_rows:
         reason += f"; rows read in aligned windows of {config.align}"
     if config.whole_loop:
         reason += "; chunks inside every row a program takes through a loop without column masks"
-    if config.width:
-        reason += f"; the row's columns spread evenly, {config.width} a chunk"
     return LaunchPlan(record.backend, config.regime, config.block_m, config.block_n, config.chunks, config.num_warps,
                       config.num_stages, programs, occupancy, tiles, items, rows_per_program, reason, config.align,
                       config.ticketed, config.reread, config.per_tile, config.dense, config.phased, config.arrival,
-                      config.flat, config.whole, config.width)
+                      config.flat, config.whole)

@@ -207,10 +207,6 @@ class Tuning:
             hold more in flight (NOTES v48, H200, bf16 forward + backward: 8192x32001 in chunks
             of 8192 at 3 programs an SM 0.60 of the floor, of 4096 at 10 an SM 0.73; 4096x50257
             of 8192 at 4 an SM 0.64, of 4096 at 10 0.71).
-        loss_balance_padding: the padding of a loss split row's chunks (the share of their blocks
-            past the row's end) above which the row's columns are spread evenly over its chunks
-            (``plan_grid.KernelConfig.width``); 0: never. A row's chunks wait on each other, so
-            the row takes as long as its fullest chunk.
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -327,7 +323,6 @@ class Tuning:
     loss_gradient_programs_per_unit: int = 0
     loss_whole_chunks: int = 0
     loss_window_chunk: int = 0
-    loss_balance_padding: float = 0.0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

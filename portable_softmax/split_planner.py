@@ -19,10 +19,6 @@ from portable_softmax.tuning import Tuning
 MAX_SPLIT_CHUNKS = 1024
 # Rows of this many elements or more never split (``_can_split``).
 SPLIT_COLS_LIMIT = 2**31
-# A spread chunk's width (``spread``) is a multiple of 16 elements: Triton then knows that every
-# chunk starts on a 16-byte boundary (of a window, or of an aligned row) and keeps its accesses
-# vectors, and the mask past the width is constant over each vector.
-WIDTH_MULTIPLE = 16
 
 
 def _can_split(target: Target, dtype: str, allow_split: bool, n_cols: int, arrival: bool = False) -> bool:
@@ -141,22 +137,7 @@ def ticketed_forms(target: Target, config: KernelConfig, n_cols: int, backward: 
     if config.block_m > 1 or widest >= config.block_n or _cdiv(span, widest) > MAX_SPLIT_CHUNKS:
         return [own]
     warps = _warps(widest, per_thread or tuning.split_elements_per_thread, target.record, tuning.max_warps)
-    narrower = dataclasses.replace(own, block_n=widest, chunks=_cdiv(span, widest), num_warps=warps, width=0)
-    # A row spread over its chunks stays spread over the narrower ones.
-    return [spread(narrower, n_cols) if config.width else narrower, own]
-
-
-def spread(config: KernelConfig, n_cols: int) -> KernelConfig:
-    """A split ``config`` with its rows of ``n_cols`` spread evenly over its chunks: each chunk
-    holds ``width`` columns (a multiple of ``WIDTH_MULTIPLE``) of its block, the fewest chunks
-    that hold the row at that width; unchanged where the width would be the whole block. Only
-    the loss's split kernel takes a width (``kernels/loss_split.py``' ``WIDTH``)."""
-    # Windows start up to ALIGN - 1 columns before the row: the chunks cover those too.
-    columns = n_cols + config.align - 1
-    width = _cdiv(_cdiv(columns, config.chunks), WIDTH_MULTIPLE) * WIDTH_MULTIPLE
-    if width >= config.block_n:
-        return dataclasses.replace(config, width=0)
-    return dataclasses.replace(config, width=width, chunks=_cdiv(columns, width))
+    return [dataclasses.replace(own, block_n=widest, chunks=_cdiv(span, widest), num_warps=warps), own]
 
 
 def _no_split_note(record: DeviceRecord) -> str:

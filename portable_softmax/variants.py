@@ -72,13 +72,9 @@ class Config(Protocol):
     arrival: bool
     flat: bool
     whole: bool
-    width: int
 
     @property
     def chunks_p2(self) -> int: ...
-
-    @property
-    def chunk_width(self) -> int: ...
 
     @property
     def whole_loop(self) -> bool: ...
@@ -443,7 +439,6 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
             values["COUNTED"] = loss_counts(config, facts)
             values["SUMMED"] = loss_sums(config, facts)
             values["WHOLE"] = config.whole_loop
-            values["WIDTH"] = config.chunk_width
         if config.regime == "loop":
             # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
             values["ALIGN"] = config.align

@@ -286,20 +286,6 @@ SPLIT_CASES = [
                                                          ignored=0.3, z_loss=0.01, shift=-50.0), {}, id="bf16-negative"),
     pytest.param("ticketed", (2, 300), torch.float16, dict(softcap=3.0), {}, id="fp16-softcap"),
     pytest.param("split", (2, 50257), torch.bfloat16, dict(ignored=0.3), {"split_chunk": 8192}, id="bf16-50257-windows-plain"),
-    # Rows spread evenly over their chunks (``Tuning.loss_balance_padding``): 300 in 3 chunks of
-    # 112 columns in blocks of 128; 50257 through windows in 7 of 7184 in blocks of 8192; the
-    # forward alone, by arrival, in chunks of 112.
-    pytest.param("split", (3, 300), torch.float32, dict(weight=True, label_smoothing=0.15, ignored=0.3, z_loss=0.02,
-                                                        softcap=6.0), {"loss_balance_padding": 0.01},
-                 id="balanced-every-option"),
-    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(weight=True, label_smoothing=0.1, ignored=0.3),
-                 {"loss_balance_padding": 0.01}, id="balanced-pipelined-bf16"),
-    pytest.param("split", (2, 50257), torch.bfloat16, dict(weight=True, label_smoothing=0.1),
-                 {"split_chunk": 8192, "split_max_padding": 1.0, "loss_balance_padding": 0.01},
-                 id="balanced-bf16-50257-windows"),
-    pytest.param("split", (3, 300), torch.float32, dict(reduction="none", weight=True, label_smoothing=0.1,
-                                                        ignored=0.3), {"loss_balance_padding": 0.01},
-                 id="balanced-arrival-none"),
 ]
 
 
@@ -324,12 +310,6 @@ def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, optio
     check(x, target, with_lse=True, **options)
     alone = options.get("reduction") == "none" and changes.get("loss_arrival", True)
     assert _forward_regimes() == {"arrival" if alone else regime}
-    widths = {(record.plan.chunks, record.plan.width) for key, record in loss_launch._records.items()
-              if key[0] == "forward"}
-    if "loss_balance_padding" in changes:
-        assert widths == ({(7, 7184)} if shape[1] == 50257 else {(3, 112)})
-    else:
-        assert {width for _, width in widths} == {0}
     assert _forward_phases() == {(3,) if alone else _waiting_phases(device)}
     if regime == "pipelined":
         # Pipelined, waiting or writing the gradient; by arrival a program an item, unpipelined.
@@ -389,9 +369,8 @@ def test_split_rows_count_their_targets_and_sum_their_loss(device, monkeypatch, 
             assert not counters.any()
 
 
-@pytest.mark.parametrize("regime, balance", [("split", 0.0), ("pipelined", 0.0), ("pipelined", 0.01)],
-                         ids=["split", "pipelined", "pipelined-balanced"])
-def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime, balance):
+@pytest.mark.parametrize("regime", ["split", "pipelined"])
+def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime):
     # A grid that is a multiple of its rows' chunks gives each program one chunk of every row, the
     # chunks of each group of programs rotated by the group's number; a program whose chunk lies
     # inside every row runs its loop with no column mask (``kernels/loss_split.py``). Rows of 320
@@ -399,13 +378,11 @@ def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime
     # of 3, rotated by 0 and 1 (the plan's own grid set after the first call, as above). The
     # logits are the first 7 rows of an 8-row buffer, their gradient written over them
     # (``inplace_backward``): a last chunk taken as whole reads and writes the next row's columns.
-    # Balanced (``Tuning.loss_balance_padding``): chunks of 112 columns in blocks of 128, the
-    # first two whole, the rest of their blocks the next chunk's.
-    _split(monkeypatch, device, regime, **({"loss_balance_padding": balance} if balance else {}))
+    _split(monkeypatch, device, regime)
     for step in range(3):
         h = logits((8, 320), torch.bfloat16, device).requires_grad_()
         target = class_targets((7,), 320, device, 0.3)
-        target[:4] = torch.tensor([0, 127, 319, 111])  # in the first, a whole and the last chunk
+        target[:3] = torch.tensor([0, 127, 319])  # in the first, a whole and the last chunk
         reference = h.detach()[:7].double().requires_grad_()
         expected = F.cross_entropy(reference, target, label_smoothing=0.1)
         expected.backward()
@@ -419,8 +396,7 @@ def test_split_rows_whose_programs_hold_whole_chunks(device, monkeypatch, regime
                 if key[0] == "forward":
                     record.plan = dataclasses.replace(record.plan, programs=6)
     plans = [record.plan for key, record in loss_launch._records.items() if key[0] == "forward"]
-    assert [(p.chunks, p.align, p.ticketed, p.programs, p.config.whole, p.width) for p in plans] == [
-        (3, 1, False, 6, True, 112 if balance else 0)]
+    assert [(p.chunks, p.align, p.ticketed, p.programs, p.config.whole) for p in plans] == [(3, 1, False, 6, True)]
 
 
 def test_split_rows_exchange_slots_lie_a_power_of_two_apart(device, monkeypatch):
@@ -1073,32 +1049,6 @@ def test_split_rows_of_many_chunks_leave_the_whole_loop_out():
     every = dataclasses.replace(target, tuning=dataclasses.replace(target.tuning, loss_whole_chunks=0))
     assert loss_planner.plan_loss(every, 4096, 256000, "float32", writes_gradient=True, input_bytes=2,
                                   splittable=True).config.whole
-
-
-@pytest.mark.parametrize("profile", ["h100", "h200", "mi300x"])
-def test_split_rows_spread_over_their_chunks(profile):
-    # With ``loss_balance_padding`` a split row whose blocks would pad it more than that takes
-    # chunks of an even width, a multiple of 16 within the block, the fewest that hold the row (a
-    # window's lead too); so does every form the launch may pick from (the narrower ticketed
-    # chunks), and a row that pads less keeps whole blocks.
-    from portable_softmax import loss_planner, profiles, split_planner, targets
-
-    own = targets.target_for(profiles.profile_record(profile))
-    target = dataclasses.replace(own, tuning=dataclasses.replace(own.tuning, loss_balance_padding=0.05,
-                                                                 split_max_padding=1.0, loss_window_chunk=0))
-    for n_cols, align in ((50257, 8), (50304, 1), (53248, 1), (50257, 4), (100352, 1), (32000, 1)):
-        config = loss_planner.split_form(target, 4096, n_cols, align, False, True, None)
-        forms = [config, *split_planner.ticketed_forms(target, config, n_cols, False, 2)]
-        for form in forms:
-            span = n_cols + form.align - 1
-            padded = 1 - span / (loss_planner._cdiv(span, form.block_n) * form.block_n)
-            if padded <= 0.05:
-                assert form.width == 0, (n_cols, form)
-                continue
-            assert form.width % 16 == 0 and 0 < form.width < form.block_n, (n_cols, form)
-            assert (form.chunks - 1) * form.width < span <= form.chunks * form.width, (n_cols, form)
-            assert form.chunks == loss_planner._cdiv(span, form.block_n), (n_cols, form)
-    assert loss_planner.split_form(target, 4096, 50304, 1, False, True, None).width == 7200
 
 
 @pytest.mark.parametrize("profile", ["h100", "h200", "mi300x", "ascend910b"])

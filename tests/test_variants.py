@@ -13,7 +13,7 @@ from portable_softmax import kernels, variants
 def _config(regime: str, **changes) -> types.SimpleNamespace:
     values = dict(regime=regime, block_m=1, block_n=1024, chunks=4 if regime == "split" else 1, chunks_p2=4,
                   num_stages=1, align=1, ticketed=False, reread=False, per_tile=False, dense=False, phased=False,
-                  arrival=False, flat=False, whole=False, whole_loop=False, width=0, chunk_width=1024)
+                  arrival=False, flat=False, whole=False, whole_loop=False)
     return types.SimpleNamespace(**{**values, **changes})
 
 

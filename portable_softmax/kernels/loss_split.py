@@ -64,7 +64,7 @@ def cross_entropy_forward_split(
     WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr,
     TICKETED: tl.constexpr, STAGES: tl.constexpr, WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr,
     PHASE: tl.constexpr, DEPENDENT: tl.constexpr, COUNTED: tl.constexpr, SUMMED: tl.constexpr,
-    WHOLE: tl.constexpr, WIDTH: tl.constexpr,
+    WHOLE: tl.constexpr,
 ):
     # Rows of classes are taken one at a time (a tile of several would need them adjacent in
     # memory); class targets, float32 (module docstring).
@@ -112,7 +112,7 @@ def cross_entropy_forward_split(
         # (A grid that is not a multiple of CHUNKS, forced, takes its items as they come.)
         grouped = tl.num_programs(0) % CHUNKS == 0
         first = tl.where(grouped, first // CHUNKS * CHUNKS + (first + first // CHUNKS) % CHUNKS, first)
-        whole = ((first % CHUNKS + 1) * WIDTH <= n_cols) & grouped
+        whole = ((first % CHUNKS + 1) * BLOCK_N <= n_cols) & grouped
         split = tl.where(whole, stop, first)
     # Two loops one after the other, one of them empty, the whole one only where it can be taken:
     # in the two arms of a branch Triton gave each its own pipeline buffers (64 KB a program for
@@ -127,7 +127,7 @@ def cross_entropy_forward_split(
                 lse_row_stride, grad_outer_stride, grad_row_stride, grad_col_stride, ignore_index, word, departures,
                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, summed, BLOCK_M, BLOCK_N, WEIGHT,
                 SMOOTHING, Z_LOSS, SOFTCAP, WRITE_GRAD, CHUNKS, CHUNKS_P2, ALIGN, TICKETED, STAGES, WAIT_ATOMIC,
-                SHIFTED, PHASE, COUNTED, SUMMED, part == 0, WIDTH)
+                SHIFTED, PHASE, COUNTED, SUMMED, part == 0)
     _empty_last(slot_ptr, done_ptr, n_items, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                 PHASE)
     if SUMMED and PHASE != EXCHANGE_PUBLISH:
@@ -145,26 +145,24 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
                 Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, CHUNKS: tl.constexpr,
                 CHUNKS_P2: tl.constexpr, ALIGN: tl.constexpr, TICKETED: tl.constexpr, STAGES: tl.constexpr,
                 WAIT_ATOMIC: tl.constexpr, SHIFTED: tl.constexpr, PHASE: tl.constexpr, COUNTED: tl.constexpr,
-                SUMMED: tl.constexpr, WHOLE: tl.constexpr, WIDTH: tl.constexpr):
+                SUMMED: tl.constexpr, WHOLE: tl.constexpr):
     """The split forward's items (``cross_entropy_forward_split``): this program's share of the
     reduced loss with ``SUMMED``. ``WHOLE``: every item's chunk lies inside its row, its mask
     ``_whole`` (the compiler folds it away)."""
     for item in tl.range(first, stop, step, num_stages=STAGES):
         tile, chunk, outer, rows, row_mask, cols = _split_item(
-            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, WIDTH, CHUNKS)
+            item, tiles_per_outer, rows_per_outer, chunk_cols, BLOCK_M, BLOCK_N, CHUNKS)
         x_base, lead, mask = _split_window(outer, rows, row_mask, cols, n_cols, x_outer_stride, x_row_stride, ALIGN)
-        mask = _within(mask, chunk_cols, BLOCK_N, WIDTH)
         if WHOLE:
-            mask = _whole(chunk_cols, row_mask, BLOCK_N, WIDTH)
+            mask = _whole(cols, row_mask)
         if STAGES > 1:
             # Zero-filled, as the pipelined copy fills; padded with -inf under the later mask, or
             # the load's would be carried from stage to stage (``split._staged_columns``).
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, 0.0, x_ptr.dtype.element_ty, False, "")
-            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, WIDTH, CHUNKS,
+            cols, mask = _staged_columns(item, cols, mask, lead, n_cols, row_mask, chunk_cols, BLOCK_N, CHUNKS,
                                          ALIGN, STAGES)
-            mask = _within(mask, chunk_cols, BLOCK_N, WIDTH)
             if WHOLE:
-                mask = _whole(chunk_cols, row_mask, BLOCK_N, WIDTH)
+                mask = _whole(cols, row_mask)
             x = tl.where(mask, x, -float("inf"))
         else:
             x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, False, "")
@@ -173,7 +171,7 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
         z, t = _capped(x, mask, softcap, SOFTCAP)
         chunk_max = tl.max(z, 1)
         if ALIGN > 1:
-            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * WIDTH, WIDTH, ALIGN)
+            edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
             edge_cols = edge - tl.sum(lead, 0)
             z_edge, t_edge = _capped(_edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), x_ptr.dtype.element_ty),
                                      edge_mask, softcap, SOFTCAP)
@@ -223,7 +221,7 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
             # share holds the row's, and a NaN there is the row's sum).
             row_max = tl.where(last, row_max, chunk_max)
         else:
-            owns = tl.where(valid, (target + lead) // WIDTH, 0) == chunk
+            owns = tl.where(valid, (target + lead) // BLOCK_N, 0) == chunk
             holds = row_mask & valid & owns
             z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
             packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
@@ -262,7 +260,7 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
                                 row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
                                 rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
                                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
-                                Z_LOSS, SOFTCAP, ALIGN, SHIFTED, STAGES, WIDTH)
+                                Z_LOSS, SOFTCAP, ALIGN, SHIFTED, STAGES)
         _empty_previous(slot_ptr, tile, chunk, tiles_per_outer, rows_per_outer, BLOCK_M, CHUNKS, CHUNKS_P2, TICKETED,
                         PHASE)
     return summed
@@ -274,7 +272,7 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
                     grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk, ce_scale, z_scale, weight_sum,
                     smoothing, z_loss, softcap, BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr,
                     Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr,
-                    STAGES: tl.constexpr, WIDTH: tl.constexpr):
+                    STAGES: tl.constexpr):
     """Write a chunk's columns of the gradient (``loss._grad_of``) from its exponentials ``e``
     (and its window's edges'), p = e exp(its maximum - lse); then, where the chunk ``holds`` the
     target, the target's column again, with its one-hot term.
@@ -308,14 +306,14 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
         # (``ignored == 0``, not ``~ignored``: Triton 3.2's interpreter cannot invert an int1.)
         counted = row_mask & (ignored == 0)
         _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask & counted[:, None], g, lead, n_cols, counted,
-                      chunk * WIDTH, BLOCK_N, WIDTH, ALIGN, SHIFTED)
+                      chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
         zeroed = row_mask & ignored
         zeros = tl.zeros([1, BLOCK_N], tl.float32)
         _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask & zeroed[:, None], zeros, lead, n_cols, zeroed,
-                      chunk * WIDTH, BLOCK_N, WIDTH, ALIGN, SHIFTED)
+                      chunk * BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
     else:
-        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * WIDTH,
-                      BLOCK_N, WIDTH, ALIGN, SHIFTED)
+        _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
+                      BLOCK_N, ALIGN, SHIFTED)
     if ALIGN > 1:
         w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
         g_edge = _grad_of(e_edge[None, :], scale, t_edge[None, :], lse, _none(edge_mask[None, :]), w_t, w_edge,
@@ -360,18 +358,7 @@ def _none(mask):
 
 
 @_jit
-def _whole(chunk_cols, row_mask, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
-    """The mask of a chunk that lies inside its row: its row's, over every column of its
-    ``WIDTH`` (``cols == cols`` folds to true; a constant int1 Triton 3.2's interpreter cannot
-    make, as ``_none``)."""
-    return _within((chunk_cols == chunk_cols)[None, :], chunk_cols, BLOCK_N, WIDTH) & row_mask[:, None]
-
-
-@_jit
-def _within(mask, chunk_cols, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
-    """``mask`` over the chunk's first ``WIDTH`` columns of its block of ``BLOCK_N``: the rest
-    are the next chunk's. ``WIDTH`` is a multiple of 16, so the mask stays constant over each
-    16-byte vector and the accesses stay vectors; with ``WIDTH == BLOCK_N`` nothing is added."""
-    if WIDTH < BLOCK_N:
-        mask = mask & (chunk_cols < WIDTH)[None, :]
-    return mask
+def _whole(cols, row_mask):
+    """The mask of a chunk that lies inside its row: its row's, over every column (``cols ==
+    cols`` folds to true; a constant int1 Triton 3.2's interpreter cannot make, as ``_none``)."""
+    return (cols == cols) & row_mask[:, None]

@@ -109,7 +109,7 @@ def softmax_forward_split(
             else:
                 out = _emptied(out, row_max, LOG, MASK)
             _window_store(y_ptr, y_base, cols, y_col_stride, mask, out, lead, n_cols, row_mask, chunk * BLOCK_N,
-                          BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
+                          BLOCK_N, ALIGN, SHIFTED)
             if ALIGN > 1:
                 _edge_store(y_ptr, y_base, edge, edge_mask,
                             _emptied(_normalized(z_edge, e_edge, tl.sum(scale, 0), tl.sum(shift, 0), LOG), row_max,
@@ -164,7 +164,7 @@ def softmax_backward_split(
                              mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
                              scale_q_stride, SCALE, MASK, CAUSAL)
             _window_store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx, lead, n_cols, row_mask, chunk * BLOCK_N,
-                          BLOCK_N, BLOCK_N, ALIGN, SHIFTED)
+                          BLOCK_N, ALIGN, SHIFTED)
             if ALIGN > 1:
                 dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG)[None, :], outer, rows, row_mask,
                                       rows_per_outer, (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr,

@@ -61,11 +61,10 @@ def _output_window(row, lead, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
 
 @_jit
 def _window_store(ptr, base, cols, col_stride, mask, value, lead, n_cols, row_mask, first_col,
-                  BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
-    """``_store`` of a window chunk (columns [first_col, first_col + WIDTH) of a block of
-    ``BLOCK_N``; one row: windows take one at a time). A shifted output is stored one element an
-    instruction, and under a mask each of those needs its own predicate, made and unpacked per
-    element: rows of 50257 bf16
+                  BLOCK_N: tl.constexpr, ALIGN: tl.constexpr, SHIFTED: tl.constexpr):
+    """``_store`` of a window chunk (columns [first_col, first_col + BLOCK_N); one row: windows
+    take one at a time). A shifted output is stored one element an instruction, and under a mask
+    each of those needs its own predicate, made and unpacked per element: rows of 50257 bf16
     sliced from 50304 ran 1422 instructions a chunk in the sm_90 loop against 831 aligned, and
     the forward was issue-bound. So chunks wholly inside their row's aligned groups (a long
     row's every chunk but its ends) store with no mask: 924 instructions."""
@@ -74,20 +73,14 @@ def _window_store(ptr, base, cols, col_stride, mask, value, lead, n_cols, row_ma
         inner = (first + ALIGN - 1) // ALIGN * ALIGN
         tail = (first + n_cols) // ALIGN * ALIGN
         exists = tl.sum(row_mask.to(tl.int32), 0) > 0
-        if exists & (first_col >= inner) & (first_col + WIDTH <= tail):
-            if WIDTH < BLOCK_N:
-                # The block's columns past WIDTH are the next chunk's.
-                _store(ptr, base, cols, col_stride, tl.arange(0, BLOCK_N)[None, :] < WIDTH, value)
-            else:
-                tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty))
+        if exists & (first_col >= inner) & (first_col + BLOCK_N <= tail):
+            tl.store(ptr + base[:, None] + cols * col_stride, _cast(value, ptr.dtype.element_ty))
         else:
             # ``mask`` made again here from the chunk's own columns, a form that common-subexpression
             # elimination keeps apart: else its per-element copy in the store's layout is made
             # before the branch, for every chunk.
             column = tl.arange(0, BLOCK_N)[None, :]
             inside = (column >= inner - first_col) & (column < tl.where(exists, tail - first_col, 0))
-            if WIDTH < BLOCK_N:
-                inside = inside & (column < WIDTH)
             _store(ptr, base, cols, col_stride, inside, value)
     else:
         _store(ptr, base, cols, col_stride, mask, value)
