@@ -70,6 +70,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # Chunks of 8192 where the table holds no row of their form: a cap whose estimate spills is
     # compiled and tried rather than refused (v48: 4 programs an SM, 122-128 registers, none spilled).
     "split-pad15-fit": {"split_max_padding": 0.15, "split_fit_max_spills": 64, "split_programs_per_unit": 4},
+    # Odd vocabularies (v49): chunks of 8192 under a cap that fits 4 programs a unit; more
+    # programs a unit for the chunks of 4096 (caps that spill), or chunks of 2048 (1 warp).
+    "split-c8192-fit": {"split_max_padding": 1.0, "loss_window_chunk": 0, "split_fit_max_spills": 64,
+                        "split_programs_per_unit": 4},
+    "split-spills32": {"split_fit_max_spills": 32},
+    "split-spills64": {"split_fit_max_spills": 64},
+    "split-c2048": {"loss_window_chunk": 2048},
+    "split-c2048-spills32": {"loss_window_chunk": 2048, "split_fit_max_spills": 32},
     # A register cap that spills up to 16 words a thread (8 by default): more programs an SM.
     "split-spills16": {"split_fit_max_spills": 16},
     # The forward alone split by arrival (the default before v37; the CUDA rows now stream it).
