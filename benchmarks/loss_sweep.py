@@ -74,6 +74,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # programs a unit for the chunks of 4096 (caps that spill), or chunks of 2048 (1 warp).
     "split-c8192-fit": {"split_max_padding": 1.0, "loss_window_chunk": 0, "split_fit_max_spills": 64,
                         "split_programs_per_unit": 4},
+    # Aligned rows in chunks of 8192 however much of their last chunk is padding (v49).
+    "split-nohalve": {"split_max_padding": 1.0},
     "split-spills32": {"split_fit_max_spills": 32},
     "split-spills64": {"split_fit_max_spills": 64},
     "split-c2048": {"loss_window_chunk": 2048},

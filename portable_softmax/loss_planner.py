@@ -54,12 +54,16 @@ def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
     by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
     Triton in use does not build the pipelined form; with the gradient, its whole chunks through
-    their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``), and
-    rows read through windows in chunks of up to ``Tuning.loss_window_chunk``."""
+    their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``),
+    rows read through windows in chunks of up to ``Tuning.loss_window_chunk``, and aligned rows'
+    chunks halved only where their padding passes ``Tuning.loss_max_padding``."""
     tuning = target.tuning
     chunk = tuning.loss_window_chunk
     if writes_gradient and not arrival and align > 1 and 0 < chunk < tuning.split_chunk:
         target = dataclasses.replace(target, tuning=dataclasses.replace(tuning, split_chunk=chunk))
+    if writes_gradient and not arrival and align == 1 and tuning.loss_max_padding:
+        target = dataclasses.replace(target, tuning=dataclasses.replace(tuning,
+                                                                        split_max_padding=tuning.loss_max_padding))
     config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
     limit = tuning.loss_whole_chunks
     whole = writes_gradient and not arrival and (not limit or config.chunks <= limit)

@@ -207,6 +207,11 @@ class Tuning:
             hold more in flight (NOTES v48, H200, bf16 forward + backward: 8192x32001 in chunks
             of 8192 at 3 programs an SM 0.60 of the floor, of 4096 at 10 an SM 0.73; 4096x50257
             of 8192 at 4 an SM 0.64, of 4096 at 10 0.71).
+        loss_max_padding: ``split_max_padding`` for the loss's split forward that writes the
+            gradient of aligned rows (no windows); 0: ``split_max_padding``. Its chunks of 8192 at 4
+            programs a unit, pipelined, lead the halved chunks of 4096 at 6 where the last pads
+            12% (NOTES v49, H200, bf16 forward + backward: 4096x50304 0.79 -> 0.82 of the floor,
+            8192x50304 0.82 -> 0.84, 4096x57600 0.78 -> 0.83; float32 level).
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
@@ -323,6 +328,7 @@ class Tuning:
     loss_gradient_programs_per_unit: int = 0
     loss_whole_chunks: int = 0
     loss_window_chunk: int = 0
+    loss_max_padding: float = 0.0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -395,6 +395,11 @@ _CUDA_LOSS_WHOLE_CHUNKS = 16
 # -> 0.72 (at 10 programs an SM, as 4096x50257's chunks of 4096, which its padding picked before).
 # The H100 takes it unmeasured.
 _CUDA_LOSS_WINDOW_CHUNK = 4096
+# The loss's gradient rows, aligned, keep chunks of 8192 whatever their last chunk pads
+# (``Tuning.loss_max_padding``; NOTES v49, H200, graph-timed, bf16 forward + backward: 4096x50304
+# 0.250 -> 0.241 ms, 8192x50304 0.478 -> 0.463, 4096x57600 0.288 -> 0.272; float32 level). The
+# H100 takes it unmeasured.
+_CUDA_LOSS_MAX_PADDING = 1.0
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'
 # 3.0; 4096 rows 5.3 -> 5.1, FlagGems' 7.8. The forward's flat form is not measured.
@@ -405,6 +410,7 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES,
                       loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES, flat_tiles=frozenset({"backward"}),
                       loss_whole_chunks=_CUDA_LOSS_WHOLE_CHUNKS, loss_window_chunk=_CUDA_LOSS_WINDOW_CHUNK,
+                      loss_max_padding=_CUDA_LOSS_MAX_PADDING,
                       **_CUDA_LOSS_STREAM)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split
