@@ -293,7 +293,8 @@ def build_record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowVie
     arity = len(variants.TENSORS[direction])
     data = tensors[:arity]
     call = softmax_call(target, direction, view, [t.element_size() for t in data],
-                        all(t.data_ptr() % 16 == 0 for t in data), log, acc_fp64, True, _forced_programs(), fusion)
+                        all(t.data_ptr() % 16 == 0 for t in data), log, acc_fp64, programs=_forced_programs(),
+                        fusion=fusion)
 
     def compile(variant: Variant) -> KernelResources:
         kernel = getattr(module, variant.kernel)

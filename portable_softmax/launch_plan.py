@@ -184,7 +184,6 @@ class SoftmaxCall:
     input_bytes: int
     align: int
     dtype: str
-    allow_split: bool = True
     programs: Optional[int] = None
     cooperative: bool = False
     fused: bool = False
@@ -201,7 +200,7 @@ class SoftmaxCall:
 
 
 def softmax_call(target: Target, direction: str, view: RowView, element_sizes: Sequence[int], aligned: bool,
-                 log: bool, acc_fp64: bool, allow_split: bool = True, programs: Optional[int] = None,
+                 log: bool, acc_fp64: bool, programs: Optional[int] = None,
                  fusion: Optional[Fusion] = None) -> SoftmaxCall:
     """The call of ``direction`` over ``view`` whose data tensors (inputs, then the output) have
     ``element_sizes`` and start 16-byte aligned where ``aligned``; ``fusion`` for a fused call."""
@@ -210,7 +209,7 @@ def softmax_call(target: Target, direction: str, view: RowView, element_sizes: S
     facts = variants.CallFacts(log, acc_fp64, target.tuning.split_wait_atomic, shifted,
                                *((fusion.scale, fusion.mask, fusion.causal) if fusion else ()))
     return SoftmaxCall(direction, view, facts, fusion.scalars if fusion else variants.NO_FUSION,
-                       sum(element_sizes[:-1]), align, "float64" if acc_fp64 else "float32", allow_split, programs,
+                       sum(element_sizes[:-1]), align, "float64" if acc_fp64 else "float32", programs,
                        target.record.cooperative_launch, fusion is not None)
 
 
@@ -260,7 +259,7 @@ def plan_softmax(target: Target, call: SoftmaxCall, known: Lookup, compile: Look
         return plan_launch(target, view.n_rows, view.n_cols, call.dtype, backward=call.backward,
                            rows_per_group=view.rows_per_outer,
                            resources=lambda config: lookup(softmax_variant(target, call, config, lookup)),
-                           programs=call.programs, allow_split=call.allow_split, align=call.align,
+                           programs=call.programs, align=call.align,
                            input_bytes=call.input_bytes, narrow=view.narrow, strided=view.strided,
                            causal=call.facts.causal, sliceable=not call.fused)
 
