@@ -172,25 +172,19 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
         chunk_max = tl.max(z, 1)
         if ALIGN > 1:
             # Only the chunks that hold the window's first or last group have edges: the rest skip
-            # their work in a branch every thread of the program takes alike (sm_90, bf16 rows of
-            # 50257 in chunks of 4096: the edges cost about 300 of 1440 instructions an item and 8
-            # spilled words; H200, 0.274 -> 0.240 ms forward + backward without them, NOTES v49).
+            # their work in a branch every thread of the program takes alike, and nothing of the
+            # edges is held across the exchange (the gradient loads them again, ``_edge_gradient``).
+            # sm_90, bf16 rows of 50257 in chunks of 4096: the edges cost about 300 of 1440
+            # instructions an item and 8 spilled words; H200, 0.274 -> 0.240 ms forward + backward
+            # without them (a bound), NOTES v49.
             edged = _holds_edges(lead, n_cols, chunk, BLOCK_N, ALIGN)
-            edge = tl.arange(0, 2 * ALIGN)
-            edge_mask = edge < 0
             z_edge = tl.full([2 * ALIGN], -float("inf"), tl.float32)
-            t_edge = z_edge
             edge_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
             if edged:
-                edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
-                z_edge, t_edge = _capped(_edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"),
-                                                    x_ptr.dtype.element_ty), edge_mask, softcap, SOFTCAP)
+                _, _, z_edge, _ = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, chunk, softcap, BLOCK_N, ALIGN,
+                                               SOFTCAP)
                 edge_max = tl.maximum(edge_max, tl.max(z_edge, 0))
-            edge_cols = edge - tl.sum(lead, 0)
             chunk_max = tl.maximum(chunk_max, edge_max)
-        else:
-            # No edges: their names stand for nothing (every use is under ALIGN > 1).
-            edge, edge_mask, edge_cols, z_edge, t_edge = lead, row_mask, lead, chunk_max, chunk_max
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf; one
         # holding +inf sums to +inf (``_lse_reference``), as the exchange takes it (``MAXIMA_LSE``).
         ref = _lse_reference(chunk_max)
@@ -198,12 +192,10 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
         # argument z log2(e) - ref log2(e): one fused multiply-add an element (``loss._grad``).
         e = tl.exp2(z * LOG2E - (ref * LOG2E)[:, None])
         total = tl.sum(e, 1)
-        e_edge = z_edge
         if ALIGN > 1:
             edge_total = tl.zeros([BLOCK_M], tl.float32)
             if edged:
-                e_edge = tl.exp2(z_edge * LOG2E - tl.sum(ref, 0) * LOG2E)
-                edge_total += tl.sum(e_edge, 0)
+                edge_total += tl.sum(tl.exp2(z_edge * LOG2E - tl.sum(ref, 0) * LOG2E), 0)
             total += edge_total
         if SMOOTHING:
             # This chunk's sum_c w_c z_c (padding is -inf: kept out of the product).
@@ -212,7 +204,8 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
             if ALIGN > 1:
                 smooth_edge = tl.zeros([BLOCK_M], tl.float32)
                 if edged:
-                    w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)
+                    edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+                    w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, False)
                     smooth_edge += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
                 smooth_sum += smooth_edge
         else:
@@ -274,7 +267,7 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
                 _store_rows(loss_ptr + chunk * n_rows, lse_ptr, outer, rows, row_mask, loss_outer_stride,
                             loss_row_stride, lse_outer_stride, lse_row_stride, share, lse, row_mask & owns)
             if WRITE_GRAD:
-                _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max,
+                _write_gradient(e, t, x_ptr, x_base, cols, mask, row_cols, lead, chunk_max,
                                 row_max, lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer,
                                 rows, row_mask, grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk,
                                 ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, WEIGHT, SMOOTHING,
@@ -285,7 +278,7 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
 
 
 @_jit
-def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask, row_cols, lead, chunk_max, row_max,
+def _write_gradient(e, t, x_ptr, x_base, cols, mask, row_cols, lead, chunk_max, row_max,
                     lse, holds, target, z_t, w_t, ignored, valid, weight_ptr, grad_ptr, outer, rows, row_mask,
                     grad_outer_stride, grad_row_stride, grad_col_stride, n_cols, chunk, ce_scale, z_scale, weight_sum,
                     smoothing, z_loss, softcap, BLOCK_N: tl.constexpr, WEIGHT: tl.constexpr, SMOOTHING: tl.constexpr,
@@ -334,10 +327,16 @@ def _write_gradient(e, t, e_edge, t_edge, edge, edge_mask, edge_cols, cols, mask
                       BLOCK_N, ALIGN, SHIFTED)
     if ALIGN > 1:
         if _holds_edges(lead, n_cols, chunk, BLOCK_N, ALIGN):
-            w_edge = _weights(weight_ptr, edge_cols, edge_mask, WEIGHT, False)[None, :]
-            g_edge = _grad_of(e_edge[None, :], scale, t_edge[None, :], lse, _none(edge_mask[None, :]), w_t, w_edge,
-                              w_edge, w_t, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols,
-                              False, SMOOTHING, Z_LOSS, SOFTCAP, True)
+            # The edges' logits loaded again (from L2; this program writes them last, so
+            # ``inplace_backward`` leaves them as they were), their exponentials formed again as
+            # the forward formed them.
+            edge, edge_mask, z_edge, t_edge = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, chunk, softcap,
+                                                           BLOCK_N, ALIGN, SOFTCAP)
+            e_edge = tl.exp2(z_edge * LOG2E - tl.sum(_lse_reference(chunk_max), 0) * LOG2E)[None, :]
+            w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, False)[None, :]
+            g_edge = _grad_of(e_edge, scale, t_edge[None, :], lse, _none(edge_mask[None, :]), w_t, w_edge, w_edge, w_t,
+                              ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols, False,
+                              SMOOTHING, Z_LOSS, SOFTCAP, True)
             _edge_store(grad_ptr, grad_base, edge, edge_mask, tl.sum(g_edge, 0))
     # The target's tanh from its capped logit (z = softcap tanh): the derivative's 1 - tanh^2.
     p_t = tl.exp2((z_t - lse) * LOG2E)[:, None]
@@ -366,6 +365,17 @@ _target_stored = _jit(_target_store)
 
 
 _target_stored_called = _jit_call(_target_store)
+
+
+@_jit
+def _edge_values(x_ptr, x_base, lead, n_cols, row_mask, chunk, softcap, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
+                 SOFTCAP: tl.constexpr):
+    """A window chunk's edges (``windows._edge_columns``): their columns, mask, capped logits
+    (-inf where masked) and tanh."""
+    edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+    z, t = _capped(_edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), x_ptr.dtype.element_ty), edge_mask,
+                   softcap, SOFTCAP)
+    return edge, edge_mask, z, t
 
 
 @_jit
