@@ -388,6 +388,11 @@ MUTANTS = [
            "                self._buffers[key] = _filled(device, slots, tiles)\n"
            "                return self._buffers[key]\n",
            _ids("tests/test_loss.py::test_a_capture_takes_scratch_of_its_own", "cpu")),
+    # A window's last edges skipped: only a row's first chunk takes its edges' work.
+    Mutant("edges_first_chunk_only", "portable_softmax/kernels/loss_split.py",
+           "    return (chunk == 0) | (chunk == tail // BLOCK_N)\n",
+           "    return chunk == 0\n",
+           _ids("tests/test_loss.py::test_split_rows_match_torch", "cpu-bf16-50257-windows", "cpu-fp32-32001-none")),
 ]
 
 
