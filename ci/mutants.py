@@ -372,14 +372,14 @@ MUTANTS = [
            ("tests/test_first_call.py::test_split_rows_of_a_length_the_table_lacks_plan_from_rows_of_other_lengths",)),
     # Odd vocabularies' gradient rows in chunks of 8192 again (v48: 0.60 of the floor against 0.74).
     Mutant("loss_window_chunk_ignored", "portable_softmax/loss_planner.py",
-           "    if writes_gradient and not arrival and align > 1 and 0 < chunk < tuning.split_chunk:\n",
-           "    if False:\n",
+           "        if align > 1 and 0 < tuning.loss_window_chunk < tuning.split_chunk:\n",
+           "        if False:\n",
            _ids("tests/test_first_call.py::test_cuda_loss_rows_read_through_windows_take_chunks_of_4096", "32001")),
     # Aligned gradient rows whose last chunk pads 12% halved to chunks of 4096 again (v49: 4096x50304
     # 0.79 of the floor against 0.82).
     Mutant("loss_max_padding_ignored", "portable_softmax/loss_planner.py",
-           "    if writes_gradient and not arrival and align == 1 and tuning.loss_max_padding:\n",
-           "    if False:\n",
+           "        if align == 1 and tuning.loss_max_padding:\n",
+           "        if False:\n",
            _ids("tests/test_first_call.py::test_cuda_aligned_loss_rows_keep_chunks_of_8192", "4096-50304")),
     # A capture's own split scratch (from the graph's pool) kept for the stream's later eager
     # launches, which would then share memory the graph replays write.

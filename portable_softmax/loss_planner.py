@@ -5,7 +5,7 @@ loops are sized by ``plan_grid``, its split rows by ``split_planner``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from portable_softmax.plan_grid import (KernelConfig, LaunchPlan, ResourceSource, Target, _cdiv, _resources, _row_limit,
                                         _size, _warps, next_power_of_2)
@@ -58,12 +58,14 @@ def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     rows read through windows in chunks of up to ``Tuning.loss_window_chunk``, and aligned rows'
     chunks halved only where their padding passes ``Tuning.loss_max_padding``."""
     tuning = target.tuning
-    chunk = tuning.loss_window_chunk
-    if writes_gradient and not arrival and align > 1 and 0 < chunk < tuning.split_chunk:
-        target = dataclasses.replace(target, tuning=dataclasses.replace(tuning, split_chunk=chunk))
-    if writes_gradient and not arrival and align == 1 and tuning.loss_max_padding:
-        target = dataclasses.replace(target, tuning=dataclasses.replace(tuning,
-                                                                        split_max_padding=tuning.loss_max_padding))
+    sizing: dict[str, Any] = {}
+    if writes_gradient and not arrival:
+        if align > 1 and 0 < tuning.loss_window_chunk < tuning.split_chunk:
+            sizing["split_chunk"] = tuning.loss_window_chunk
+        if align == 1 and tuning.loss_max_padding:
+            sizing["split_max_padding"] = tuning.loss_max_padding
+    if sizing:
+        target = dataclasses.replace(target, tuning=dataclasses.replace(tuning, **sizing))
     config = split_config(target, n_rows, n_cols, align=align, per_thread=per_thread)
     limit = tuning.loss_whole_chunks
     whole = writes_gradient and not arrival and (not limit or config.chunks <= limit)

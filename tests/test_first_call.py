@@ -486,22 +486,23 @@ def test_split_rows_of_a_length_the_table_lacks_plan_from_rows_of_other_lengths(
     assert [v.option_values.get("maxnreg") for v in launched] == [128]
 
 
+def _h200_forward_plan(rows: int, cols: int) -> LaunchPlan:
+    """The H200's plan of the forward of a bf16 cross-entropy call that writes its gradient, as
+    ``portable-softmax warmup --profile h200 --loss --backward`` plans it from the H100 table."""
+    from portable_softmax.warmup import plan_call, warmup_calls
+
+    call = [c for c in warmup_calls([(rows, cols)], ["bfloat16"], [-1], log=False, backward=True, loss=True)
+            if c.function == "cross_entropy"][0]
+    return next(p.plan for p in plan_call(target_for(H200), _h100_table(), call) if p.what == "forward")
+
+
 @pytest.mark.parametrize("cols", [32001, 128257])
 def test_cuda_loss_rows_read_through_windows_take_chunks_of_4096(cols):
     """bf16 rows off 16-byte boundaries that write their gradient run unpipelined through
     windows: in chunks of 4096 at 2 warps, 10 programs an SM, as 4096x50257's, not of 8192 at 3
     (``Tuning.loss_window_chunk``; NOTES v48, H200: 8192x32001 0.60 -> 0.74 of the floor,
     8192x128257 0.57 -> 0.74). The aligned rows keep chunks of 8192."""
-    from portable_softmax.warmup import plan_call, warmup_calls
-
-    table = _h100_table()
-    target = target_for(H200)
-
-    def forward(rows: int, n_cols: int) -> LaunchPlan:
-        call = [c for c in warmup_calls([(rows, n_cols)], ["bfloat16"], [-1], log=False, backward=True, loss=True)
-                if c.function == "cross_entropy"][0]
-        return next(p.plan for p in plan_call(target, table, call) if p.what == "forward")
-    odd, aligned = forward(8192, cols), forward(8192, cols - 1)
+    odd, aligned = _h200_forward_plan(8192, cols), _h200_forward_plan(8192, cols - 1)
     assert odd.align > 1 and (odd.block_n, odd.num_warps, odd.num_stages, odd.occupancy) == (4096, 2, 1, 10)
     assert aligned.align == 1 and aligned.block_n == 8192
 
@@ -512,15 +513,6 @@ def test_cuda_aligned_loss_rows_keep_chunks_of_8192(rows, cols):
     chunks of 8192 at 4 warps, 4 programs an SM, pipelined, not halved to 4096 at 6 an SM
     (``Tuning.loss_max_padding``; NOTES v49, H200: 4096x50304 0.250 -> 0.241 ms forward +
     backward, 4096x57600 0.288 -> 0.272). Rows through windows keep their chunks of 4096."""
-    from portable_softmax.warmup import plan_call, warmup_calls
-
-    table = _h100_table()
-    target = target_for(H200)
-
-    def forward(n_cols: int) -> LaunchPlan:
-        call = [c for c in warmup_calls([(rows, n_cols)], ["bfloat16"], [-1], log=False, backward=True, loss=True)
-                if c.function == "cross_entropy"][0]
-        return next(p.plan for p in plan_call(target, table, call) if p.what == "forward")
-    plan = forward(cols)
+    plan = _h200_forward_plan(rows, cols)
     assert plan.align == 1 and (plan.block_n, plan.num_warps, plan.num_stages, plan.occupancy) == (8192, 4, 3, 4)
-    assert forward(50257).block_n == 4096
+    assert _h200_forward_plan(rows, 50257).block_n == 4096
