@@ -26,7 +26,8 @@
 #                  files; four pytest-xdist workers)
 #   loss           `portable-softmax bench --cases loss` with the peers: torch eager, torch.compile,
 #                  Liger from .whl/ (FlagGems when LOSS_PEERS names it), ours with
-#                  inplace_backward, QuACK when QUACK_DIR names its prepared folder
+#                  inplace_backward, QuACK when QUACK_DIR names its prepared folder (LOSS_BENCH_ARGS
+#                  passed on, e.g. `--M 4096 --N 50257`: that shape alone)
 #   head           `portable-softmax bench --cases head` (linear_cross_entropy, bf16, hidden 4096, vocab
 #                  128256 and 151936) with the peers: torch eager, torch.compile, Liger's FLCE and Cut
 #                  Cross-Entropy from .whl/, QuACK's chunked LCE when QUACK_DIR names its prepared folder
@@ -154,7 +155,7 @@ for section in "$@"; do
         if source "$QUACK_DIR/B/setup.sh" "$QUACK_DIR"; then peers="$peers quack"; else echo "quack: not set up"; fi
       fi
       PYTHONPATH="$PYTHONPATH:$SITE" timeout 540 python3 -m portable_softmax bench --cases loss --peers $peers \
-        --out "$OUT/loss" --no-progress 2>&1 | quiet | tee "$OUT/loss.log" ;;
+        ${LOSS_BENCH_ARGS:-} --out "$OUT/loss" --no-progress 2>&1 | quiet | tee "$OUT/loss.log" ;;
     head)
       peer_wheels
       # Which sum of the weight's gradient this torch gives: float32 inside the matmul, or a pass after it.

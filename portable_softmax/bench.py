@@ -214,14 +214,16 @@ def _real_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
 
 def _loss_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
     """``--cases loss``: cross_entropy of (tokens, vocabulary) logits (``bench_loss``); ``--small``
-    as for the real cases."""
+    as for the real cases; ``--M`` and ``--N``: one (tokens, vocabulary) shape instead of the six."""
     from portable_softmax import bench_cases, bench_loss
 
     if as_device(args.device).type == "cpu" and not args.small:
         raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use --cases loss "
                            "--small)")
     timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
-    results = bench_loss.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes)
+    shapes = [(args.M, args.N)] if args.M and args.N else None
+    results = bench_loss.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes,
+                             shapes=shapes)
     _write(results, out, _stem("loss", results), bench_loss.plot, bench_loss.table(results))
 
 

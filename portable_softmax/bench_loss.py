@@ -117,9 +117,11 @@ def _peak_extra_mb(step: Callable[[], Any], leaf: torch.Tensor, device: torch.de
 
 def run(peers: set[str], device: Optional[str] = None, small: bool = False,
         timer: Optional[Callable[[Callable[[], Any]], float]] = None,
-        dtypes: Optional[list[torch.dtype]] = None) -> dict[str, Any]:
+        dtypes: Optional[list[torch.dtype]] = None,
+        shapes: Optional[list[tuple[int, int]]] = None) -> dict[str, Any]:
     """Check, then time, every implementation on every shape and dtype; the JSON-ready results.
-    ``timer(fn)``: milliseconds per call (``bench_cases.device_timer()`` by default)."""
+    ``timer(fn)``: milliseconds per call (``bench_cases.device_timer()`` by default); ``shapes``:
+    (tokens, vocabulary) pairs instead of ``SHAPES`` (or ``SMALL_SHAPES`` with ``small``)."""
     from portable_softmax import bench_cases
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -128,7 +130,7 @@ def run(peers: set[str], device: Optional[str] = None, small: bool = False,
     bench_cases.warm_up(device, timer)
     rows: list[dict[str, Any]] = []
     for dtype in dtypes or [torch.bfloat16, torch.float32]:
-        for n_rows, n_cols in SMALL_SHAPES if small else SHAPES:
+        for n_rows, n_cols in shapes or (SMALL_SHAPES if small else SHAPES):
             rows += _case(found, n_rows, n_cols, dtype, device, timer)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return {"kind": "loss", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "device_name": name,

@@ -272,6 +272,17 @@ def test_head_cases_through_the_command_line_on_the_interpreter(tmp_path, capsys
     assert "of target" in out and "\nours " in out
 
 
+def test_loss_cases_take_one_shape_through_the_command_line(tmp_path, capsys):
+    """``bench --cases loss --M --N``: that (tokens, vocabulary) shape alone, checked against torch
+    and timed (here on the interpreter, by the host's clock), not the six."""
+    code, _, err = _run(["bench", "--device", "cpu", "--cases", "loss", "--small", "--M", "3", "--N", "781",
+                         "--dtype", "float32", "--peers", "torch", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    rows = json.loads(next(tmp_path.glob("loss-*.json")).read_text())["rows"]
+    assert {(row["N"], row["V"]) for row in rows} == {(3, 781)}
+    assert {row["impl"] for row in rows} == {"ours", "torch"} and not any("error" in row for row in rows), rows
+
+
 @pytest.mark.parametrize("case", ["loss", "head"])
 def test_the_loss_and_head_benches_warm_the_gpu_before_their_first_case(monkeypatch, case):
     # An idle GPU starts at a low clock: each bench copies for a while before its first case (NOTES
