@@ -317,6 +317,31 @@ def test_split_rows_match_torch(device, monkeypatch, regime, shape, dtype, optio
         assert pipelined == {not alone}
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["new-buffer", "inplace"])
+def test_split_window_rows_with_targets_on_their_edges(device, monkeypatch, inplace):
+    # bf16 rows of 301 classes start 0, 5, 2 and 7 elements into their aligned windows, so each but
+    # the first has a first group shared with the row before, and each a last one shared with the
+    # row after: the elements there (the edges) are worked apart, by the chunk that holds the
+    # row's last element. Each row's target is one of its edge elements, first group or last: its
+    # gradient's one-hot term must land after the edges' own values (one program writes both), and
+    # in place the target's logit must be read before anything overwrites it.
+    _split(monkeypatch, device)
+    x, _, options = _case((4, 301), torch.bfloat16, "class", dict(weight=True, label_smoothing=0.1), device)
+    target = torch.tensor([300, 0, 1, 0], device=device)
+    for reduction, upstream in (("mean", None), ("sum", torch.tensor(2.5))):
+        theirs, leaf = reference(x, target, reduction=reduction, **options)
+        ours_x = x.detach().clone().requires_grad_()
+        logits = ours_x * 1.0  # a non-leaf: the in-place gradient goes into its storage
+        ours = ps.cross_entropy(logits, target, reduction=reduction, inplace_backward=inplace, **options)
+        assert relative_error(ours, theirs) <= TOLERANCE[torch.bfloat16]
+        ours.backward(None if upstream is None else upstream.to(ours.dtype))
+        theirs.backward(None if upstream is None else upstream.double())
+        assert relative_error(ours_x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16], reduction
+    assert _forward_regimes() == {"split"}
+    windowed = {record.launches[0]["ALIGN"] for key, record in loss_launch._records.items() if key[0] == "forward"}
+    assert windowed == {8}
+
+
 def _stats_launched() -> bool:
     """Whether a call so far formed its stats by the stats kernel's launch (a kept layout of it)."""
     return any(key[0] == "stats" and found[0] is not None for key, found in loss_launch.calls.items())

@@ -48,7 +48,7 @@ from .loss import _target_logit
 from .loss_terms import (_capped, _class_terms, _constants, _cross_entropy, _grad_of, _scaled_loss, _store_rows,
                          _weights)
 from .split import _split_item, _split_items, _staged_columns
-from .windows import _edge_columns, _edge_load, _edge_store, _output_window, _split_window, _window_store
+from .windows import _edge_load, _edge_store, _output_window, _row_edges, _split_window, _window_store
 
 
 @_jit
@@ -171,18 +171,18 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
         z, t = _capped(x, mask, softcap, SOFTCAP)
         chunk_max = tl.max(z, 1)
         if ALIGN > 1:
-            # Only the chunks that hold the window's first or last group have edges: the rest skip
-            # their work in a branch every thread of the program takes alike, and nothing of the
-            # edges is held across the exchange (the gradient loads them again, ``_edge_gradient``).
-            # sm_90, bf16 rows of 50257 in chunks of 4096: the edges cost about 300 of 1440
-            # instructions an item and 8 spilled words; H200, 0.274 -> 0.240 ms forward + backward
-            # without them (a bound), NOTES v49.
-            edged = _holds_edges(lead, n_cols, chunk, BLOCK_N, ALIGN)
+            # Only the chunk that holds the row's last element works its edges, both of them: the
+            # rest skip that work in a branch every thread of the program takes alike, and nothing
+            # of the edges is held across the exchange (the gradient loads them again). Every chunk
+            # of a row waits on its slowest: the last chunk is the one with room (its columns run
+            # out), where the row's first chunk is full (NOTES v50). sm_90, bf16 rows of 50257 in
+            # chunks of 4096: the edges cost about 300 of 1440 instructions an item and 8 spilled
+            # words; H200, 0.274 -> 0.240 ms forward + backward without them (a bound), NOTES v49.
+            edged = _holds_edges(lead, n_cols, chunk, BLOCK_N)
             z_edge = tl.full([2 * ALIGN], -float("inf"), tl.float32)
             edge_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
             if edged:
-                _, _, z_edge, _ = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, chunk, softcap, BLOCK_N, ALIGN,
-                                               SOFTCAP)
+                _, _, z_edge, _ = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, softcap, ALIGN, SOFTCAP)
                 edge_max = tl.maximum(edge_max, tl.max(z_edge, 0))
             chunk_max = tl.maximum(chunk_max, edge_max)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf; one
@@ -204,7 +204,7 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
             if ALIGN > 1:
                 smooth_edge = tl.zeros([BLOCK_M], tl.float32)
                 if edged:
-                    edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+                    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
                     w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, False)
                     smooth_edge += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
                 smooth_sum += smooth_edge
@@ -232,7 +232,14 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
             # share holds the row's, and a NaN there is the row's sum).
             row_max = tl.where(last, row_max, chunk_max)
         else:
-            owns = tl.where(valid, (target + lead) // BLOCK_N, 0) == chunk
+            owner = (target + lead) // BLOCK_N
+            if ALIGN > 1:
+                # A target among the row's edges is the edges' chunk's, which writes their gradient
+                # (its one-hot term after the edges', in one program).
+                at = target + lead
+                edge = (at < (lead + ALIGN - 1) // ALIGN * ALIGN) | (at >= (lead + n_cols) // ALIGN * ALIGN)
+                owner = tl.where(edge, (lead + n_cols - 1) // BLOCK_N, owner)
+            owns = tl.where(valid, owner, 0) == chunk
             holds = row_mask & valid & owns
             z_t = _target_logit(x_ptr, x_base + lead, x_col_stride, target, valid, holds, softcap, False, SOFTCAP)
             packed = (_float_bits(chunk_max) << 32) | _float_bits(total)
@@ -326,12 +333,12 @@ def _write_gradient(e, t, x_ptr, x_base, cols, mask, row_cols, lead, chunk_max, 
         _window_store(grad_ptr, grad_base, cols, grad_col_stride, mask, g, lead, n_cols, row_mask, chunk * BLOCK_N,
                       BLOCK_N, ALIGN, SHIFTED)
     if ALIGN > 1:
-        if _holds_edges(lead, n_cols, chunk, BLOCK_N, ALIGN):
+        if _holds_edges(lead, n_cols, chunk, BLOCK_N):
             # The edges' logits loaded again (from L2; this program writes them last, so
             # ``inplace_backward`` leaves them as they were), their exponentials formed again as
             # the forward formed them.
-            edge, edge_mask, z_edge, t_edge = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, chunk, softcap,
-                                                           BLOCK_N, ALIGN, SOFTCAP)
+            edge, edge_mask, z_edge, t_edge = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, softcap, ALIGN,
+                                                           SOFTCAP)
             e_edge = tl.exp2(z_edge * LOG2E - tl.sum(_lse_reference(chunk_max), 0) * LOG2E)[None, :]
             w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, False)[None, :]
             g_edge = _grad_of(e_edge, scale, t_edge[None, :], lse, _none(edge_mask[None, :]), w_t, w_edge, w_edge, w_t,
@@ -368,22 +375,20 @@ _target_stored_called = _jit_call(_target_store)
 
 
 @_jit
-def _edge_values(x_ptr, x_base, lead, n_cols, row_mask, chunk, softcap, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
-                 SOFTCAP: tl.constexpr):
-    """A window chunk's edges (``windows._edge_columns``): their columns, mask, capped logits
-    (-inf where masked) and tanh."""
-    edge, edge_mask = _edge_columns(lead, n_cols, row_mask, chunk * BLOCK_N, BLOCK_N, ALIGN)
+def _edge_values(x_ptr, x_base, lead, n_cols, row_mask, softcap, ALIGN: tl.constexpr, SOFTCAP: tl.constexpr):
+    """A window row's edges (``windows._row_edges``): their columns, mask, capped logits (-inf
+    where masked) and tanh."""
+    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
     z, t = _capped(_edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), x_ptr.dtype.element_ty), edge_mask,
                    softcap, SOFTCAP)
     return edge, edge_mask, z, t
 
 
 @_jit
-def _holds_edges(lead, n_cols, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """Whether a window chunk may hold its row's edges (``windows._edge_columns``): the row's
-    first chunk (the window's first group) or the one its last group starts in."""
-    tail = (tl.sum(lead, 0) + n_cols) // ALIGN * ALIGN
-    return (chunk == 0) | (chunk == tail // BLOCK_N)
+def _holds_edges(lead, n_cols, chunk, BLOCK_N: tl.constexpr):
+    """Whether a window chunk works its row's edges (``windows._row_edges``), both of them: the
+    chunk that holds the row's last element (its last group's)."""
+    return chunk == (tl.sum(lead, 0) + n_cols - 1) // BLOCK_N
 
 
 @_jit
