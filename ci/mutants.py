@@ -388,11 +388,19 @@ MUTANTS = [
            "                self._buffers[key] = _filled(device, slots, tiles)\n"
            "                return self._buffers[key]\n",
            _ids("tests/test_loss.py::test_a_capture_takes_scratch_of_its_own", "cpu")),
-    # A window's last edges skipped: only a row's first chunk takes its edges' work.
-    Mutant("edges_first_chunk_only", "portable_softmax/kernels/loss_split.py",
-           "    return (chunk == 0) | (chunk == tail // BLOCK_N)\n",
+    # A window row's edges worked by its first chunk, while a target among them is its last chunk's.
+    Mutant("edges_in_first_chunk", "portable_softmax/kernels/loss_split.py",
+           "    return chunk == (tl.sum(lead, 0) + n_cols - 1) // BLOCK_N\n",
            "    return chunk == 0\n",
-           _ids("tests/test_loss.py::test_split_rows_match_torch", "cpu-bf16-50257-windows", "cpu-fp32-32001-none")),
+           _ids("tests/test_loss.py::test_split_rows_match_torch", "cpu-bf16-50257-windows", "cpu-fp32-32001-none")
+           + _ids("tests/test_loss.py::test_split_window_rows_with_targets_on_their_edges", "cpu-new-buffer")),
+    # A target among a window row's edges left to the chunk its column lies in: two programs write
+    # its gradient, the one-hot term's and the edges' own, in no order.
+    Mutant("edge_target_left_to_its_column", "portable_softmax/kernels/loss_split.py",
+           "                owner = tl.where(edge, (lead + n_cols - 1) // BLOCK_N, owner)\n",
+           "",
+           _ids("tests/test_loss.py::test_split_window_rows_with_targets_on_their_edges", "cpu-new-buffer",
+                "cpu-inplace")),
 ]
 
 
