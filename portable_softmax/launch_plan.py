@@ -105,15 +105,28 @@ Plan = TypeVar("Plan")
 
 def known_resources(target: Target, table: ResourceTable, dtype: str, backward: bool, input_bytes: int) -> Lookup:
     """What planning knows of a variant for data of ``dtype``: the table's row (or its nearest,
-    ``ResourceTable.nearest``), else an estimate (``plan_grid.estimate_resources``; under a register
-    cap, no more registers than the cap, the rest spilled). ``backward`` and ``input_bytes`` as
-    the planner hands them to its estimate."""
+    ``ResourceTable.nearest``); for a variant under a register cap without one, the row of the
+    same variant uncapped, its registers above the cap spilled; else an estimate
+    (``plan_grid.estimate_resources``; under a cap, no more registers than the cap, the rest
+    spilled). ``backward`` and ``input_bytes`` as the planner hands them to its estimate.
+
+    The uncapped row is the nearer guess: the estimate counts a thread's elements twice for the
+    forward that writes the gradient, and under a cap of 96 gave float32 split rows of 7 chunks 64
+    spilled words where their binary, 103 registers uncapped, holds about 7 (NOTES v49-v50); the
+    cap was then never tried. A plan from a guess is checked against the binary it launches
+    (``plan_checked``)."""
     def known(variant: Variant) -> KernelResources:
         found = table.nearest(variant.key(dtype))
         if found is not None:
             return found
-        guess = estimate_resources(target.record, variant.config, backward, input_bytes)
         cap = variant.option_values.get(REGISTER_CAP)
+        if cap is not None:
+            options = tuple(option for option in variant.options if option[0] != REGISTER_CAP)
+            uncapped = table.nearest(dataclasses.replace(variant, options=options).key(dtype))
+            if uncapped is not None:
+                return dataclasses.replace(uncapped, registers=min(cap, uncapped.registers),
+                                           spills=uncapped.spills + max(0, uncapped.registers - cap))
+        guess = estimate_resources(target.record, variant.config, backward, input_bytes)
         if cap is not None and guess.registers > cap:
             guess = dataclasses.replace(guess, registers=cap, spills=guess.registers - cap)
         return guess
