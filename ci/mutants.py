@@ -388,6 +388,11 @@ MUTANTS = [
            "                self._buffers[key] = _filled(device, slots, tiles)\n"
            "                return self._buffers[key]\n",
            _ids("tests/test_loss.py::test_a_capture_takes_scratch_of_its_own", "cpu")),
+    # A capped variant the table lacks estimated afresh though its uncapped row is known.
+    Mutant("uncapped_row_ignored", "portable_softmax/launch_plan.py",
+           "            if uncapped is not None:\n",
+           "            if False:\n",
+           ("tests/test_first_call.py::test_a_capped_variant_the_table_lacks_takes_its_uncapped_row",)),
     # A window row's edges worked by its first chunk, while a target among them is its last chunk's.
     Mutant("edges_in_first_chunk", "portable_softmax/kernels/loss_split.py",
            "    return chunk == (tl.sum(lead, 0) + n_cols - 1) // BLOCK_N\n",
