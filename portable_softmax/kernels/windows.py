@@ -4,7 +4,9 @@ split kernels then take ``ALIGN`` > 1 (the elements in 16 bytes): a row is read 
 that starts at the aligned element at or before it. Each chunk moves the window's whole
 ALIGN-element groups that lie inside the row as vectors, with no per-element mask; the at most
 2 * (ALIGN - 1) elements that share a group with a neighbouring row travel in a small separate
-block (``_edge_columns``) that joins the chunk's partial and is stored alone."""
+block that joins a chunk's partial and is stored alone: in the softmax's split kernels each chunk
+takes those in its own columns (``_edge_columns``), in the loss's the chunk that holds the row's
+last element takes them all (``_row_edges``), as a streamed row does."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
 from .common import _cast, _row_starts, _store
 
