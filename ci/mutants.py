@@ -390,8 +390,13 @@ MUTANTS = [
            _ids("tests/test_loss.py::test_a_capture_takes_scratch_of_its_own", "cpu")),
     # A capped variant the table lacks estimated afresh though its uncapped row is known.
     Mutant("uncapped_row_ignored", "portable_softmax/launch_plan.py",
-           "            if uncapped is not None:\n",
-           "            if False:\n",
+           "        if uncapped is not None:\n",
+           "        if False:\n",
+           ("tests/test_first_call.py::test_a_capped_variant_the_table_lacks_takes_its_uncapped_row",)),
+    # The uncapped row's excess taken however far over the cap it runs.
+    Mutant("uncapped_row_always_taken", "portable_softmax/launch_plan.py",
+           "            if spills < guess.spills:\n",
+           "            if True:\n",
            ("tests/test_first_call.py::test_a_capped_variant_the_table_lacks_takes_its_uncapped_row",)),
     # A window row's edges worked by its first chunk, while a target among them is its last chunk's.
     Mutant("edges_in_first_chunk", "portable_softmax/kernels/loss_split.py",

@@ -105,30 +105,35 @@ Plan = TypeVar("Plan")
 
 def known_resources(target: Target, table: ResourceTable, dtype: str, backward: bool, input_bytes: int) -> Lookup:
     """What planning knows of a variant for data of ``dtype``: the table's row (or its nearest,
-    ``ResourceTable.nearest``); for a variant under a register cap without one, the row of the
-    same variant uncapped, its registers above the cap spilled; else an estimate
-    (``plan_grid.estimate_resources``; under a cap, no more registers than the cap, the rest
-    spilled). ``backward`` and ``input_bytes`` as the planner hands them to its estimate.
+    ``ResourceTable.nearest``); else an estimate (``plan_grid.estimate_resources``; under a
+    register cap, no more registers than the cap, the rest spilled), or for a variant under a cap
+    whose uncapped form has a row, that row with its registers above the cap spilled, whichever
+    spills less. ``backward`` and ``input_bytes`` as the planner hands them to its estimate.
 
-    The uncapped row is the nearer guess: the estimate counts a thread's elements twice for the
-    forward that writes the gradient, and under a cap of 96 gave float32 split rows of 7 chunks 64
-    spilled words where their binary, 103 registers uncapped, holds about 7 (NOTES v49-v50); the
-    cap was then never tried. A plan from a guess is checked against the binary it launches
-    (``plan_checked``)."""
+    Both are guesses, and the one that spills less is the one that lets a denser grid be tried: a
+    plan from a guess is checked against the binary it launches (``plan_checked``), so a guess
+    too hopeful costs a compile, one too gloomy the grid. The estimate counts a thread's elements
+    twice for the forward that writes the gradient: under a cap of 96 it gave float32 split rows
+    of 8192 64 spilled words where their binary (103 registers uncapped, Triton 3.6) spills none,
+    so the H200 ran them at 4 programs an SM rather than 5 (NOTES v50). Registers above a cap are
+    not all spilled either: the forward alone's streamed windows, uncapped past the cap of 5 an
+    SM by more than 8 words, compile under it within them."""
     def known(variant: Variant) -> KernelResources:
         found = table.nearest(variant.key(dtype))
         if found is not None:
             return found
-        cap = variant.option_values.get(REGISTER_CAP)
-        if cap is not None:
-            options = tuple(option for option in variant.options if option[0] != REGISTER_CAP)
-            uncapped = table.nearest(dataclasses.replace(variant, options=options).key(dtype))
-            if uncapped is not None:
-                return dataclasses.replace(uncapped, registers=min(cap, uncapped.registers),
-                                           spills=uncapped.spills + max(0, uncapped.registers - cap))
         guess = estimate_resources(target.record, variant.config, backward, input_bytes)
-        if cap is not None and guess.registers > cap:
+        cap = variant.option_values.get(REGISTER_CAP)
+        if cap is None:
+            return guess
+        if guess.registers > cap:
             guess = dataclasses.replace(guess, registers=cap, spills=guess.registers - cap)
+        options = tuple(option for option in variant.options if option[0] != REGISTER_CAP)
+        uncapped = table.nearest(dataclasses.replace(variant, options=options).key(dtype))
+        if uncapped is not None:
+            spills = uncapped.spills + max(0, uncapped.registers - cap)
+            if spills < guess.spills:
+                return dataclasses.replace(uncapped, registers=min(cap, uncapped.registers), spills=spills)
         return guess
     return known
 
