@@ -13,14 +13,14 @@ two where they cannot). It then knows the row's lse and writes:
 * its share of the row's loss, into its slab of ``loss``: a (CHUNKS, positions) float32 buffer
   that the caller sums over the chunks, so that no second exchange and no float atomic is needed
   and the sum is the same in every run. The share of the chunk whose columns hold the target
-  (chunk 0 where the target names no class; a target among a window row's edges, the chunk that
-  works them; by arrival, the row's last chunk) holds the terms of the whole row (lse's, the target logit's, which it loads alone, and the z-loss); every
-  chunk's holds the smoothing's sum over its own columns, -eps / C sum_c w_c z_c. Each share is
-  scaled and masked as the row's loss (``loss._scaled_loss``): ignored rows give 0 times the
-  scale in every chunk, a target outside the classes NaN. With ``SUMMED`` (a reduced loss that
-  writes the gradient, a persistent grid) the shares are not stored: each program adds its own
-  as it goes, and the grid's last program to finish sums those partials into ``loss``, the
-  reduced loss itself (``grid_sum.py``);
+  (chunk 0 where the target names no class; for a target among a window row's edges, the chunk
+  that works them; by arrival, the row's last chunk) holds the terms of the whole row (lse's, the
+  target logit's, which it loads alone, and the z-loss); every chunk's holds the smoothing's sum
+  over its own columns, -eps / C sum_c w_c z_c. Each share is scaled and masked as the row's loss
+  (``loss._scaled_loss``): ignored rows give 0 times the scale in every chunk, a target outside
+  the classes NaN. With ``SUMMED`` (a reduced loss that writes the gradient, a persistent grid)
+  the shares are not stored: each program adds its own as it goes, and the grid's last program to
+  finish sums those partials into ``loss``, the reduced loss itself (``grid_sum.py``);
 * that chunk the row's lse.
 
 Without the gradient nothing is held across the exchange, and only one chunk need learn the
