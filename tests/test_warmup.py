@@ -189,3 +189,28 @@ def test_first_call_names_a_kernel_keyed_otherwise_after_the_warmup(monkeypatch)
         assert script.missed(keys["warmup"], keys["warmup"]) == []
     finally:
         _forget_keys()
+
+
+def test_plan_diff_prints_each_planned_launch_and_what_a_revision_moved(monkeypatch, capsys):
+    """``benchmarks/plan_diff.py``: a line a launch ``warmup`` plans (softmax and the loss, forward
+    alone and with the backward); against a revision whose package plans the same, nothing moved;
+    against lines that differ, only those."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "plan_diff.py"
+    spec = importlib.util.spec_from_file_location("plan_diff_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lines = script.plan_lines(["h200"], ["4096x50257"], ["bfloat16"])
+    assert any(" fwd+bwd 4096x50257 cross_entropy forward: split " in line for line in lines)
+    assert any(" fwd 4096x50257 cross_entropy forward: loop " in line for line in lines)
+    assert any(" softmax backward: " in line for line in lines)
+    # HEAD's package, archived and planned in a process of its own (its plans may differ from this
+    # tree's where the tree has changes: only their form is checked).
+    base = script._base_lines("HEAD", ["--profile=h200", "--shape=4096x50257", "--dtype=bfloat16"])
+    assert base and all(line.startswith("h200 bfloat16 ") for line in base), base
+    argv = ["plan_diff.py", "--base", "HEAD", "--profile", "h200", "--shape", "4096x50257", "--dtype", "bfloat16"]
+    moved = lines[:1] + [lines[1].replace("occupancy", "occupancy 1 +")] + lines[2:]
+    monkeypatch.setattr(script, "_base_lines", lambda rev, selection: moved)
+    monkeypatch.setattr(sys, "argv", argv)
+    script.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:] == [f"-{moved[1]}", f"+{lines[1]}"], out
