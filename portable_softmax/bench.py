@@ -212,16 +212,15 @@ def _real_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
            bench_cases.table(results))
 
 
-def _loss_cases(args: Any, dtypes: list[torch.dtype], out: Path) -> None:
+def _loss_cases(args: Any, dtypes: list[torch.dtype], out: Path, shapes: Optional[list[tuple[int, int]]]) -> None:
     """``--cases loss``: cross_entropy of (tokens, vocabulary) logits (``bench_loss``); ``--small``
-    as for the real cases; ``--M`` and ``--N``: one (tokens, vocabulary) shape instead of the six."""
+    as for the real cases; ``shapes``: ``--M`` and ``--N``'s one (tokens, vocabulary) shape instead of the six."""
     from portable_softmax import bench_cases, bench_loss
 
     if as_device(args.device).type == "cpu" and not args.small:
         raise RuntimeError("bench needs a GPU: CPU tensors run through Triton's interpreter (use --cases loss "
                            "--small)")
     timer = bench_cases.wall_clock if args.small else bench_cases.device_timer(args.warmup, args.rep)
-    shapes = [(args.M, args.N)] if args.M and args.N else None
     results = bench_loss.run(set(args.peers), args.device, small=args.small, timer=timer, dtypes=dtypes,
                              shapes=shapes)
     _write(results, out, _stem("loss", results), bench_loss.plot, bench_loss.table(results))
@@ -244,7 +243,9 @@ def _head_cases(args: Any, out: Path) -> None:
 
 
 def main(args: Any) -> int:
-    shapes = [(args.M, args.N)] if args.M and args.N else SHAPES
+    # One shape (--M, --N) in place of each case's own.
+    picked = [(args.M, args.N)] if args.M and args.N else None
+    shapes = picked or SHAPES
     dtypes = [getattr(torch, d) for d in args.dtype]
     if args.profile_only:
         x = torch.randn(shapes[0], device=as_device(args.device), dtype=dtypes[0])
@@ -257,7 +258,7 @@ def main(args: Any) -> int:
         _real_cases(args, dtypes, out)
         return 0
     if args.cases == "loss":
-        _loss_cases(args, dtypes, out)
+        _loss_cases(args, dtypes, out, picked)
         return 0
     if args.cases == "head":
         _head_cases(args, out)
@@ -265,7 +266,7 @@ def main(args: Any) -> int:
     if args.eager:
         from portable_softmax import host_time
 
-        results = host_time.run([(args.M, args.N)] if args.M and args.N else host_time.SHAPES, dtypes,
+        results = host_time.run(picked or host_time.SHAPES, dtypes,
                                 set(args.peers), args.calls, args.device)
         stem = _stem("eager", results)
         (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
