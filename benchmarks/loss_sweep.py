@@ -102,12 +102,16 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "alone-loop-fit5": {"loss_loop_fit": {2: 5, 4: 5}},
     "alone-loop-fit6": {"loss_loop_fit": {2: 6, 4: 6}},
     "alone-loop-nofit": {"loss_loop_fit": {}},
+    # 4 an SM (v51): rows of 4096 tokens fill 6.2 waves of 5 an SM (the last a fifth full), 7.8 of 4.
+    "alone-loop-fit4": {"loss_loop_fit": {2: 4, 4: 4}},
     # The streamed grid: resident programs times 1, 2 (the base's 4) or 16 (8192 rows: a program a row).
     "alone-waves1": {"tile_waves": 1},
     "alone-waves2": {"tile_waves": 2},
     "alone-waves16": {"tile_waves": 16},
     # The H200's program a row where the rows fill 12 waves (v45), off.
     "alone-no-row-programs": {"loss_alone_row_waves": 0},
+    # A program a row whatever the waves (v51: 4096 rows).
+    "alone-row-programs": {"loss_alone_row_waves": 1},
     # Blocks of 4096 since the running values went a thread's vector (v45: sm_90 bf16 rows of 32000
     # cost the same instructions as in 8192, rows of 50257 3.7% fewer; 39-40 registers, so 6
     # programs an SM fit uncapped-alike).

@@ -411,6 +411,22 @@ MUTANTS = [
            "",
            _ids("tests/test_loss.py::test_split_window_rows_with_targets_on_their_edges", "cpu-new-buffer",
                 "cpu-inplace")),
+    # A record's kept scratch taken after its pool grew (the old buffers, no longer the pool's).
+    Mutant("held_scratch_past_growth", "portable_softmax/launch.py",
+           "            if held is not None and held[0] == stream and held[1] == self._pool.generation:\n",
+           "            if held is not None and held[0] == stream:\n",
+           ("tests/test_loss.py::test_a_split_record_keeps_its_pools_buffers_until_the_pool_grows[cpu]",)),
+    # The pool's buffers never kept: every launch looks them up under the lock.
+    Mutant("held_scratch_never_kept", "portable_softmax/launch.py",
+           "                self._held = None if generation is None else (stream, generation, scratch)\n",
+           "                self._held = None\n",
+           ("tests/test_loss.py::test_a_split_record_keeps_its_pools_buffers_until_the_pool_grows[cpu]",)),
+    # Triton 3.6's C launch taken for a binary that asks for a global scratch (its launcher
+    # object allocates it; the C launch would pass none).
+    Mutant("c_launch_with_scratch", "portable_softmax/compat.py",
+           "    if getattr(run, \"global_scratch_size\", 1) or getattr(run, \"profile_scratch_size\", 1):\n",
+           "    if getattr(run, \"profile_scratch_size\", 1):\n",
+           ("tests/test_versions.py::test_the_c_launch_is_taken_only_where_measured",)),
 ]
 
 

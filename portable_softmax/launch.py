@@ -65,26 +65,36 @@ class _Scratch:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Moved on every growth: a record that kept buffers from an earlier generation asks again.
+        self.generation = 0
 
     def get(self, device: torch.device, stream: int, slots: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Buffers with room for ``slots`` and ``tiles`` on ``stream``. Where they would have to
-        grow while a graph is being captured, the launch's own instead, kept nowhere: taken from
-        the graph's memory pool and filled by kernels the graph holds, so that each replay finds
-        them clean. (``torch.cuda.graph`` captures on a stream of its own, whose buffers a warm-up
-        on another stream never grew: streaming such a capture's rows instead read bf16 4096x53248
+        """Buffers with room for ``slots`` and ``tiles`` on ``stream`` (``lookup``'s)."""
+        return self.lookup(device, stream, slots, tiles)[0]
+
+    def lookup(self, device: torch.device, stream: int, slots: int,
+               tiles: int) -> tuple[tuple[torch.Tensor, torch.Tensor], Optional[int]]:
+        """Buffers with room for ``slots`` and ``tiles`` on ``stream``, and where they are the
+        pool's, the pool's ``generation`` with them (a caller may keep them until it moves), else
+        None. Where they would have to grow
+        while a graph is being captured, the launch's own instead, kept nowhere: taken from the
+        graph's memory pool and filled by kernels the graph holds, so that each replay finds them
+        clean. (``torch.cuda.graph`` captures on a stream of its own, whose buffers a warm-up on
+        another stream never grew: streaming such a capture's rows instead read bf16 4096x53248
         forward + backward at 0.344 ms against 0.246, NOTES v49.)"""
         key = (device.type, device.index, stream)
         with self._lock:
             found = self._buffers.get(key)
             if found is not None and found[0].numel() >= slots and found[1].numel() >= tiles:
-                return found
+                return found, self.generation
             module = getattr(torch, device.type)
             if getattr(module, "is_current_stream_capturing", lambda: False)():
-                return _filled(device, slots, tiles)
+                return _filled(device, slots, tiles), None
             old_slots, old_tiles = (found[0].numel(), found[1].numel()) if found else (0, 0)
             grown = _filled(device, max(slots, 2 * old_slots), max(tiles, 2 * old_tiles))
             self._buffers[key] = grown
-            return grown
+            self.generation += 1
+            return grown, self.generation
 
 
 def _filled(device: torch.device, slots: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,6 +165,11 @@ class LaunchRecord:
         self._refill = plan.ticketed and plan.block_m == 1 and not plan.phased
         # The launcher laid out for the grid of the plan before: the next launch lays it out again.
         self._direct: Optional[list[Callable[[int, tuple], None]]] = None
+        self._pool = (_phased_scratch if plan.phased or plan.arrival
+                      else _counted_scratch if plan.block_m > 1 else _ticket_scratch if plan.ticketed else _scratch)
+        # The pool's buffers the last launch took: (stream, the pool's generation, the buffers),
+        # taken again without the pool's lock while both hold (a repeated call's one lookup).
+        self._held: Optional[tuple[int, int, tuple[torch.Tensor, torch.Tensor]]] = None
 
     def __call__(self, tensors: tuple[torch.Tensor, ...]) -> LaunchPlan:
         if self._current is not None and self._current() != self.device.index:
@@ -167,10 +182,12 @@ class LaunchRecord:
             tensors = (*tensors, tensors[0], tensors[0])
         stream = self._stream()
         if self._slots:
-            pool = (_phased_scratch if self.plan.phased or self.plan.arrival
-                    else _counted_scratch if self.plan.block_m > 1 else _ticket_scratch if self.plan.ticketed
-                    else _scratch)
-            scratch = pool.get(self.device, stream, self._slots, self._counters)
+            held = self._held
+            if held is not None and held[0] == stream and held[1] == self._pool.generation:
+                scratch = held[2]
+            else:
+                scratch, generation = self._pool.lookup(self.device, stream, self._slots, self._counters)
+                self._held = None if generation is None else (stream, generation, scratch)
             if self._refill:
                 # Ticketed programs leave their row's slots full (only the counter resets itself).
                 scratch[0][:self._slots].fill_(-1)

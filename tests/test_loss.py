@@ -958,6 +958,42 @@ def test_graph_capture(device):
         assert relative_error(x.grad, leaf.grad) <= TOLERANCE[torch.bfloat16]
 
 
+def test_a_split_record_keeps_its_pools_buffers_until_the_pool_grows(device, monkeypatch):
+    # A repeated call takes the buffers its record's last launch took, without the pool's lookup
+    # (its lock); once the pool has grown (another layout's rows), it asks again and takes the
+    # grown buffers, whose slots are the ones kept clean.
+    _split(monkeypatch, device)
+    pool = launch._Scratch()
+    for name in ("_scratch", "_ticket_scratch", "_counted_scratch", "_phased_scratch"):
+        monkeypatch.setattr(launch, name, pool)
+    lookups = []
+    real = pool.lookup
+    monkeypatch.setattr(pool, "lookup", lambda *args: lookups.append(args[2]) or real(*args))
+
+    def checked(rows: int) -> None:
+        x = logits((rows, 300), torch.bfloat16, device).requires_grad_()
+        target = class_targets((rows,), 300, device, 0.2)
+        reference = x.detach().double().requires_grad_()
+        F.cross_entropy(reference, target).backward()
+        loss = ps.cross_entropy(x, target)
+        loss.backward()
+        assert relative_error(loss, F.cross_entropy(reference.detach(), target)) <= TOLERANCE[torch.bfloat16]
+        assert relative_error(x.grad, reference.grad) <= TOLERANCE[torch.bfloat16]
+
+    checked(5)
+    assert len(lookups) == 1
+    checked(5)
+    assert len(lookups) == 1, "a repeated call looked its scratch up again"
+    checked(40)
+    grown = pool.generation
+    assert len(lookups) == 2 and grown >= 2
+    checked(5)
+    assert len(lookups) == 3, "a call after the pool grew kept the buffers of before"
+    (record,) = [r for key, r in loss_launch._records.items() if key[0] == "forward" and r._held is not None
+                 and r.plan.tiles == 5]
+    assert record._held[2] is next(iter(pool._buffers.values())) and record._held[1] == grown
+
+
 def test_a_capture_takes_scratch_of_its_own(device, monkeypatch):
     # Split scratch that would have to grow during a graph capture: the launch's own buffers,
     # filled (slots empty, counters 0) and kept nowhere, where the stream's stay as they were.

@@ -134,3 +134,29 @@ def test_a_library_import_without_triton_still_raises_import_error(tmp_path):
                             env=_missing_triton(tmp_path), cwd=tmp_path, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("ImportError: portable_softmax needs")
+
+
+def test_the_c_launch_is_taken_only_where_measured(monkeypatch):
+    # Triton 3.6's CUDA launcher object is bypassed for its C launch only there (the version and
+    # driver measured, NOTES v51) and only for a binary that asks for no scratch, which the
+    # launcher object would allocate.
+    class CudaLauncher:
+        global_scratch_size = profile_scratch_size = 0
+
+        def launch(self, *args):
+            pass
+
+    found = CudaLauncher()
+    monkeypatch.setattr(compat, "C_LAUNCH", True)
+    assert compat._c_launch(found) == found.launch
+    for size in ("global_scratch_size", "profile_scratch_size"):
+        scratched = CudaLauncher()
+        setattr(scratched, size, 256)
+        assert compat._c_launch(scratched) is None, size
+
+    class HIPLauncher(CudaLauncher):
+        pass
+
+    assert compat._c_launch(HIPLauncher()) is None
+    monkeypatch.setattr(compat, "C_LAUNCH", False)
+    assert compat._c_launch(found) is None

@@ -82,8 +82,9 @@ def main() -> None:
     folder = tempfile.mkdtemp()
     if any("pad" in name or "spread" in name for name in names):
         # Room for rows of slots spread and padded (at most 32 times a row's chunks).
-        get = launch._Scratch.get
-        launch._Scratch.get = lambda self, device, stream, slots, tiles: get(self, device, stream, 32 * slots, tiles)
+        lookup = launch._Scratch.lookup
+        launch._Scratch.lookup = lambda self, device, stream, slots, tiles: lookup(self, device, stream, 32 * slots,
+                                                                                  tiles)
     modules = {name: edited_kernels(name, variant_edits(name), folder) for name in names}
     print(f"{'variant':>11} {'shape':>12} {'fwd+bwd ms':>10} {'floor':>6} plan", flush=True)
     for shape in shapes:
