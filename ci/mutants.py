@@ -378,7 +378,7 @@ MUTANTS = [
     # Aligned gradient rows whose last chunk pads 12% halved to chunks of 4096 again (v49: 4096x50304
     # 0.79 of the floor against 0.82).
     Mutant("loss_max_padding_ignored", "portable_softmax/loss_planner.py",
-           "        if align == 1 and tuning.loss_max_padding:\n",
+           "        if tuning.loss_max_padding:\n",
            "        if False:\n",
            _ids("tests/test_first_call.py::test_cuda_aligned_loss_rows_keep_chunks_of_8192", "4096-50304")),
     # A capture's own split scratch (from the graph's pool) kept for the stream's later eager
@@ -427,6 +427,22 @@ MUTANTS = [
            "    if getattr(run, \"global_scratch_size\", 1) or getattr(run, \"profile_scratch_size\", 1):\n",
            "    if getattr(run, \"profile_scratch_size\", 1):\n",
            ("tests/test_versions.py::test_the_c_launch_is_taken_only_where_measured",)),
+    # Windows declined where they need a chunk more (the rule before v51): such rows read an
+    # element an instruction (H200: bf16 4096x49151 forward + backward 0.392 ms against 0.247).
+    Mutant("windows_declined_for_a_chunk_more", "portable_softmax/split_planner.py",
+           "    if windowed.regime != \"split\":\n",
+           "    if dataclasses.replace(windowed, align=1) != plain:\n",
+           _ids("tests/test_first_call.py::test_cuda_loss_rows_a_few_columns_short_of_whole_chunks_take_windows_unhalved",
+                "28671-8")
+           + ("tests/test_device_layer.py::test_split_windows_where_the_tuning_table_takes_them",)
+           + _ids("tests/test_loss.py::test_split_rows_match_torch", "cpu-bf16-383-windows-a-chunk-more")),
+    # Windowed gradient rows halved where their last chunk pads (v51: 8192x28671 0.402 ms
+    # against 0.293).
+    Mutant("loss_windows_halved", "portable_softmax/loss_planner.py",
+           "        if tuning.loss_max_padding:\n",
+           "        if align == 1 and tuning.loss_max_padding:\n",
+           _ids("tests/test_first_call.py::test_cuda_loss_rows_a_few_columns_short_of_whole_chunks_take_windows_unhalved",
+                "28671-8")),
 ]
 
 

@@ -55,14 +55,14 @@ def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
     Triton in use does not build the pipelined form; with the gradient, its whole chunks through
     their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``),
-    rows read through windows in chunks of up to ``Tuning.loss_window_chunk``, and aligned rows'
-    chunks halved only where their padding passes ``Tuning.loss_max_padding``."""
+    rows read through windows in chunks of up to ``Tuning.loss_window_chunk``, and chunks halved
+    only where their padding passes ``Tuning.loss_max_padding``."""
     tuning = target.tuning
     sizing: dict[str, Any] = {}
     if writes_gradient and not arrival:
         if align > 1 and 0 < tuning.loss_window_chunk < tuning.split_chunk:
             sizing["split_chunk"] = tuning.loss_window_chunk
-        if align == 1 and tuning.loss_max_padding:
+        if tuning.loss_max_padding:
             sizing["split_max_padding"] = tuning.loss_max_padding
     if sizing:
         target = dataclasses.replace(target, tuning=dataclasses.replace(tuning, **sizing))

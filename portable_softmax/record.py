@@ -208,10 +208,13 @@ class Tuning:
             of 8192 at 3 programs an SM 0.60 of the floor, of 4096 at 10 an SM 0.73; 4096x50257
             of 8192 at 4 an SM 0.64, of 4096 at 10 0.71).
         loss_max_padding: ``split_max_padding`` for the loss's split forward that writes the
-            gradient of aligned rows (no windows); 0: ``split_max_padding``. Its chunks of 8192 at 4
-            programs a unit, pipelined, lead the halved chunks of 4096 at 6 where the last pads
-            12% (NOTES v49, H200, bf16 forward + backward: 4096x50304 0.79 -> 0.82 of the floor,
-            8192x50304 0.82 -> 0.84, 4096x57600 0.78 -> 0.83; float32 level).
+            gradient; 0: ``split_max_padding``. A row's items cost alike however full (NOTES v48):
+            aligned rows' chunks of 8192 at 4 programs a unit, pipelined, lead the halved chunks
+            of 4096 at 6 where the last pads 12% (NOTES v49, H200, bf16 forward + backward:
+            4096x50304 0.79 -> 0.82 of the floor, 8192x50304 0.82 -> 0.84, 4096x57600 0.78 ->
+            0.83; float32 level), and windowed rows' 8 chunks of 4096 lead 15 of 2048 where the
+            window's last holds a few columns (NOTES v51, graph-timed: 8192x28671 0.402 -> 0.293
+            ms, 8192x32767 0.379 -> 0.332; float32 0.494 -> 0.484, 0.573 -> 0.561).
         max_programs: cap on the persistent grid (the interpreter gains nothing from more).
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element

@@ -395,10 +395,11 @@ _CUDA_LOSS_WHOLE_CHUNKS = 16
 # -> 0.72 (at 10 programs an SM, as 4096x50257's chunks of 4096, which its padding picked before).
 # The H100 takes it unmeasured.
 _CUDA_LOSS_WINDOW_CHUNK = 4096
-# The loss's gradient rows, aligned, keep chunks of 8192 whatever their last chunk pads
-# (``Tuning.loss_max_padding``; NOTES v49, H200, graph-timed, bf16 forward + backward: 4096x50304
-# 0.250 -> 0.241 ms, 8192x50304 0.478 -> 0.463, 4096x57600 0.288 -> 0.272; float32 level). The
-# H100 takes it unmeasured.
+# The loss's gradient rows keep their chunks whatever their last chunk pads
+# (``Tuning.loss_max_padding``; NOTES v49, H200, graph-timed, bf16 forward + backward, aligned
+# rows in chunks of 8192: 4096x50304 0.250 -> 0.241 ms, 8192x50304 0.478 -> 0.463, 4096x57600
+# 0.288 -> 0.272, float32 level; NOTES v51, rows through windows in chunks of 4096: 8192x28671
+# 0.402 -> 0.293, 8192x32767 0.379 -> 0.332, float32 2%). The H100 takes it unmeasured.
 _CUDA_LOSS_MAX_PADDING = 1.0
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'

@@ -545,3 +545,13 @@ def test_cuda_aligned_loss_rows_keep_chunks_of_8192(rows, cols):
     plan = _h200_forward_plan(rows, cols)
     assert plan.align == 1 and (plan.block_n, plan.num_warps, plan.num_stages, plan.occupancy) == (8192, 4, 3, 4)
     assert _h200_forward_plan(rows, 50257).block_n == 4096
+
+
+@pytest.mark.parametrize("cols, chunks", [(28671, 8), (32767, 9), (49151, 13)])
+def test_cuda_loss_rows_a_few_columns_short_of_whole_chunks_take_windows_unhalved(cols, chunks):
+    """bf16 rows a few columns short of whole chunks of 4096 write their gradient through windows,
+    a chunk more for the window's last columns, not unwindowed an element an instruction (NOTES
+    v51, H200, forward + backward graph-timed: 4096x49151 0.392 -> 0.247 ms) nor in halved chunks
+    of 2048 (``Tuning.loss_max_padding``; 8192x28671 0.402 -> 0.293)."""
+    plan = _h200_forward_plan(8192, cols)
+    assert plan.align > 1 and (plan.block_n, plan.chunks, plan.num_warps) == (4096, chunks, 2)
