@@ -100,9 +100,11 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
     """The regime and block shape for a problem, from the record's tuning table.
 
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
-    directions the tuning table's ``split_windows`` names, where the window, up to ``align - 1``
-    columns wider than the row, needs no more or wider chunks. ``input_bytes``, ``strided``,
-    ``causal`` and ``sliceable``: as ``plan_launch`` takes them.
+    directions the tuning table's ``split_windows`` names, with a chunk more where the window, up
+    to ``align - 1`` columns wider than the row, needs it (``split_planner._windowed``); rows long
+    enough to split (``Tuning.split_min_cols``) that would take a twice-read tile, which has no
+    windows, split through them instead. ``input_bytes``, ``strided``, ``causal`` and
+    ``sliceable``: as ``plan_launch`` takes them.
     """
     if input_bytes is None:
         input_bytes = input_bytes_per_column(DTYPE_BYTES[dtype], backward)
@@ -112,7 +114,19 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
                                sliceable)
     plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes,
                           causal)
-    if align == 1 or plain.regime != "split" or _direction(backward) not in target.tuning.split_windows:
+    if align == 1 or _direction(backward) not in target.tuning.split_windows:
+        return plain
+    if (plain.reread and n_cols >= target.tuning.split_min_cols
+            and _can_split(target, dtype, allow_split, n_cols)):
+        # A twice-read tile has no windows: rows off 16-byte boundaries read an element an
+        # instruction. Split through windows instead (H200, NOTES v51: bf16 backward 8192x32001
+        # 0.56 -> 0.95 of copy, 8192x10001 0.44 -> 0.96, 16384x16383 0.49 -> 0.86; fp32 forward
+        # 8192x10001 0.54 -> 0.88, 16384x16383 0.67 -> 0.87). Held tiles (the bf16 forward of
+        # rows of 8193-16384) keep theirs: split, they read 0.57-0.82 where the tile reads
+        # 0.55-0.65, better or worse by the row (the queue).
+        return _windowed(_split_config(target, target.tuning, n_rows, n_cols, backward),
+                         _split_config(target, target.tuning, n_rows, n_cols + align - 1, backward), align)
+    if plain.regime != "split":
         return plain
     windowed = _plain_config(target, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
                              input_bytes, causal)

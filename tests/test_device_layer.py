@@ -413,6 +413,21 @@ def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):
     assert edge.align == 8 and edge.chunks * edge.block_n >= 65535 + 7
 
 
+def test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windows():
+    """bf16 backward rows of 16385-32768 columns take the twice-read tile on CUDA, which has no
+    windows: rows off 16-byte boundaries (32001, Llama's vocabulary and a token) would be read an
+    element an instruction (H200: 8192x32001 0.56 of copy; split through windows 0.95, NOTES v51).
+    Aligned rows keep the tile, and so do rows too short to split."""
+    record = profile_record("h200")
+    for rows, cols in ((8192, 32001), (16384, 16385), (1024, 32001)):
+        odd = plan_launch(record, rows, cols, "bfloat16", backward=True, align=8)
+        assert odd.regime == "split" and odd.align == 8 and odd.chunks * odd.block_n >= cols + 7, (rows, cols)
+    aligned = plan_launch(record, 8192, 32000, "bfloat16", backward=True, align=1)
+    assert aligned.regime == "tile" and aligned.reread
+    short = plan_launch(record, 8192, 4095, "bfloat16", backward=True, align=8)
+    assert short.regime == "tile" and short.reread
+
+
 def test_twice_read_tiles_where_the_tuning_table_names_them():
     """H100 (CUDA's table): rows of 16384 read twice for the fp32 forward and the 16-bit backward,
     not for the bf16 forward or fp32 backward, nor for fewer rows than units (those split)."""
