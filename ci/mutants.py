@@ -449,6 +449,17 @@ MUTANTS = [
            "    if (plain.reread and n_cols >= target.tuning.split_min_cols\n",
            "    if (False and plain.reread and n_cols >= target.tuning.split_min_cols\n",
            ("tests/test_device_layer.py::test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windows",)),
+    # Windows' own padding rule ignored: float32 rows a few columns short of whole chunks halved
+    # (v51: softmax 8192x28671 forward 0.91 of copy against 0.96).
+    Mutant("window_padding_ignored", "portable_softmax/planner.py",
+           "    if padding is not None and windowed.chunks > plain.chunks:\n",
+           "    if False:\n",
+           ("tests/test_device_layer.py::test_float32_rows_whose_window_needs_a_chunk_more_keep_their_chunks",)),
+    # ... or applied wherever windows are taken (it would move 4096x50257's float32 forward, unmeasured).
+    Mutant("window_padding_everywhere", "portable_softmax/planner.py",
+           "    if padding is not None and windowed.chunks > plain.chunks:\n",
+           "    if padding is not None:\n",
+           ("tests/test_device_layer.py::test_float32_rows_whose_window_needs_a_chunk_more_keep_their_chunks",)),
 ]
 
 

@@ -124,12 +124,20 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
         # 8192x10001 0.54 -> 0.88, 16384x16383 0.67 -> 0.87). Held tiles (the bf16 forward of
         # rows of 8193-16384) keep theirs: split, they read 0.57-0.82 where the tile reads
         # 0.55-0.65, better or worse by the row (the queue).
-        return _windowed(_split_config(target, target.tuning, n_rows, n_cols, backward),
-                         _split_config(target, target.tuning, n_rows, n_cols + align - 1, backward), align)
-    if plain.regime != "split":
+        plain = _split_config(target, target.tuning, n_rows, n_cols, backward)
+        wider = lambda at: _split_config(at, at.tuning, n_rows, n_cols + align - 1, backward)  # noqa: E731
+    elif plain.regime == "split":
+        wider = lambda at: _plain_config(at, n_rows, n_cols + align - 1, dtype, backward,  # noqa: E731
+                                         rows_per_group, allow_split, input_bytes, causal)
+    else:
         return plain
-    windowed = _plain_config(target, n_rows, n_cols + align - 1, dtype, backward, rows_per_group, allow_split,
-                             input_bytes, causal)
+    windowed = wider(target)
+    padding = target.tuning.window_max_padding.get(input_bytes // (2 if backward else 1))
+    if padding is not None and windowed.chunks > plain.chunks:
+        # The window's few columns more pad a chunk more: its own padding rule, by the bytes of
+        # an element (``Tuning.window_max_padding``).
+        windowed = wider(dataclasses.replace(target, tuning=dataclasses.replace(target.tuning,
+                                                                                split_max_padding=padding)))
     return _windowed(plain, windowed, align)
 
 

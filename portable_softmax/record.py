@@ -123,6 +123,12 @@ class Tuning:
         split_min_chunk: the narrowest chunk.
         split_max_padding: the largest share of a row's chunks that may be padding past its end;
             above it chunks are halved (down to split_min_chunk), so that fewer programs idle.
+        window_max_padding: by the bytes of an element, ``split_max_padding`` for rows read
+            through windows where the window (up to ALIGN - 1 columns wider) needs more chunks
+            than the row alone (``planner.select_config``); absent: ``split_max_padding``. Float32
+            rows a few columns short of whole chunks keep their chunks of 4096 rather than halve
+            them (NOTES v51, H200, the softmax: 8192x28671 forward 0.91 -> 0.96 of copy,
+            16384x16383 backward 0.83 -> 0.98); bf16 rows lose by it.
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
         tile_loop_occupancy: per direction ("forward", "backward"): tile kernels that fit
@@ -315,6 +321,7 @@ class Tuning:
     split_fill_per_unit: int = 2
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
+    window_max_padding: Mapping[int, float] = field(default_factory=dict)
     tile_waves: int = 4
     tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: both_directions(4))
     tile_wave_fill: float = 0.0

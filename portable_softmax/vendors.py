@@ -401,6 +401,12 @@ _CUDA_LOSS_WINDOW_CHUNK = 4096
 # 0.288 -> 0.272, float32 level; NOTES v51, rows through windows in chunks of 4096: 8192x28671
 # 0.402 -> 0.293, 8192x32767 0.379 -> 0.332, float32 2%). The H100 takes it unmeasured.
 _CUDA_LOSS_MAX_PADDING = 1.0
+# Float32 split rows whose window needs a chunk more than the row keep their chunks whatever it
+# pads (``Tuning.window_max_padding``; NOTES v51, H200, the softmax, forward / backward of copy:
+# 8192x28671 0.91 / 0.99 -> 0.96 / 1.02, 8192x32767 0.91 / 0.99 -> 0.95 / 1.00, 16384x16383
+# 0.87 / 0.83 -> 0.94 / 0.98). bf16 rows keep halving (8192x32767 forward 0.82 against 0.78
+# unhalved, 4096x65535 0.85 against 0.80). The H100 takes it unmeasured.
+_CUDA_WINDOW_MAX_PADDING = {4: 1.0}
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'
 # 3.0; 4096 rows 5.3 -> 5.1, FlagGems' 7.8. The forward's flat form is not measured.
@@ -411,7 +417,7 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       strided_ticket_chunks=_CUDA_STRIDED_TICKET_CHUNKS, strided_slices=_CUDA_STRIDED_SLICES,
                       loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES, flat_tiles=frozenset({"backward"}),
                       loss_whole_chunks=_CUDA_LOSS_WHOLE_CHUNKS, loss_window_chunk=_CUDA_LOSS_WINDOW_CHUNK,
-                      loss_max_padding=_CUDA_LOSS_MAX_PADDING,
+                      loss_max_padding=_CUDA_LOSS_MAX_PADDING, window_max_padding=_CUDA_WINDOW_MAX_PADDING,
                       **_CUDA_LOSS_STREAM)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split

@@ -428,6 +428,21 @@ def test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windo
     assert short.regime == "tile" and short.reread
 
 
+def test_float32_rows_whose_window_needs_a_chunk_more_keep_their_chunks():
+    """A window up to ALIGN - 1 columns wider than its row can need a chunk more, nearly all
+    padding: float32 rows then keep their chunks of 4096 (``Tuning.window_max_padding``; NOTES
+    v51, H200: softmax 8192x28671 forward 0.91 -> 0.96 of copy), where bf16 rows halve them, and
+    rows whose own padding halves them (10001) keep the row's rule."""
+    record = profile_record("h200")
+    for cols, chunks in ((28671, 8), (32767, 9)):
+        fp32 = plan_launch(record, 8192, cols, "float32", align=4)
+        assert (fp32.align, fp32.block_n, fp32.chunks) == (4, 4096, chunks), cols
+        assert plan_launch(record, 8192, cols, "float32", align=8, input_bytes=2).block_n == 2048, cols
+    backward = plan_launch(record, 8192, 28671, "float32", backward=True, align=4)
+    assert (backward.block_n, backward.chunks) == (4096, 8)
+    assert plan_launch(record, 8192, 10001, "float32", align=4).block_n == 2048
+
+
 def test_twice_read_tiles_where_the_tuning_table_names_them():
     """H100 (CUDA's table): rows of 16384 read twice for the fp32 forward and the 16-bit backward,
     not for the bf16 forward or fp32 backward, nor for fewer rows than units (those split)."""
