@@ -42,6 +42,11 @@ VARIANTS = {
     "row32k": dict(row_elements=32768),
     "pad_off": dict(split_max_padding=1.0),
     "pad5": dict(split_max_padding=0.05),
+    # v51: bf16 rows of 8193-16384 held as one tile (no windows: off 16-byte boundaries, an element
+    # an instruction) split instead, through windows: as planned, chunks of 2048 or more, unhalved.
+    "rows8k_split": dict(row_elements=8192),
+    "rows8k_split_min2k": dict(row_elements=8192, split_min_chunk=2048),
+    "rows8k_split_pad_off": dict(row_elements=8192, split_max_padding=1.0),
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),

@@ -443,12 +443,18 @@ MUTANTS = [
            "        if align == 1 and tuning.loss_max_padding:\n",
            _ids("tests/test_first_call.py::test_cuda_loss_rows_a_few_columns_short_of_whole_chunks_take_windows_unhalved",
                 "28671-8")),
-    # Rows off 16-byte boundaries left to the twice-read tile (before v51: bf16 8192x32001's
-    # backward 0.56 of copy against 0.95 split through windows).
-    Mutant("reread_tile_without_windows", "portable_softmax/planner.py",
-           "    if (plain.reread and n_cols >= target.tuning.split_min_cols\n",
-           "    if (False and plain.reread and n_cols >= target.tuning.split_min_cols\n",
-           ("tests/test_device_layer.py::test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windows",)),
+    # Rows off 16-byte boundaries left to tiles, which have no windows (before v51: bf16
+    # 8192x32001's backward 0.56 of copy against 0.95 split through windows).
+    Mutant("tiles_without_windows", "portable_softmax/planner.py",
+           "    if plain.regime == \"tile\" and n_cols >= tuning.split_min_cols and _can_split(target, dtype, allow_split, n_cols):\n",
+           "    if False:\n",
+           ("tests/test_device_layer.py::test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windows",
+            "tests/test_device_layer.py::test_held_tiles_of_rows_off_16_bytes_split_through_windows_in_chunks_of_2048_or_more")),
+    # Windowed rows halved to chunks of 1024 (v51: bf16 16384x16383 forward 0.61 of copy, at 2048 0.81).
+    Mutant("window_min_chunk_ignored", "portable_softmax/planner.py",
+           "    windowed = _split_config(target, tuning, n_rows, n_cols + align - 1, backward, halve_to=tuning.window_min_chunk)\n",
+           "    windowed = _split_config(target, tuning, n_rows, n_cols + align - 1, backward)\n",
+           ("tests/test_device_layer.py::test_held_tiles_of_rows_off_16_bytes_split_through_windows_in_chunks_of_2048_or_more",)),
     # Windows' own padding rule ignored: float32 rows a few columns short of whole chunks halved
     # (v51: softmax 8192x28671 forward 0.91 of copy against 0.96).
     Mutant("window_padding_ignored", "portable_softmax/planner.py",

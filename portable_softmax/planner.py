@@ -102,8 +102,8 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, with a chunk more where the window, up
     to ``align - 1`` columns wider than the row, needs it (``split_planner._windowed``); rows long
-    enough to split (``Tuning.split_min_cols``) that would take a twice-read tile, which has no
-    windows, split through them instead. ``input_bytes``, ``strided``, ``causal`` and
+    enough to split (``Tuning.split_min_cols``) that would take a tile, which has no windows,
+    split through them instead. ``input_bytes``, ``strided``, ``causal`` and
     ``sliceable``: as ``plan_launch`` takes them.
     """
     if input_bytes is None:
@@ -116,28 +116,23 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
                           causal)
     if align == 1 or _direction(backward) not in target.tuning.split_windows:
         return plain
-    if (plain.reread and n_cols >= target.tuning.split_min_cols
-            and _can_split(target, dtype, allow_split, n_cols)):
-        # A twice-read tile has no windows: rows off 16-byte boundaries read an element an
-        # instruction. Split through windows instead (H200, NOTES v51: bf16 backward 8192x32001
-        # 0.56 -> 0.95 of copy, 8192x10001 0.44 -> 0.96, 16384x16383 0.49 -> 0.86; fp32 forward
-        # 8192x10001 0.54 -> 0.88, 16384x16383 0.67 -> 0.87). Held tiles (the bf16 forward of
-        # rows of 8193-16384) keep theirs: split, they read 0.57-0.82 where the tile reads
-        # 0.55-0.65, better or worse by the row (the queue).
-        plain = _split_config(target, target.tuning, n_rows, n_cols, backward)
-        wider = lambda at: _split_config(at, at.tuning, n_rows, n_cols + align - 1, backward)  # noqa: E731
-    elif plain.regime == "split":
-        wider = lambda at: _plain_config(at, n_rows, n_cols + align - 1, dtype, backward,  # noqa: E731
-                                         rows_per_group, allow_split, input_bytes, causal)
-    else:
+    tuning = target.tuning
+    if plain.regime == "tile" and n_cols >= tuning.split_min_cols and _can_split(target, dtype, allow_split, n_cols):
+        # Tiles have no windows: rows off 16-byte boundaries read an element an instruction. Rows
+        # long enough to split do, through windows (H200, NOTES v51, of copy: twice-read tiles,
+        # bf16 backward 8192x32001 0.56 -> 0.95, 8192x10001 0.44 -> 0.96, fp32 forward 8192x10001
+        # 0.54 -> 0.88; held ones, bf16 forward 8192x9000 0.52 -> 0.80, 16384x16383 0.66 -> 0.81).
+        plain = _split_config(target, tuning, n_rows, n_cols, backward)
+    elif plain.regime != "split":
         return plain
-    windowed = wider(target)
-    padding = target.tuning.window_max_padding.get(input_bytes // (2 if backward else 1))
+    # The window's row, up to align - 1 columns longer, in chunks its padding halves no narrower
+    # than ``Tuning.window_min_chunk``; where it needs more chunks than the row alone, nearly all
+    # padding, halved by ``Tuning.window_max_padding`` for its element's bytes.
+    windowed = _split_config(target, tuning, n_rows, n_cols + align - 1, backward, halve_to=tuning.window_min_chunk)
+    padding = tuning.window_max_padding.get(input_bytes // (2 if backward else 1))
     if padding is not None and windowed.chunks > plain.chunks:
-        # The window's few columns more pad a chunk more: its own padding rule, by the bytes of
-        # an element (``Tuning.window_max_padding``).
-        windowed = wider(dataclasses.replace(target, tuning=dataclasses.replace(target.tuning,
-                                                                                split_max_padding=padding)))
+        windowed = _split_config(target, dataclasses.replace(tuning, split_max_padding=padding), n_rows,
+                                 n_cols + align - 1, backward, halve_to=tuning.window_min_chunk)
     return _windowed(plain, windowed, align)
 
 

@@ -129,6 +129,10 @@ class Tuning:
             rows a few columns short of whole chunks keep their chunks of 4096 rather than halve
             them (NOTES v51, H200, the softmax: 8192x28671 forward 0.91 -> 0.96 of copy,
             16384x16383 backward 0.83 -> 0.98); bf16 rows lose by it.
+        window_min_chunk: the narrowest chunk the padding rule halves a row read through windows
+            to (the few-rows narrowing keeps ``split_min_chunk``); 0: ``split_min_chunk``.
+            Chunks of 1024 at one warp read bf16 16384x16383 at 0.61 of copy forward, of 2048
+            0.81 (NOTES v51, H200).
         tile_waves: the tile and loop grids hold at most this many times the resident programs
             (1 = strictly persistent).
         tile_loop_occupancy: per direction ("forward", "backward"): tile kernels that fit
@@ -322,6 +326,7 @@ class Tuning:
     split_min_chunk: int = 1024
     split_max_padding: float = 0.1
     window_max_padding: Mapping[int, float] = field(default_factory=dict)
+    window_min_chunk: int = 0
     tile_waves: int = 4
     tile_loop_occupancy: Mapping[str, int] = field(default_factory=lambda: both_directions(4))
     tile_wave_fill: float = 0.0

@@ -66,7 +66,10 @@ def _windowed(plain: KernelConfig, windowed: KernelConfig, align: int) -> Kernel
 
 
 def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, backward: bool,
-                  per_thread: Optional[int] = None) -> KernelConfig:
+                  per_thread: Optional[int] = None, halve_to: int = 0) -> KernelConfig:
+    """A row's chunks, block, warps and pipeline; the padding rule halves chunks down to
+    ``split_min_chunk``, or ``halve_to`` where wider (rows read through windows,
+    ``Tuning.window_min_chunk``)."""
     record = target.record
     widest = tuning.split_chunk // (2 if backward else 1)
     chunks = _cdiv(n_cols, widest)
@@ -77,7 +80,7 @@ def _split_config(target: Target, tuning: Tuning, n_rows: int, n_cols: int, back
     # The narrowest power of two that still needs no more chunks: odd rows (50257) waste less.
     block_n = next_power_of_2(_cdiv(n_cols, chunks))
     # Halve chunks whose padding still idles too much of the row's programs (50257 in 8K chunks: 12%).
-    while (block_n // 2 >= tuning.split_min_chunk and _cdiv(n_cols, block_n // 2) <= MAX_SPLIT_CHUNKS
+    while (block_n // 2 >= max(tuning.split_min_chunk, halve_to) and _cdiv(n_cols, block_n // 2) <= MAX_SPLIT_CHUNKS
            and 1 - n_cols / (_cdiv(n_cols, block_n) * block_n) > tuning.split_max_padding):
         block_n //= 2
     chunks = _cdiv(n_cols, block_n)

@@ -407,6 +407,11 @@ _CUDA_LOSS_MAX_PADDING = 1.0
 # 0.87 / 0.83 -> 0.94 / 0.98). bf16 rows keep halving (8192x32767 forward 0.82 against 0.78
 # unhalved, 4096x65535 0.85 against 0.80). The H100 takes it unmeasured.
 _CUDA_WINDOW_MAX_PADDING = {4: 1.0}
+# Split rows read through windows halve their chunks to 2048 at the narrowest
+# (``Tuning.window_min_chunk``; NOTES v51, H200, bf16 softmax forward / backward of copy, rows
+# that had been held tiles or twice-read ones: 16384x16383 0.61 / 0.87 -> 0.81 / 0.96, 8192x9000
+# 0.62 / 0.89 -> 0.80 / 0.96, 4096x8193 0.59 / 0.84 -> 0.76 / 0.92). The H100 takes it unmeasured.
+_CUDA_WINDOW_MIN_CHUNK = 2048
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'
 # 3.0; 4096 rows 5.3 -> 5.1, FlagGems' 7.8. The forward's flat form is not measured.
@@ -418,6 +423,7 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       loss_gradient_pipelined=compat.LOSS_GRADIENT_PIPELINES, flat_tiles=frozenset({"backward"}),
                       loss_whole_chunks=_CUDA_LOSS_WHOLE_CHUNKS, loss_window_chunk=_CUDA_LOSS_WINDOW_CHUNK,
                       loss_max_padding=_CUDA_LOSS_MAX_PADDING, window_max_padding=_CUDA_WINDOW_MAX_PADDING,
+                      window_min_chunk=_CUDA_WINDOW_MIN_CHUNK,
                       **_CUDA_LOSS_STREAM)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split

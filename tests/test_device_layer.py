@@ -443,6 +443,23 @@ def test_float32_rows_whose_window_needs_a_chunk_more_keep_their_chunks():
     assert plan_launch(record, 8192, 10001, "float32", align=4).block_n == 2048
 
 
+def test_held_tiles_of_rows_off_16_bytes_split_through_windows_in_chunks_of_2048_or_more():
+    """bf16 forward rows of 8193-16384 columns are held as one tile on CUDA, which has no windows:
+    off 16-byte boundaries they split through windows instead, their padding halving chunks to
+    2048 at the narrowest (``Tuning.window_min_chunk``; NOTES v51, H200, forward / backward of
+    copy: 8192x9000 0.52 / 0.88 -> 0.80 / 0.96, 4096x8193 0.49 / 0.81 -> 0.75 / 0.91). Aligned
+    rows keep the tile; rows too short to split keep theirs."""
+    record = profile_record("h200")
+    for rows, cols in ((8192, 9000), (4096, 8193), (16384, 16383)):
+        forward = plan_launch(record, rows, cols, "float32", align=8, input_bytes=2)
+        backward = plan_launch(record, rows, cols, "float32", backward=True, align=8, input_bytes=4)
+        for plan in (forward, backward):
+            assert plan.regime == "split" and plan.align == 8 and plan.block_n == 2048, (rows, cols)
+    aligned = plan_launch(record, 8192, 16384, "float32", align=1, input_bytes=2)
+    assert aligned.regime == "tile"
+    assert plan_launch(record, 8192, 8191, "float32", align=8, input_bytes=2).regime == "tile"
+
+
 def test_twice_read_tiles_where_the_tuning_table_names_them():
     """H100 (CUDA's table): rows of 16384 read twice for the fp32 forward and the 16-bit backward,
     not for the bf16 forward or fp32 backward, nor for fewer rows than units (those split)."""
