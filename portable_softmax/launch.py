@@ -76,12 +76,11 @@ class _Scratch:
                tiles: int) -> tuple[tuple[torch.Tensor, torch.Tensor], Optional[int]]:
         """Buffers with room for ``slots`` and ``tiles`` on ``stream``, and where they are the
         pool's, the pool's ``generation`` with them (a caller may keep them until it moves), else
-        None. Where they would have to grow
-        while a graph is being captured, the launch's own instead, kept nowhere: taken from the
-        graph's memory pool and filled by kernels the graph holds, so that each replay finds them
-        clean. (``torch.cuda.graph`` captures on a stream of its own, whose buffers a warm-up on
-        another stream never grew: streaming such a capture's rows instead read bf16 4096x53248
-        forward + backward at 0.344 ms against 0.246, NOTES v49.)"""
+        None. Where they would have to grow while a graph is being captured, the launch's own
+        instead, kept nowhere: taken from the graph's memory pool and filled by kernels the graph
+        holds, so that each replay finds them clean. (``torch.cuda.graph`` captures on a stream of
+        its own, whose buffers a warm-up on another stream never grew: streaming such a capture's
+        rows instead read bf16 4096x53248 forward + backward at 0.344 ms against 0.246, NOTES v49.)"""
         key = (device.type, device.index, stream)
         with self._lock:
             found = self._buffers.get(key)
