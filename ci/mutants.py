@@ -384,9 +384,9 @@ MUTANTS = [
     # A capture's own split scratch (from the graph's pool) kept for the stream's later eager
     # launches, which would then share memory the graph replays write.
     Mutant("capture_scratch_kept", "portable_softmax/launch.py",
-           "                return _filled(device, slots, tiles)\n",
+           "                return _filled(device, slots, tiles), None\n",
            "                self._buffers[key] = _filled(device, slots, tiles)\n"
-           "                return self._buffers[key]\n",
+           "                return self._buffers[key], self.generation\n",
            _ids("tests/test_loss.py::test_a_capture_takes_scratch_of_its_own", "cpu")),
     # A capped variant the table lacks estimated afresh though its uncapped row is known.
     Mutant("uncapped_row_ignored", "portable_softmax/launch_plan.py",
