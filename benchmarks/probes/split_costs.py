@@ -119,7 +119,7 @@ def main():
             rows = []
             for name, module in modules.items():
                 launch._kernel_module = lambda backend, module=module: module
-                launch._prepared.clear()
+                launch._records.clear()
                 launch_compile._resources_cache.clear()
                 # Fresh exchange slots: a variant that does not wait may leave them full.
                 launch._scratch = launch._Scratch()
