@@ -142,8 +142,8 @@ def main() -> None:
           f"{len(split_tensors)} tensors", flush=True)
     row("split (a) our record", lambda: split(split_tensors))
     direct = split._direct[0]
-    pool = launch_module._scratch
-    scratch = pool.get(split.device, s, split._slots, split._counters)
+    # The record's own pool (a ticketed or phased plan keeps another than the persistent one).
+    scratch = split._pool.get(split.device, s, split._slots, split._counters)
     full = (*split_tensors, *scratch)
     row("split (a') our direct closure", lambda: direct(s, full))
     args = (*full, *split.scalars)
