@@ -178,14 +178,17 @@ def _plans(n_cols: int) -> str:
     return "; ".join(sorted(set(found)))
 
 
-def _check(x, target) -> tuple[float, float]:
+def _check(x, target, reduction: str = "mean") -> tuple[float, float]:
     """The worst relative errors against torch in float64 of (the loss with the gradient, the
-    loss alone, lse) and of the first rows' gradient."""
+    loss alone, lse) and of the first rows' gradient; 'none' (each row's loss, its gradient
+    formed in the backward from the saved lse) against torch's row losses."""
     import torch
     import torch.nn.functional as F
 
     import portable_softmax
 
+    if reduction == "none":
+        return _check_rows(x, target)
     leaf = x.detach().clone().requires_grad_()
     loss = portable_softmax.cross_entropy(leaf, target)
     loss.backward()
@@ -199,6 +202,28 @@ def _check(x, target) -> tuple[float, float]:
     (F.cross_entropy(head, target[:CHECK_ROWS], reduction="sum") / counted).backward()
     losses = max(_relative_error(loss.detach(), expected / counted), _relative_error(alone, expected / counted),
                  _relative_error(lse[:CHECK_ROWS], torch.logsumexp(head.detach(), 1)))
+    return losses, _relative_error(leaf.grad[:CHECK_ROWS], head.grad)
+
+
+def _check_rows(x, target) -> tuple[float, float]:
+    """``_check`` of reduction='none': the row losses (with and without the gradient) and the
+    first rows' gradient under an incoming gradient of random weights."""
+    import torch
+    import torch.nn.functional as F
+
+    import portable_softmax
+
+    leaf = x.detach().clone().requires_grad_()
+    loss = portable_softmax.cross_entropy(leaf, target, reduction="none")
+    weights = torch.rand(loss.shape, device=x.device, dtype=loss.dtype)
+    loss.backward(weights)
+    with torch.no_grad():
+        alone = portable_softmax.cross_entropy(x, target, reduction="none")
+    expected = torch.cat([F.cross_entropy(x[start:start + 1024].double(), target[start:start + 1024],
+                                          reduction="none") for start in range(0, x.shape[0], 1024)])
+    head = x[:CHECK_ROWS].detach().double().requires_grad_()
+    F.cross_entropy(head, target[:CHECK_ROWS], reduction="none").backward(weights[:CHECK_ROWS].double())
+    losses = max(_relative_error(loss.detach(), expected), _relative_error(alone, expected))
     return losses, _relative_error(leaf.grad[:CHECK_ROWS], head.grad)
 
 
@@ -231,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time each call replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the "
                              "kernels' time without the host's, which sets do_bench's for rows of 0.25-0.4 ms in "
                              "some rounds (NOTES v49)")
+    parser.add_argument("--reduction", default="mean", choices=("mean", "sum", "none"),
+                        help="the loss's reduction ('none': the backward takes a ones gradient)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
@@ -243,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     failed = False
     print(f"cross_entropy sweep on {torch.cuda.get_device_name(device)} (torch {torch.__version__}); fraction of "
-          f"the copy floor (fwd+bwd: 2NVb, fwd: NVb); errors against torch in float64")
+          f"the copy floor (fwd+bwd: 2NVb, fwd: NVb); reduction={args.reduction!r}; errors against torch in float64")
     print(f"{'dtype':9s} {'N x V':>13s} {'setting':18s} {'fwd+bwd ms':>10s} {'floor':>6s} {'fwd ms':>8s} "
           f"{'floor':>6s} {'loss err':>9s} {'grad err':>9s}  plans", flush=True)
     runs = _runs(args)
@@ -255,26 +282,29 @@ def main(argv: list[str] | None = None) -> int:
         target = torch.randint(0, n_cols, (n_rows,), device=device)
         target[::IGNORED_EVERY] = -100
         x = x0.clone().requires_grad_()
+        # The backward's incoming gradient: none for a reduced loss, ones for each row's ('none').
+        incoming = torch.ones(n_rows, device=device, dtype=dtype) if args.reduction == "none" else None
         copy_ms = [triton.testing.do_bench(lambda: x0.clone(), return_mode="median")]
         shape_rows = []
         for _, _, name in (run for run in runs if run[:2] == (dtype_name, (n_rows, n_cols))):
             _apply(SETTINGS[name], device)
             row: dict[str, Any] = {"dtype": dtype_name, "N": n_rows, "V": n_cols, "setting": name,
+                                   "reduction": args.reduction,
                                    **{k: sorted(v) if isinstance(v, frozenset) else v
                                       for k, v in SETTINGS[name].items()}}
             try:
                 if not args.no_check:
-                    row["loss_err"], row["grad_err"] = _check(x0, target)
+                    row["loss_err"], row["grad_err"] = _check(x0, target, args.reduction)
                     if not max(row["loss_err"], row["grad_err"]) <= TOLERANCE[dtype_name]:
                         failed = True
 
                 def step() -> None:
                     x.grad = None
-                    portable_softmax.cross_entropy(x, target).backward()
+                    portable_softmax.cross_entropy(x, target, reduction=args.reduction).backward(incoming)
 
                 def forward() -> None:
                     with torch.no_grad():
-                        portable_softmax.cross_entropy(x0, target)
+                        portable_softmax.cross_entropy(x0, target, reduction=args.reduction)
 
                 if args.graph:
                     row["fwdbwd_ms"] = triton.testing.do_bench_cudagraph(step, return_mode="median")

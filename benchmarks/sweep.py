@@ -47,6 +47,10 @@ VARIANTS = {
     "rows8k_split": dict(row_elements=8192),
     "rows8k_split_min2k": dict(row_elements=8192, split_min_chunk=2048),
     "rows8k_split_pad_off": dict(row_elements=8192, split_max_padding=1.0),
+    # v52: odd rows of 2049-8191 columns (held or twice-read tiles, no windows) split through windows.
+    "odd_split_2k": dict(split_min_cols=2048),
+    # v52: tiles of one row read element by element, as before their windows.
+    "tile_win_off": dict(tile_windows=frozenset()),
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),

@@ -16,6 +16,7 @@ Newer versions than the newest tested (3.9) are not refused: nothing here caps a
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import re
@@ -146,6 +147,7 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
     aligned to 16 bytes, integers divisible by 16), as ``kernel[grid](...)`` does from the values
     it sees; without them the binary is the unaligned, unvectorised one.
     """
+    signature, constexprs = _with_defaults(fn, signature, constexprs)
     names = list(signature)
     if AST_SOURCE_CONSTEXPRS:
         attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
@@ -160,6 +162,22 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
         attrs = AttrsDescriptor.from_hints({names.index(name): 16 for name in divisible_by_16})
     return triton.compiler.ASTSource(fn=fn, signature={k: v for k, v in signature.items() if k not in constexprs},
                                      constants=constants, attrs=attrs)
+
+
+def _with_defaults(fn, signature: dict, constexprs: dict) -> tuple[dict, dict]:
+    """``signature`` and ``constexprs`` with the constexprs they leave out at ``fn``'s defaults,
+    in ``fn``'s parameter order, as ``kernel[grid](...)`` binds them (the tile kernels' windows
+    are named only where taken: ``variants.constexprs``)."""
+    defaults = inspect.signature(fn.fn).parameters
+    missing = {param.name: defaults[param.name].default for param in fn.params
+               if param.is_constexpr and param.name not in signature
+               and defaults[param.name].default is not inspect.Parameter.empty}
+    if not missing:
+        return signature, constexprs
+    order = [param.name for param in fn.params]
+    full = {**signature, **{name: "constexpr" for name in missing}}
+    return {name: full[name] for name in order if name in full}, {**constexprs, **missing}
+
 
 # A compiled kernel's launcher called directly, ``compiled.run(gx, gy, gz, stream, function,
 # packed_metadata, launch_metadata, enter_hook, exit_hook, *every_argument)``, constexprs included,

@@ -33,6 +33,7 @@ from portable_softmax.plan_grid import (VECTOR_BYTES, KernelConfig, LaunchPlan, 
                                         next_power_of_2)
 from portable_softmax.split_planner import _can_split, _no_split_note, _split_config, _windowed, plan_split
 from portable_softmax.strided_planner import _strided_config
+from portable_softmax.tuning import Tuning
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # The divisibility Triton specialises integer arguments on.
@@ -102,8 +103,8 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
     ``align`` (``window_align``) > 1 offers aligned windows; the split path takes them in the
     directions the tuning table's ``split_windows`` names, with a chunk more where the window, up
     to ``align - 1`` columns wider than the row, needs it (``split_planner._windowed``); rows long
-    enough to split (``Tuning.split_min_cols``) that would take a tile, which has no windows,
-    split through them instead. ``input_bytes``, ``strided``, ``causal`` and
+    enough to split (``Tuning.split_min_cols``) that would take a tile split through them instead;
+    tiles of one row take their own (``_tile_window``). ``input_bytes``, ``strided``, ``causal`` and
     ``sliceable``: as ``plan_launch`` takes them.
     """
     if input_bytes is None:
@@ -114,17 +115,17 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
                                sliceable)
     plain = _plain_config(target, n_rows, n_cols, dtype, backward, rows_per_group, allow_split, input_bytes,
                           causal)
-    if align == 1 or _direction(backward) not in target.tuning.split_windows:
-        return plain
     tuning = target.tuning
+    if align == 1 or _direction(backward) not in tuning.split_windows:
+        return _tile_window(tuning, plain, align, dtype, backward, causal)
     if plain.regime == "tile" and n_cols >= tuning.split_min_cols and _can_split(target, dtype, allow_split, n_cols):
-        # Tiles have no windows: rows off 16-byte boundaries read an element an instruction. Rows
-        # long enough to split do, through windows (H200, NOTES v51, of copy: twice-read tiles,
-        # bf16 backward 8192x32001 0.56 -> 0.95, 8192x10001 0.44 -> 0.96, fp32 forward 8192x10001
-        # 0.54 -> 0.88; held ones, bf16 forward 8192x9000 0.52 -> 0.80, 16384x16383 0.66 -> 0.81).
+        # Rows long enough to split read through the split path's windows, not a tile's (H200,
+        # NOTES v51, of copy, against tiles without windows: twice-read, bf16 backward 8192x32001
+        # 0.56 -> 0.95, 8192x10001 0.44 -> 0.96, fp32 forward 8192x10001 0.54 -> 0.88; held, bf16
+        # forward 8192x9000 0.52 -> 0.80, 16384x16383 0.66 -> 0.81).
         plain = _split_config(target, tuning, n_rows, n_cols, backward)
     elif plain.regime != "split":
-        return plain
+        return _tile_window(tuning, plain, align, dtype, backward, causal)
     # The window's row, up to align - 1 columns longer, in chunks its padding halves no narrower
     # than ``Tuning.window_min_chunk``; where it needs more chunks than the row alone, nearly all
     # padding, halved by ``Tuning.window_max_padding`` for its element's bytes.
@@ -134,6 +135,18 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
         windowed = _split_config(target, dataclasses.replace(tuning, split_max_padding=padding), n_rows,
                                  n_cols + align - 1, backward, halve_to=tuning.window_min_chunk)
     return _windowed(plain, windowed, align)
+
+
+def _tile_window(tuning: Tuning, plain: KernelConfig, align: int, dtype: str, backward: bool,
+                 causal: bool) -> KernelConfig:
+    """``plain`` read through aligned windows of ``align`` where it is a tile of one row that the
+    tuning's ``tile_windows`` names (float32 accumulation, not causal: ``kernels/tile_windows.py``):
+    else its rows off 16-byte boundaries are read an element an instruction (H200, NOTES v52, bf16
+    4096x4095 0.75 / 0.68 of copy forward / backward, where 4096x4096 reads 0.94 / 1.11)."""
+    if (align == 1 or plain.regime != "tile" or plain.block_m != 1 or dtype == "float64" or causal
+            or _direction(backward) not in tuning.tile_windows):
+        return plain
+    return dataclasses.replace(plain, align=align)
 
 
 def _plain_config(target: Target, n_rows: int, n_cols: int, dtype: str, backward: bool,
@@ -273,7 +286,8 @@ def plan_launch(target: Target, n_rows: int, n_cols: int, dtype: str, *, backwar
         config = dataclasses.replace(plan.config, flat=True)
         kernel = _resources(resources, target, config, backward, input_bytes)
         plan = _size(target, config, kernel, n_rows, rows_per_group, programs, backward)
-    if (programs is None and plan.regime == "tile" and not plan.reread
+    # Windowed tiles hold one row (taller tiles would read their rows an element an instruction).
+    if (programs is None and plan.regime == "tile" and not plan.reread and plan.align == 1
             and plan.tiles > record.compute_units * plan.occupancy
             and wave_fill(target, plan) < target.tuning.tile_wave_fill):
         plan = _fuller_waves(target, plan, resources, n_rows, n_cols, backward, input_bytes, rows_per_group, narrow)

@@ -229,6 +229,9 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
             per instruction.
+        tile_windows: the directions whose tiles of one row read rows off 16-byte boundaries
+            through aligned windows (``kernels/tile_windows.py``) rather than one element per
+            instruction (float32 accumulation, not causal).
         split_tickets: the directions whose split path may give each item a program that takes
             it by ticket (``kernels.split._split_items``) instead of running a persistent grid: the
             hardware then starts a program wherever one ends, rather than a fixed group of
@@ -346,6 +349,7 @@ class Tuning:
     loss_max_padding: float = 0.0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
+    tile_windows: frozenset[str] = frozenset({"forward", "backward"})
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})
     split_ticket_bytes: int = 131072
     split_ticket_waves: int = 2

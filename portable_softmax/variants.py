@@ -125,6 +125,10 @@ def constexprs(config: Config, facts: CallFacts, phase: Optional[int] = None) ->
         values["ACC_FP64"] = facts.acc_fp64
         if config.regime == "tile":
             values.update(REREAD=config.reread, PER_TILE=config.per_tile, DENSE=dense_level(config))
+            if config.align > 1:
+                # Named only where windows are taken: the kernel's defaults (1, False) leave the
+                # other tiles' compiled variants, and their ``kernel_resources`` keys, as they were.
+                values.update(ALIGN=config.align, SHIFTED=facts.shifted)
     if config.regime in FUSED_REGIMES:
         values.update(SCALE=facts.scale, MASK=facts.mask, CAUSAL=facts.causal)
     return values

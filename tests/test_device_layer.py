@@ -407,10 +407,37 @@ def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):
     assert plan.align == 8 and plan.chunks * plan.block_n >= 50257 + 7 and "aligned windows" in plan.reason
     assert plan_launch(record, 4096, 50257, "float32", backward=True, align=1).align == 1
     assert plan_launch(record, 4096, 50257, "float32", align=8).align == 1
-    assert plan_launch(record, 4096, 1001, "float32", backward=True, align=8).align == 1  # a tile
+    tile = plan_launch(record, 4096, 1001, "float32", backward=True, align=8)
+    assert (tile.regime, tile.align) == ("tile", 8)  # a tile: its own windows (``_tile_window``)
     # 65542 columns through windows: 17 chunks of 4096 where the row alone fills 16.
     edge = plan_launch(record, 64, 65535, "float32", backward=True, align=8)
     assert edge.align == 8 and edge.chunks * edge.block_n >= 65535 + 7
+
+
+def test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_direction(monkeypatch):
+    """Tiles of one row off 16-byte boundaries read through aligned windows (``kernels/tile_windows.py``:
+    bf16 4096x4095 on the H200 read 0.75 / 0.68 of copy unwindowed, NOTES v52), held and twice-read;
+    tiles of several rows, float64 (its edges would be float32), causal rows (their tiles' ladder)
+    and directions the tuning leaves out read element by element. Windowed tiles keep one row: the
+    wave fill's taller tiles would have none."""
+    record = profile_record("h200")
+    held = plan_launch(record, 4096, 4095, "bfloat16", align=8)
+    twice = plan_launch(record, 4096, 4095, "bfloat16", backward=True, align=8)
+    assert (held.regime, held.block_m, held.align, held.reread) == ("tile", 1, 8, False), held.reason
+    assert (twice.regime, twice.block_m, twice.align, twice.reread) == ("tile", 1, 8, True), twice.reason
+    assert "aligned windows of 8" in held.reason
+    short = plan_launch(record, 32768, 255, "bfloat16", align=8)
+    assert short.block_m > 1 and short.align == 1
+    assert plan_launch(record, 4096, 4095, "float64", align=2).align == 1
+    assert plan_launch(record, 4096, 4095, "bfloat16", align=8, causal=True).align == 1
+    assert plan_launch(record, 4096, 4095, "bfloat16", align=1).align == 1
+    # 4096x1025: one row a tile, 10 an SM, where unwindowed the fill took tiles of two rows.
+    filled = plan_launch(record, 4096, 1025, "bfloat16", align=8)
+    assert (filled.block_m, filled.align) == (1, 8), filled.reason
+    key = (record.backend, "*")
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], tile_windows=frozenset({"backward"})))
+    assert plan_launch(record, 4096, 4095, "bfloat16", align=8).align == 1
+    assert plan_launch(record, 4096, 4095, "bfloat16", backward=True, align=8).align == 8
 
 
 def test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windows():

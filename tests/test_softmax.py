@@ -472,6 +472,49 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", [201, 3001])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("reread", [False, True], ids=["held", "reread"])
+def test_tile_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log, reread):
+    """Tiles of one row off 16-byte boundaries, every offset among the rows, read through
+    aligned windows (``kernels/tile_windows.py``) in both directions, held or read twice: each
+    element written from its own row into poisoned outputs, the edges shared with a neighbour's
+    group included; a neighbour's NaN, inf or 1e4 must not leak into a row. Contiguous rows, rows
+    sliced from wider ones (their outputs contiguous: written at the inputs' windows, ``SHIFTED``).
+    On the interpreter rows of 201 (a tile of 256 columns)."""
+    force_regime(monkeypatch, "tile", device)
+    key = (ps.device_info(device)["backend"], "*")
+    twice = {(direction, size): frozenset({256, 4096}) for direction in ("forward", "backward") for size in (2, 4, 8)}
+    monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
+        tuning.TUNING[key], tile_windows=frozenset({"forward", "backward"}),
+        reread_cols=twice if reread else {}))
+    fn = torch.log_softmax if log else torch.softmax
+    theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    if interpreted(device) and cols > 256:
+        pytest.skip("the interpreter's tiles hold 256 columns: rows of 201 stand for both")
+    align = 16 // torch.tensor([], dtype=dtype).element_size()
+    for rows, sliced, width in [(9, False, cols), (11, True, cols)]:
+        padded = torch.randn(rows, width + 5, device=device, dtype=dtype) * 3
+        x = padded[:, :width] if sliced else padded[:, :width].contiguous()
+        x[1], x[2, -1], x[3, 0], x[4, :] = float("nan"), float("inf"), 1e4, -float("inf")
+        y = torch.full_like(x, float("nan"))
+        plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
+        assert (plan.regime, plan.block_m, plan.align) == ("tile", 1, align), plan.reason
+        reference = fn(x.double(), -1)
+        assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
+        finite = reference.isfinite().all(-1)
+        _check(y[finite], fn(x, -1)[finite], reference[finite], dtype)
+        yd = fn(x[finite].double(), -1).to(dtype)
+        dy = torch.randn_like(yd)
+        dx = torch.full_like(yd, float("nan"))
+        plan = launch.run_backward(yd, dy, dx, row_layout.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
+        assert (plan.regime, plan.block_m, plan.align, plan.reread) == ("tile", 1, align, reread), plan.reason
+        xd = x[finite].double().requires_grad_()
+        grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
+        _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fns", FUNCTIONS, ids=FUNCTION_IDS)
 @pytest.mark.parametrize("regime", ["split", "pipelined"])
@@ -679,7 +722,7 @@ def test_cpu_launch_leaves_gpu_compilation_working():
     signature.update({f"{t}_ptr": "*fp32" for t in variants.tensor_names("forward", "tile")},
                      x_col_stride="constexpr", y_col_stride="constexpr", scale_value="fp32")
     config = types.SimpleNamespace(regime="tile", block_m=1, block_n=64, reread=False, per_tile=True, dense=False,
-                                   flat=False)
+                                   flat=False, align=1)
     constexprs = {"x_col_stride": 1, "y_col_stride": 1, **variants.constexprs(config, variants.CallFacts(log=False))}
     signature.update({name: "constexpr" for name in constexprs})
     compiled = triton.compile(compat.ast_source(kernels.softmax_forward_tile, signature, constexprs),

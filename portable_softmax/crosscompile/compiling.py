@@ -225,8 +225,10 @@ def compiled_variant(spec: dict[str, Any]) -> tuple[Any, dict[str, str], list[st
     equal_to_1: list[str] = []
     for param in fn.params:
         if param.is_constexpr:
-            signature[param.name] = "constexpr"
-            constexprs[param.name] = spec["constexprs"][param.name]
+            # One the variant leaves out takes its default (``compat.ast_source``).
+            if param.name in spec["constexprs"]:
+                signature[param.name] = "constexpr"
+                constexprs[param.name] = spec["constexprs"][param.name]
             continue
         kind, flag = next(args)
         signature[param.name] = kind

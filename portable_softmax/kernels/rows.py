@@ -6,6 +6,7 @@ from .common import (LOG2E, _grad, _grad_terms, _lane_columns, _lane_combine, _l
     _normalized, _row_starts, _store, _tile_items, _tile_mask, _tile_rows, _wide)
 from .fused import (_causal_reads, _emptied, _fused_grad, _fused_input, _fused_load_rows, _fused_row_terms,
     _fused_rows, _fused_terms)
+from .tile_windows import _backward_window, _forward_window
 
 
 @_jit
@@ -16,7 +17,13 @@ def softmax_forward_tile(
     scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
     PER_TILE: tl.constexpr, DENSE: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr = 1, SHIFTED: tl.constexpr = False,
 ):
+    # ALIGN > 1: a row off 16-byte boundaries read through its aligned window (``tile_windows.py``;
+    # SHIFTED: its output written at the input's window columns). A default, which leaves the
+    # other tiles' compiled variants (``kernel_resources``' keys) as they were.
+    tl.static_assert(ALIGN == 1 or ((BLOCK_M == 1 and not CAUSAL) and not ACC_FP64),
+                     "windows take one row at a time, not causal, float32 accumulation")
     # REREAD: x is read again (from L2) for the output, and its exponentials computed again,
     # rather than held across the row's sum (see softmax_backward_tile). SCALE, MASK, CAUSAL: the
     # fused variants (_fused_terms); a row the bool mask leaves empty gives 0 (log: -inf).
@@ -31,7 +38,12 @@ def softmax_forward_tile(
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, DENSE)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, DENSE)
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
-        if LADDER:
+        if ALIGN > 1:
+            _forward_window(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols, x_base,
+                            y_base, x_col_stride, y_col_stride, scale_value, n_heads, n_queries, mask_a_stride,
+                            mask_b_stride, mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride,
+                            scale_q_stride, BLOCK_N, LOG, REREAD, SCALE, MASK, ALIGN, SHIFTED)
+        elif LADDER:
             _, query = _fused_rows(outer, rows, rows_per_outer, n_heads, n_queries, 0, 0, 0)
             reach = tl.max(tl.where(row_mask, query, 0), 0) + 1
             if reach <= BLOCK_N // 4:
@@ -211,7 +223,11 @@ def softmax_backward_tile(
     scale_a_stride, scale_b_stride, scale_q_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr, REREAD: tl.constexpr,
     PER_TILE: tl.constexpr, DENSE: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr = 1, SHIFTED: tl.constexpr = False,
 ):
+    # ALIGN, SHIFTED: as softmax_forward_tile's.
+    tl.static_assert(ALIGN == 1 or ((BLOCK_M == 1 and not CAUSAL) and not ACC_FP64),
+                     "windows take one row at a time, not causal, float32 accumulation")
     # REREAD: y and dy are read again for dx rather than held across the row's sum. The second
     # read finds them in L2 (the first asked it to keep them), and the tile's registers hold one
     # use at a time: half as many, so that wide programs stay resident in numbers (torch.compile's
@@ -225,19 +241,26 @@ def softmax_backward_tile(
         y_base = _row_starts(outer, rows, y_outer_stride, y_row_stride, DENSE)
         dy_base = _row_starts(outer, rows, dy_outer_stride, dy_row_stride, DENSE)
         dx_base = _row_starts(outer, rows, dx_outer_stride, dx_row_stride, DENSE)
-        mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
-        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
-        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
-        row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
-        if REREAD:
-            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "evict_first")
-            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
-                       "evict_first")
-        dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
-                         mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                         mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
-                         SCALE, MASK, CAUSAL)
-        _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
+        if ALIGN > 1:
+            _backward_window(y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, rows_per_outer, n_cols,
+                             y_base, dy_base, dx_base, y_col_stride, dy_col_stride, dx_col_stride, scale_value,
+                             n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                             scale_a_stride, scale_b_stride, scale_q_stride, BLOCK_N, LOG, REREAD, SCALE, MASK, ALIGN,
+                             SHIFTED)
+        else:
+            mask = _tile_mask(row_mask, cols, n_cols, BLOCK_N, DENSE)
+            y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, keep)
+            dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64, keep)
+            row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)
+            if REREAD:
+                y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, ACC_FP64, "evict_first")
+                dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, ACC_FP64,
+                           "evict_first")
+            dx = _fused_grad(_grad(y, dy, row_sum[:, None], LOG), outer, rows, row_mask, rows_per_outer, cols, mask,
+                             mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                             mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride,
+                             SCALE, MASK, CAUSAL)
+            _store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx)
 
 
 @_jit
