@@ -141,13 +141,12 @@ AST_SOURCE_CONSTEXPRS = TRITON_VERSION >= Version("3.3")
 
 
 def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
-    """An ASTSource for ``fn`` with ``signature`` ({name: type or "constexpr"}) and constexpr values.
-
-    ``divisible_by_16`` names the arguments a launch would specialise as multiples of 16 (pointers
-    aligned to 16 bytes, integers divisible by 16), as ``kernel[grid](...)`` does from the values
-    it sees; without them the binary is the unaligned, unvectorised one.
-    """
-    signature, constexprs = _with_defaults(fn, signature, constexprs)
+    """An ASTSource for ``fn`` with ``signature`` ({name: type or "constexpr"}) and constexpr values,
+    ``divisible_by_16`` specialised as ``kernel[grid](...)`` would from the values it sees (pointers
+    aligned to 16 bytes, integers divisible by 16; without, the unaligned, unvectorised binary)."""
+    # Constexprs left out at their defaults, in ``fn``'s parameter order (``attrs`` are positional).
+    constexprs = {**{k: v for k, v in constexpr_defaults(fn).items() if k not in signature}, **constexprs}
+    signature = {p.name: signature.get(p.name, "constexpr") for p in fn.params if p.name in {**signature, **constexprs}}
     names = list(signature)
     if AST_SOURCE_CONSTEXPRS:
         attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
@@ -164,19 +163,12 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
                                      constants=constants, attrs=attrs)
 
 
-def _with_defaults(fn, signature: dict, constexprs: dict) -> tuple[dict, dict]:
-    """``signature`` and ``constexprs`` with the constexprs they leave out at ``fn``'s defaults,
-    in ``fn``'s parameter order, as ``kernel[grid](...)`` binds them (the tile kernels' windows
-    are named only where taken: ``variants.constexprs``)."""
-    defaults = inspect.signature(fn.fn).parameters
-    missing = {param.name: defaults[param.name].default for param in fn.params
-               if param.is_constexpr and param.name not in signature
-               and defaults[param.name].default is not inspect.Parameter.empty}
-    if not missing:
-        return signature, constexprs
-    order = [param.name for param in fn.params]
-    full = {**signature, **{name: "constexpr" for name in missing}}
-    return {name: full[name] for name in order if name in full}, {**constexprs, **missing}
+def constexpr_defaults(fn) -> dict:
+    """The defaults of jit function ``fn``'s constexprs that have one, which ``kernel[grid](...)``
+    binds where a launch leaves them out (the tile kernels' windows: ``variants.constexprs``)."""
+    parameters = inspect.signature(fn.fn).parameters
+    return {p.name: parameters[p.name].default for p in fn.params
+            if p.is_constexpr and parameters[p.name].default is not inspect.Parameter.empty}
 
 
 # A compiled kernel's launcher called directly, ``compiled.run(gx, gy, gz, stream, function,
@@ -187,8 +179,7 @@ DIRECT_LAUNCH = TRITON_VERSION >= Version("3.6")
 
 
 def stream_getter(device) -> Callable[[], int]:
-    """A function returning the raw current stream of ``device`` (a torch.device with an index),
-    as Triton's launch reads it."""
+    """The raw current stream of ``device`` (a torch.device with an index), as Triton reads it."""
     return functools.partial(triton.runtime.driver.active.get_current_stream, device.index)
 
 
@@ -229,7 +220,8 @@ def direct_launcher(kernel, args: tuple, programs: int, constexprs: dict, option
     compiled = kernel.warmup(*args, grid=(programs,), **constexprs, **options)
     compiled._init_handles()
     values = iter(args[dynamic:])
-    tail = tuple(constexprs[p.name] if p.is_constexpr else next(values) for p in kernel.params[dynamic:])
+    bound = {**constexpr_defaults(kernel), **constexprs}
+    tail = tuple(bound[p.name] if p.is_constexpr else next(values) for p in kernel.params[dynamic:])
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     c_launch = _c_launch(run)
     if c_launch is not None:

@@ -40,7 +40,7 @@ TARGET_CONSTEXPRS = frozenset({"DEPENDENT"})
 # of one that differs from it only in these (or in its arguments' specialisation: another shape),
 # a nearer guess than an estimate.
 FORM_CONSTEXPRS = frozenset({"LOG", "SCALE", "MASK", "CAUSAL", "WEIGHT", "PROB_TARGET", "SMOOTHING", "Z_LOSS",
-                             "SOFTCAP"})
+                             "SOFTCAP", "COUNTED", "SUMMED"})
 # Constexprs that count a split row's chunks: rows of another length, cut into chunks of the same
 # block at the same warps and options, hold nearly the same registers (sm_90, bf16 chunks of 8192
 # at 4 warps under a cap of 128: 127 in rows of 4 chunks, 128 in rows of 7, NOTES v48), a far
@@ -116,6 +116,11 @@ def _near_keys(key: str) -> tuple[str, ...]:
             " ".join([kernel, pointer, *bare, "|", options]))
 
 
+def _form(key: str) -> frozenset[str]:
+    """The ``FORM_CONSTEXPRS`` of ``key`` with their values ("LOG=1", ...)."""
+    return frozenset(c for c in key.partition(" | ")[0].split(" ") if c.partition("=")[0] in FORM_CONSTEXPRS)
+
+
 @dataclass(frozen=True)
 class ResourceTable:
     """The known variants of one target and Triton version, by ``variant_key``.
@@ -140,23 +145,26 @@ class ResourceTable:
         return self.rows.get(key)
 
     def nearest(self, key: str) -> Optional[KernelResources]:
-        """The row of ``key``, else of its nearest neighbours (``_near_keys``) the one that holds
-        the most registers, else None."""
+        """The row of ``key``, else of its nearest neighbours (``_near_keys``) the one whose form
+        differs from ``key``'s in the fewest ``FORM_CONSTEXPRS`` and, among those, holds the most
+        registers; else None. (By registers alone, the loss's 'sum' took the every-option form's
+        row, 80 spilled words at 2 warps where its own binary spills none: twice the warps, 4
+        programs an SM where 'mean' runs 10, 0.430 ms against 0.252, H200 bf16 4096x50257, NOTES v52.)"""
         found = self.rows.get(key)
         if found is not None:
             return found
+        form = _form(key)
         for level, near in zip(self._neighbours, _near_keys(key)):
             if near in level:
-                return level[near]
+                return min(level[near], key=lambda row: (len(form ^ row[0]), -row[1].registers))[1]
         return None
 
     @functools.cached_property
-    def _neighbours(self) -> tuple[dict[str, KernelResources], ...]:
-        levels: tuple[dict[str, KernelResources], ...] = ({}, {}, {}, {}, {})
+    def _neighbours(self) -> tuple[dict[str, list[tuple[frozenset[str], KernelResources]]], ...]:
+        levels: tuple[dict[str, list[tuple[frozenset[str], KernelResources]]], ...] = ({}, {}, {}, {}, {})
         for key, row in self.rows.items():
             for level, near in zip(levels, _near_keys(key)):
-                if near not in level or row.registers > level[near].registers:
-                    level[near] = row
+                level.setdefault(near, []).append((_form(key), row))
         return levels
 
     def to_json(self) -> str:

@@ -457,16 +457,18 @@ def test_the_tables_hold_every_variant_their_cases_weigh(table):
     assert not missing, f"{len(missing)} variants weighed but not in the table, e.g. {sorted(missing)[:3]}"
 
 
-def _h200_loss_plan(table: ResourceTable, rows: int, cols: int, dtype: str = "bfloat16"):
-    """The H200's plan of a 'mean' cross-entropy that writes its gradient, from ``table`` alone
-    (as ``portable-softmax warmup --profile h200`` plans): (plan, launched variants)."""
+def _h200_loss_plan(table: ResourceTable, rows: int, cols: int, dtype: str = "bfloat16", counted: bool = True,
+                    align: int = 1):
+    """The H200's plan of a 'mean' cross-entropy that writes its gradient (without ``counted``: a
+    'sum'), from ``table`` alone (as ``portable-softmax warmup --profile h200`` plans), its rows
+    read through windows of ``align``: (plan, launched variants)."""
     target = target_for(H200)
     strides = tuple((0, cols, 1) if name in ("x", "grad") else (0, 1, 0)
                     for name in variants.loss_row_tensors("forward"))
     facts = variants.LossFacts(acc_fp64=False, write_grad=True, wait_atomic=target.tuning.split_wait_atomic,
-                               counted=True, summed=True)
+                               counted=counted, summed=True)
     size = 2 if dtype == "bfloat16" else 4
-    call = launch_plan.LossCall("forward", RowView(1, rows, cols, strides), facts, (-100,), size, True, 1,
+    call = launch_plan.LossCall("forward", RowView(1, rows, cols, strides), facts, (-100,), size, True, align,
                                 H200.cooperative_launch)
     known = launch_plan.known_resources(target, table, dtype, True, size)
     return launch_plan.plan_cross_entropy(target, call, known, known)
@@ -555,3 +557,17 @@ def test_cuda_loss_rows_a_few_columns_short_of_whole_chunks_take_windows_unhalve
     of 2048 (``Tuning.loss_max_padding``; 8192x28671 0.402 -> 0.293)."""
     plan = _h200_forward_plan(8192, cols)
     assert plan.align > 1 and (plan.block_n, plan.chunks, plan.num_warps) == (4096, chunks, 2)
+
+
+@pytest.mark.parametrize("table", [t for t in _shipped() if t.backend == "cuda"],
+                         ids=lambda t: f"{t.backend}-{t.arch}-triton-{t.triton}")
+def test_a_sum_the_table_lacks_is_planned_as_the_mean_not_as_every_option(table):
+    """A reduced 'sum' (the grid sums the loss, counts nothing) has no row of its own: its nearest
+    form is the 'mean''s, one constexpr apart, not the every-option form's, whose 80 spilled words
+    at 2 warps once sent it to 4 warps and 4 programs an SM where the 'mean' runs 10 (H200, bf16
+    4096x50257: 0.430 ms against 0.252 forward + backward, NOTES v52)."""
+    for rows, cols, align in ((4096, 50257, 8), (8192, 32000, 1), (4096, 151936, 1)):
+        mean, _ = _h200_loss_plan(table, rows, cols, align=align)
+        total, _ = _h200_loss_plan(table, rows, cols, counted=False, align=align)
+        assert (total.regime, total.num_warps, total.occupancy, total.programs) == (
+            mean.regime, mean.num_warps, mean.occupancy, mean.programs), (total.reason, mean.reason)
