@@ -229,9 +229,15 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
             per instruction.
-        tile_windows: the directions whose tiles of one row read rows off 16-byte boundaries
-            through aligned windows (``kernels/tile_windows.py``) rather than one element per
-            instruction (float32 accumulation, not causal).
+        tile_windows: per (direction, bytes a column reads, as ``reread_cols``), whether tiles of
+            one row read rows off 16-byte boundaries through aligned windows
+            (``kernels/tile_windows.py``) rather than one element per instruction (float32
+            accumulation, not causal); off where absent.
+        window_tile_elements_per_thread: sets num_warps for such a tile (held or read twice);
+            0: the tile's own.
+        window_split_cols: per (direction, bytes a column reads, as ``reread_cols``), the
+            shortest rows off 16-byte boundaries that split through windows where they would take
+            a tile; absent: ``split_min_cols``.
         split_tickets: the directions whose split path may give each item a program that takes
             it by ticket (``kernels.split._split_items``) instead of running a persistent grid: the
             hardware then starts a program wherever one ends, rather than a fixed group of
@@ -349,7 +355,9 @@ class Tuning:
     loss_max_padding: float = 0.0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    tile_windows: frozenset[str] = frozenset({"forward", "backward"})
+    tile_windows: frozenset[tuple[str, int]] = frozenset()
+    window_tile_elements_per_thread: int = 0
+    window_split_cols: Mapping[tuple[str, int], int] = field(default_factory=dict)
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})
     split_ticket_bytes: int = 131072
     split_ticket_waves: int = 2

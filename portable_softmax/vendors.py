@@ -412,6 +412,19 @@ _CUDA_WINDOW_MAX_PADDING = {4: 1.0}
 # that had been held tiles or twice-read ones: 16384x16383 0.61 / 0.87 -> 0.81 / 0.96, 8192x9000
 # 0.62 / 0.89 -> 0.80 / 0.96, 4096x8193 0.59 / 0.84 -> 0.76 / 0.92). The H100 takes it unmeasured.
 _CUDA_WINDOW_MIN_CHUNK = 2048
+# bf16 and fp16 tiles of one row off 16-byte boundaries read through aligned windows at 32
+# elements a thread (``Tuning.tile_windows``, ``window_tile_elements_per_thread``), and their
+# backward rows of 2048 columns or more split through the split path's windows
+# (``window_split_cols``). NOTES v52, H200, one A/B run, bf16 forward / backward of copy, element
+# by element -> windows: 4096x4095 0.79 / 0.70 -> 0.96 / 0.86, 16384x3001 0.74 / 0.53 -> 0.90 /
+# 0.91, 8192x2049 0.58 / 0.53 -> 0.71 / 0.78, 4096x6001 0.62 / 0.82 -> 0.81 / 0.94, 4096x8191 0.68
+# / 0.80 -> 0.90 / 0.90, 4096x1025 0.67 / 0.91 -> 0.78 / 1.05, 32768x1023 0.81 / 0.89 -> 0.97 /
+# 1.01, 8192x2047 0.80 / 0.90 -> 0.95 / 1.01; aligned rows level. At the tiles' own warps the
+# windows' edges (two reductions more across 8-16 warps) lost forward (16384x3001 0.64), and
+# windowed twice-read backward tiles read 0.46-0.77. float32 rows level or lower through windows
+# (4096x781 1.01 -> 0.94): not taken. The H100 takes it unmeasured.
+_CUDA_TILE_WINDOWS = dict(tile_windows=frozenset({("forward", 2), ("backward", 4)}),
+                          window_tile_elements_per_thread=32, window_split_cols={("backward", 4): 2048})
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'
 # 3.0; 4096 rows 5.3 -> 5.1, FlagGems' 7.8. The forward's flat form is not measured.
@@ -424,7 +437,7 @@ CUDA_TUNING = replace(Tuning(), split_pipelined=frozenset({"forward", "backward"
                       loss_whole_chunks=_CUDA_LOSS_WHOLE_CHUNKS, loss_window_chunk=_CUDA_LOSS_WINDOW_CHUNK,
                       loss_max_padding=_CUDA_LOSS_MAX_PADDING, window_max_padding=_CUDA_WINDOW_MAX_PADDING,
                       window_min_chunk=_CUDA_WINDOW_MIN_CHUNK,
-                      **_CUDA_LOSS_STREAM)
+                      **_CUDA_LOSS_STREAM, **_CUDA_TILE_WINDOWS)
 # No residency on Ascend: long rows stream through the unified buffer in 8K chunks; one program per
 # vector core. The loss's forward alone streams too: triton-ascend 3.2.0 does not lower its split
 # kernel by arrival (PHASE 3: `triton-adapter-opt` exits 1 at the reduction's linalg.yield,

@@ -407,52 +407,61 @@ def test_split_windows_where_the_tuning_table_takes_them(monkeypatch):
     assert plan.align == 8 and plan.chunks * plan.block_n >= 50257 + 7 and "aligned windows" in plan.reason
     assert plan_launch(record, 4096, 50257, "float32", backward=True, align=1).align == 1
     assert plan_launch(record, 4096, 50257, "float32", align=8).align == 1
-    tile = plan_launch(record, 4096, 1001, "float32", backward=True, align=8)
-    assert (tile.regime, tile.align) == ("tile", 8)  # a tile: its own windows (``_tile_window``)
+    assert plan_launch(record, 4096, 1001, "float32", backward=True, align=8).align == 1  # a float32 tile
     # 65542 columns through windows: 17 chunks of 4096 where the row alone fills 16.
     edge = plan_launch(record, 64, 65535, "float32", backward=True, align=8)
     assert edge.align == 8 and edge.chunks * edge.block_n >= 65535 + 7
 
 
-def test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_direction(monkeypatch):
-    """Tiles of one row off 16-byte boundaries read through aligned windows (``kernels/tile_windows.py``:
-    bf16 4096x4095 on the H200 read 0.75 / 0.68 of copy unwindowed, NOTES v52), held and twice-read;
-    tiles of several rows, float64 (its edges would be float32), causal rows (their tiles' ladder)
-    and directions the tuning leaves out read element by element. Windowed tiles keep one row: the
-    wave fill's taller tiles would have none."""
+def test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form(monkeypatch):
+    """bf16 tiles of one row off 16-byte boundaries read through aligned windows (``kernels/tile_windows.py``:
+    H200 4096x4095 0.79 of copy forward unwindowed, 0.96 through them, NOTES v52) at the tuning's
+    elements a thread (CUDA: 32, 4 warps a row of 4096), held and twice-read, where the tuning
+    names their direction and the bytes a column reads (CUDA: not float32's, level or lower
+    there). Tiles of several rows, float64 (its edges would be float32) and causal rows (their
+    tiles' ladder) read element by element. Windowed tiles keep one row: the wave fill's taller
+    tiles would have none. CUDA's bf16 backward rows of 2048 or more split through windows
+    (``Tuning.window_split_cols``)."""
     record = profile_record("h200")
     held = plan_launch(record, 4096, 4095, "bfloat16", align=8)
-    twice = plan_launch(record, 4096, 4095, "bfloat16", backward=True, align=8)
-    assert (held.regime, held.block_m, held.align, held.reread) == ("tile", 1, 8, False), held.reason
-    assert (twice.regime, twice.block_m, twice.align, twice.reread) == ("tile", 1, 8, True), twice.reason
+    assert (held.regime, held.block_m, held.align, held.num_warps) == ("tile", 1, 8, 4), held.reason
     assert "aligned windows of 8" in held.reason
-    short = plan_launch(record, 32768, 255, "bfloat16", align=8)
-    assert short.block_m > 1 and short.align == 1
+    split = plan_launch(record, 4096, 4095, "bfloat16", backward=True, align=8)
+    assert (split.regime, split.align) == ("split", 8), split.reason
+    short = plan_launch(record, 4096, 2047, "bfloat16", backward=True, align=8)
+    assert (short.regime, short.align, short.num_warps) == ("tile", 8, 2), short.reason
+    assert plan_launch(record, 4096, 4095, "float32", align=4).align == 1
+    assert plan_launch(record, 4096, 4095, "float32", backward=True, align=4).align == 1
+    assert plan_launch(record, 32768, 255, "bfloat16", align=8).align == 1  # tiles of several rows
     assert plan_launch(record, 4096, 4095, "float64", align=2).align == 1
     assert plan_launch(record, 4096, 4095, "bfloat16", align=8, causal=True).align == 1
     assert plan_launch(record, 4096, 4095, "bfloat16", align=1).align == 1
-    # 4096x1025: one row a tile, 10 an SM, where unwindowed the fill took tiles of two rows.
+    # 4096x1025: one row a tile, where unwindowed the fill took tiles of two rows.
     filled = plan_launch(record, 4096, 1025, "bfloat16", align=8)
     assert (filled.block_m, filled.align) == (1, 8), filled.reason
     key = (record.backend, "*")
-    monkeypatch.setitem(TUNING, key, replace(TUNING[key], tile_windows=frozenset({"backward"})))
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], reread_cols={("forward", 2): frozenset({4096})}))
+    reread = plan_launch(record, 4096, 4095, "bfloat16", align=8)
+    assert (reread.regime, reread.align, reread.reread, reread.num_warps) == ("tile", 8, True, 4), reread.reason
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], reread_cols={}, tile_windows=frozenset({("backward", 4)})))
     assert plan_launch(record, 4096, 4095, "bfloat16", align=8).align == 1
-    assert plan_launch(record, 4096, 4095, "bfloat16", backward=True, align=8).align == 8
+    assert plan_launch(record, 4096, 2047, "bfloat16", backward=True, align=8).align == 8
 
 
 def test_rows_off_16_bytes_that_a_twice_read_tile_would_take_split_through_windows():
     """bf16 backward rows of 16385-32768 columns take the twice-read tile on CUDA, which has no
     windows: rows off 16-byte boundaries (32001, Llama's vocabulary and a token) would be read an
     element an instruction (H200: 8192x32001 0.56 of copy; split through windows 0.95, NOTES v51).
-    Aligned rows keep the tile, and so do rows too short to split."""
+    Aligned rows keep the tile, and so do rows shorter than the tuning's ``window_split_cols``
+    (CUDA's bf16 backward: 2048)."""
     record = profile_record("h200")
     for rows, cols in ((8192, 32001), (16384, 16385), (1024, 32001)):
         odd = plan_launch(record, rows, cols, "bfloat16", backward=True, align=8)
         assert odd.regime == "split" and odd.align == 8 and odd.chunks * odd.block_n >= cols + 7, (rows, cols)
     aligned = plan_launch(record, 8192, 32000, "bfloat16", backward=True, align=1)
     assert aligned.regime == "tile" and aligned.reread
-    short = plan_launch(record, 8192, 4095, "bfloat16", backward=True, align=8)
-    assert short.regime == "tile" and short.reread
+    short = plan_launch(record, 8192, 2047, "bfloat16", backward=True, align=8)
+    assert (short.regime, short.align) == ("tile", 8)  # a held tile's windows
 
 
 def test_float32_rows_whose_window_needs_a_chunk_more_keep_their_chunks():

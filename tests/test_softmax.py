@@ -473,7 +473,7 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("cols", [201, 3001])
+@pytest.mark.parametrize("cols", [201, 255, 3001, 4095])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("reread", [False, True], ids=["held", "reread"])
 def test_tile_rows_off_alignment_through_windows(device, monkeypatch, dtype, cols, log, reread):
@@ -482,13 +482,15 @@ def test_tile_rows_off_alignment_through_windows(device, monkeypatch, dtype, col
     element written from its own row into poisoned outputs, the edges shared with a neighbour's
     group included; a neighbour's NaN, inf or 1e4 must not leak into a row. Contiguous rows, rows
     sliced from wider ones (their outputs contiguous: written at the inputs' windows, ``SHIFTED``).
-    On the interpreter rows of 201 (a tile of 256 columns)."""
+    Rows a column short of the block (255, 4095): their windows' last edges lie past it. On the
+    interpreter rows of 201 and 255 (a tile of 256 columns)."""
     force_regime(monkeypatch, "tile", device)
     key = (ps.device_info(device)["backend"], "*")
-    twice = {(direction, size): frozenset({256, 4096}) for direction in ("forward", "backward") for size in (2, 4, 8)}
+    forms = [(direction, size) for direction in ("forward", "backward") for size in (2, 4, 8)]
+    # Tiles, not CUDA's split rows (``window_split_cols``), at the tuning's warps and at 32 a thread.
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
-        tuning.TUNING[key], tile_windows=frozenset({"forward", "backward"}),
-        reread_cols=twice if reread else {}))
+        tuning.TUNING[key], tile_windows=frozenset(forms), window_split_cols={},
+        reread_cols={form: frozenset({256, 4096}) for form in forms} if reread else {}))
     fn = torch.log_softmax if log else torch.softmax
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     if interpreted(device) and cols > 256:

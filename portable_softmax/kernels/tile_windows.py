@@ -1,23 +1,20 @@
 """A tile of one row off 16-byte boundaries, read through its aligned window (``windows.py``): the
 tile kernels' ``ALIGN`` > 1 (``rows.py``). A bf16 row of 4095 columns held as one tile was read
-and written an element an instruction: 0.75 of copy forward and 0.66 backward on the H200 where
+and written an element an instruction: 0.75 of copy forward and 0.68 backward on the H200 where
 4096 columns read 0.94 and 1.11 (NOTES v52). Through the window, the row's whole ALIGN-element
-groups move as vectors under a mask constant over each group (``windows._chunk_mask``), and its
-at most 2 * (ALIGN - 1) edge elements, which share a group with a neighbouring row, are loaded and
-stored in place, in the same block, under a mask that holds only at them: each thread's
-instructions for the other elements are predicated off and move nothing. So the row's maximum
-and sums stay one reduction each. (Edges in a small block of their own, as the split kernels'
-chunks take them, cost two reductions more, each across the program's warps: 4096x4095 read 0.78
-/ 0.77 so, 0.99 / 1.12 without the edges, NOTES v52.)
+groups move as vectors under a mask constant over each group, and its at most 2 * (ALIGN - 1)
+edge elements (``windows._row_edges``) travel in a small block of their own that joins the row's
+maximum and sums and is stored apart: a split row's single chunk, without the exchange.
 
 The window's bulk fits the tile's block: its last whole group ends at or before
 ``ceil(n_cols / ALIGN) * ALIGN``, which is no wider than the block (a power of two, at least
-ALIGN, at least ``n_cols``). One row a tile (``BLOCK_M`` 1), float32 accumulation, no causal
-ladder: the planner offers windows to those tiles alone (``planner._tile_window``)."""
+ALIGN, at least ``n_cols``). One row a tile (``BLOCK_M`` 1), float32 accumulation (the edges are
+float32), no causal ladder: the planner offers windows to those tiles alone
+(``planner.select_config``)."""
 from .jit import _jit, _language, tl  # noqa: F401 (_language: see jit.py)
-from .common import LOG2E, _grad, _grad_terms, _load, _normalized, _store
+from .common import LOG2E, _grad, _grad_terms, _load, _normalized
 from .fused import _emptied, _fused_grad, _fused_input, _fused_terms
-from .windows import _chunk_mask, _output_window, _window_start, _window_store
+from .windows import _chunk_mask, _edge_load, _edge_store, _output_window, _row_edges, _window_start, _window_store
 
 
 @_jit
@@ -32,30 +29,39 @@ def _forward_window(x_ptr, y_ptr, mask_ptr, scale_ptr, outer, rows, row_mask, ro
     cols = tl.arange(0, BLOCK_N)[None, :]
     x_base = _window_start(x_row, ALIGN)
     lead = (x_row - x_base).to(tl.int32)
-    groups, edges, inside = _window_masks(cols, lead, n_cols, row_mask, ALIGN)
+    mask = _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
     y_base = _output_window(y_row, lead, ALIGN, SHIFTED)
-    x = _window_load(x_ptr, x_base, cols, x_col_stride, groups, edges, -float("inf"), y_ptr.dtype.element_ty,
-                     "evict_last" if REREAD else "")
-    x = _fused(x, cols - lead[:, None], inside, outer, rows, row_mask, rows_per_outer, n_cols, mask_ptr, scale_ptr,
+    keep: tl.constexpr = "evict_last" if REREAD else ""
+    x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False, keep)
+    x = _fused(x, cols - lead[:, None], mask, outer, rows, row_mask, rows_per_outer, n_cols, mask_ptr, scale_ptr,
                scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
                scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK)
-    row_max = tl.max(x, 1)
+    first = tl.sum(lead, 0)
+    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+    x_edge = _edge_load(x_ptr, x_base, edge, edge_mask, -float("inf"), y_ptr.dtype.element_ty)[None, :]
+    x_edge = _fused(x_edge, (edge - first)[None, :], edge_mask[None, :], outer, rows, row_mask, rows_per_outer,
+                    n_cols, mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
+                    mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK)
+    row_max = tl.maximum(tl.max(x, 1), tl.max(x_edge, 1))
     z = x - row_max[:, None]
-    e = tl.exp2(z * LOG2E)
-    total = tl.sum(e, 1)
+    z_edge = x_edge - row_max[:, None]
+    e_edge = tl.exp2(z_edge * LOG2E)
+    total = tl.sum(tl.exp2(z * LOG2E), 1) + tl.sum(e_edge, 1)
     if REREAD:
-        # As the held tile's twice-read form: read again (from L2) rather than held across the sum.
-        x = _window_load(x_ptr, x_base, cols, x_col_stride, groups, edges, -float("inf"), y_ptr.dtype.element_ty,
-                         "evict_first")
-        x = _fused(x, cols - lead[:, None], inside, outer, rows, row_mask, rows_per_outer, n_cols, mask_ptr,
-                   scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
-                   mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK)
+        # As the held tile's twice-read form: the bulk read again (from L2) rather than held
+        # across the row's sum; the edges are a few registers, held.
+        x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), y_ptr.dtype.element_ty, False,
+                  "evict_first")
+        x = _fused(x, cols - lead[:, None], mask, outer, rows, row_mask, rows_per_outer, n_cols, mask_ptr, scale_ptr,
+                   scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                   scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK)
         z = x - row_max[:, None]
-        e = tl.exp2(z * LOG2E)
-    out = _emptied(_normalized(z, e, (1.0 / total)[:, None], -tl.log(total)[:, None], LOG), row_max[:, None], LOG,
-                   MASK)
-    _window_store(y_ptr, y_base, cols, y_col_stride, groups, out, lead, n_cols, row_mask, 0, BLOCK_N, ALIGN, SHIFTED)
-    _store(y_ptr, y_base, cols, y_col_stride, edges, out)
+    scale = (1.0 / total)[:, None]
+    shift = -tl.log(total)[:, None]
+    out = _emptied(_normalized(z, tl.exp2(z * LOG2E), scale, shift, LOG), row_max[:, None], LOG, MASK)
+    _window_store(y_ptr, y_base, cols, y_col_stride, mask, out, lead, n_cols, row_mask, 0, BLOCK_N, ALIGN, SHIFTED)
+    out_edge = _emptied(_normalized(z_edge, e_edge, scale, shift, LOG), row_max[:, None], LOG, MASK)
+    _edge_store(y_ptr, y_base, edge, edge_mask, tl.sum(out_edge, 0))
 
 
 @_jit
@@ -71,42 +77,29 @@ def _backward_window(y_ptr, dy_ptr, dx_ptr, mask_ptr, scale_ptr, outer, rows, ro
     cols = tl.arange(0, BLOCK_N)[None, :]
     y_base = _window_start(y_row, ALIGN)
     lead = (y_row - y_base).to(tl.int32)
-    groups, edges, inside = _window_masks(cols, lead, n_cols, row_mask, ALIGN)
+    mask = _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
     dy_base = _window_start(dy_row, ALIGN)
     dx_base = _output_window(dx_row, lead, ALIGN, SHIFTED)
     keep: tl.constexpr = "evict_last" if REREAD else ""
-    y = _window_load(y_ptr, y_base, cols, y_col_stride, groups, edges, 0.0, y_ptr.dtype.element_ty, keep)
-    dy = _window_load(dy_ptr, dy_base, cols, dy_col_stride, groups, edges, 0.0, dy_ptr.dtype.element_ty, keep)
-    row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)[:, None]
+    y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, keep)
+    dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, keep)
+    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+    y_edge = _edge_load(y_ptr, y_base, edge, edge_mask, 0.0, y_ptr.dtype.element_ty)[None, :]
+    dy_edge = _edge_load(dy_ptr, dy_base, edge, edge_mask, 0.0, dy_ptr.dtype.element_ty)[None, :]
+    row_sum = (tl.sum(_grad_terms(y, dy, LOG), 1) + tl.sum(_grad_terms(y_edge, dy_edge, LOG), 1))[:, None]
     if REREAD:
-        y = _window_load(y_ptr, y_base, cols, y_col_stride, groups, edges, 0.0, y_ptr.dtype.element_ty, "evict_first")
-        dy = _window_load(dy_ptr, dy_base, cols, dy_col_stride, groups, edges, 0.0, dy_ptr.dtype.element_ty,
-                          "evict_first")
-    dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, cols - lead[:, None], inside,
-                     mask_ptr, scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride,
-                     mask_q_stride, mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, False)
-    _window_store(dx_ptr, dx_base, cols, dx_col_stride, groups, dx, lead, n_cols, row_mask, 0, BLOCK_N, ALIGN, SHIFTED)
-    _store(dx_ptr, dx_base, cols, dx_col_stride, edges, dx)
-
-
-@_jit
-def _window_masks(cols, lead, n_cols, row_mask, ALIGN: tl.constexpr):
-    """A window row's masks over its block: its whole groups (``windows._chunk_mask``), its edges
-    (its elements in groups it shares with a neighbouring row) and the two together."""
-    groups = _chunk_mask(cols, lead, n_cols, row_mask, ALIGN)
-    first = lead[:, None]
-    inside = (cols >= first) & (cols < tl.where(row_mask[:, None], first + n_cols, 0))
-    return groups, inside & (groups == 0), inside
-
-
-@_jit
-def _window_load(ptr, base, cols, col_stride, groups, edges, OTHER: tl.constexpr, CAST_TY: tl.constexpr,
-                 EVICT: tl.constexpr):
-    """A window row's block: its whole groups as vectors, its edges in place (each a load of its
-    own, the rest of those loads predicated off), ``OTHER`` elsewhere."""
-    bulk = _load(ptr, base, cols, col_stride, groups, OTHER, CAST_TY, False, EVICT)
-    edge = _load(ptr, base, cols, col_stride, edges, OTHER, CAST_TY, False, EVICT)
-    return tl.where(edges, edge, bulk)
+        y = _load(y_ptr, y_base, cols, y_col_stride, mask, 0.0, y_ptr.dtype.element_ty, False, "evict_first")
+        dy = _load(dy_ptr, dy_base, cols, dy_col_stride, mask, 0.0, dy_ptr.dtype.element_ty, False, "evict_first")
+    at = cols - lead[:, None]
+    dx = _fused_grad(_grad(y, dy, row_sum, LOG), outer, rows, row_mask, rows_per_outer, at, mask, mask_ptr,
+                     scale_ptr, scale_value, n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride,
+                     mask_k_stride, scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, False)
+    _window_store(dx_ptr, dx_base, cols, dx_col_stride, mask, dx, lead, n_cols, row_mask, 0, BLOCK_N, ALIGN, SHIFTED)
+    dx_edge = _fused_grad(_grad(y_edge, dy_edge, row_sum, LOG), outer, rows, row_mask, rows_per_outer,
+                          (edge - tl.sum(lead, 0))[None, :], edge_mask[None, :], mask_ptr, scale_ptr, scale_value,
+                          n_heads, n_queries, mask_a_stride, mask_b_stride, mask_q_stride, mask_k_stride,
+                          scale_a_stride, scale_b_stride, scale_q_stride, SCALE, MASK, False)
+    _edge_store(dx_ptr, dx_base, edge, edge_mask, tl.sum(dx_edge, 0))
 
 
 @_jit
