@@ -466,6 +466,41 @@ MUTANTS = [
            "    if padding is not None and windowed.chunks > plain.chunks:\n",
            "    if padding is not None:\n",
            ("tests/test_device_layer.py::test_float32_rows_whose_window_needs_a_chunk_more_keep_their_chunks",)),
+    # A windowed tile's edges left unwritten (v52: the window's groups it shares with the rows
+    # beside it, stored apart).
+    Mutant("tile_window_edges_unwritten", f"{KERNELS}/tile_windows.py",
+           "    _edge_store(y_ptr, y_base, edge, edge_mask, tl.sum(out_edge, 0))\n",
+           "    pass\n",
+           _ids("tests/test_softmax.py::test_tile_rows_off_alignment_through_windows",
+                "cpu-held-softmax-255-torch.bfloat16", "cpu-reread-log_softmax-201-torch.float32")),
+    # A windowed tile's backward sum without its edges' terms.
+    Mutant("tile_window_edge_sum_dropped", f"{KERNELS}/tile_windows.py",
+           "    row_sum = (tl.sum(_grad_terms(y, dy, LOG), 1) + tl.sum(_grad_terms(y_edge, dy_edge, LOG), 1))[:, None]\n",
+           "    row_sum = tl.sum(_grad_terms(y, dy, LOG), 1)[:, None]\n",
+           _ids("tests/test_softmax.py::test_tile_rows_off_alignment_through_windows",
+                "cpu-held-softmax-201-torch.bfloat16", "cpu-reread-softmax-255-torch.float16")),
+    # Windowed tiles made taller by the wave fill: several rows a tile, which windows cannot take.
+    Mutant("tile_window_taller_tiles", "portable_softmax/planner.py",
+           "    if (programs is None and plan.regime == \"tile\" and not plan.reread and plan.align == 1\n",
+           "    if (programs is None and plan.regime == \"tile\" and not plan.reread\n",
+           ("tests/test_device_layer.py::test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form",)),
+    # Windowed tiles at the tile's own warps (v52: 16384x3001 bf16 forward 0.64 of copy, 0.90 at 4).
+    Mutant("tile_window_warps_ignored", "portable_softmax/planner.py",
+           "    per_thread = tuning.window_tile_elements_per_thread\n",
+           "    per_thread = 0\n",
+           ("tests/test_device_layer.py::test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form",)),
+    # bf16 backward rows of 2048-8191 columns off 16-byte boundaries kept as (twice-read) tiles
+    # (v52: 16384x3001 0.53 of copy, 0.91 split through windows).
+    Mutant("window_split_cols_ignored", "portable_softmax/planner.py",
+           "    shortest = tuning.window_split_cols.get((_direction(backward), input_bytes), tuning.split_min_cols)\n",
+           "    shortest = tuning.split_min_cols\n",
+           ("tests/test_device_layer.py::test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form",)),
+    # A variant the table lacks takes the neighbour with the most registers (before v52): the
+    # loss's 'sum' planned as the every-option form, 4 programs an SM (H200: 0.430 ms, 'mean' 0.252).
+    Mutant("nearest_by_registers_alone", "portable_softmax/kernel_resources.py",
+           "                return min(level[near], key=lambda row: (len(form ^ row[0]), -row[1].registers))[1]\n",
+           "                return min(level[near], key=lambda row: -row[1].registers)[1]\n",
+           ("tests/test_first_call.py::test_a_sum_the_table_lacks_is_planned_as_the_mean_not_as_every_option",)),
 ]
 
 

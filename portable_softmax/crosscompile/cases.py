@@ -18,7 +18,8 @@ from portable_softmax.record import DeviceRecord
 from portable_softmax.tuning import tuning_for
 from portable_softmax.crosscompile.targets import Target
 
-DEFAULT_SHAPES = ((32768, 256), (32768, 4096), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256))
+DEFAULT_SHAPES = ((32768, 256), (32768, 4096), (16384, 16384), (4096, 50257), (4096, 262144), (32, 128256),
+                  (4096, 4095))
 
 # Reductions along a strided dimension, as rows (side by side in memory) x their length: a
 # column softmax of a (32768, 1024) tensor.
@@ -283,17 +284,12 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
                   input_bytes=case.input_bytes, strided=case.strided, causal=case.causal, sliceable=not case.fused)
     primary = select_config(record, case.rows, case.cols, case.plan_dtype, **common)
     found = [("primary", primary)]
-    if primary.regime == "tile" and not primary.reread and tuning_for(record).tile_wave_fill:
+    # (Windowed tiles hold one row: the wave fill takes no taller ones, ``planner.plan_launch``.)
+    if primary.regime == "tile" and not primary.reread and primary.align == 1 and tuning_for(record).tile_wave_fill:
         for factor in TALLER_TILES:
             if primary.block_m * factor <= next_power_of_2(case.rows):
                 found.append((f"taller x{factor}", dataclasses.replace(primary, block_m=primary.block_m * factor)))
-    found += [(f"{role}, dense", dataclasses.replace(config, dense=True)) for role, config in found
-              if dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
-    found += [(f"{role}, flat", dataclasses.replace(config, flat=True)) for role, config in found
-              if not config.dense and flat_form(record, config, case.rows, case.rows, case.narrow, case.backward)
-              and not dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
-    if primary.regime == "tile":
-        found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
+    found = _tile_forms(record, case, found)
     if primary.regime == "split":
         if case.direction in tuning_for(record).split_tickets:
             forms = ticketed_forms(record, primary, case.cols, case.backward, case.input_bytes)
@@ -301,8 +297,24 @@ def planned_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelC
                       for form in forms]
         if primary.num_stages > 1:
             found.append(("unpipelined", dataclasses.replace(primary, num_stages=1)))
-        found.append(("fallback", select_config(record, case.rows, case.cols, case.plan_dtype, allow_split=False,
-                                                **common)))
+        # A fallback tile (rows short enough to hold: a split through windows) in the forms its plan takes.
+        found += _tile_forms(record, case, [("fallback", select_config(record, case.rows, case.cols, case.plan_dtype,
+                                                                        allow_split=False, **common))])
+    return found
+
+
+def _tile_forms(record: DeviceRecord, case: Case,
+                found: list[tuple[str, KernelConfig]]) -> list[tuple[str, KernelConfig]]:
+    """``found`` and, for tiles, the dense form of each that the plan would take
+    (``planner.dense_form``), else its flat form (``planner.flat_form``), each also in its form
+    for a program per tile."""
+    found = found + [(f"{role}, dense", dataclasses.replace(config, dense=True)) for role, config in found
+                     if dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
+    found += [(f"{role}, flat", dataclasses.replace(config, flat=True)) for role, config in found
+              if not config.dense and flat_form(record, config, case.rows, case.rows, case.narrow, case.backward)
+              and not dense_form(record, config, case.rows, case.cols, case.rows, case.narrow, case.backward)]
+    if found[0][1].regime == "tile":
+        found += [(f"{role}, per tile", dataclasses.replace(config, per_tile=True)) for role, config in found]
     return found
 
 
