@@ -178,31 +178,62 @@ def _plans(n_cols: int) -> str:
     return "; ".join(sorted(set(found)))
 
 
-def _check(x, target, reduction: str = "mean") -> tuple[float, float]:
+def _check(x, target, reduction: str = "mean", options: dict[str, Any] | None = None) -> tuple[float, float]:
     """The worst relative errors against torch in float64 of (the loss with the gradient, the
     loss alone, lse) and of the first rows' gradient; 'none' (each row's loss, its gradient
-    formed in the backward from the saved lse) against torch's row losses."""
+    formed in the backward from the saved lse) against torch's row losses. ``options``: the
+    package's (weight, label_smoothing, z_loss, softcap), against their float64 composite."""
     import torch
-    import torch.nn.functional as F
 
     import portable_softmax
 
     if reduction == "none":
         return _check_rows(x, target)
+    options = options or {}
     leaf = x.detach().clone().requires_grad_()
-    loss = portable_softmax.cross_entropy(leaf, target)
+    loss = portable_softmax.cross_entropy(leaf, target, **options)
     loss.backward()
     with torch.no_grad():
-        alone, lse = portable_softmax.cross_entropy(x, target, return_lse=True)
+        alone, lse = portable_softmax.cross_entropy(x, target, return_lse=True, **options)
+    counted = target != -100
+    weight = options.get("weight")
+    denominator = weight.double()[target[counted]].sum() if weight is not None else counted.sum()
     expected = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], 1024):
-        expected += F.cross_entropy(x[start:start + 1024].double(), target[start:start + 1024], reduction="sum")
-    counted = (target != -100).sum()
+        expected += _reference(x[start:start + 1024].double(), target[start:start + 1024], options, denominator,
+                               counted.sum())
     head = x[:CHECK_ROWS].detach().double().requires_grad_()
-    (F.cross_entropy(head, target[:CHECK_ROWS], reduction="sum") / counted).backward()
-    losses = max(_relative_error(loss.detach(), expected / counted), _relative_error(alone, expected / counted),
-                 _relative_error(lse[:CHECK_ROWS], torch.logsumexp(head.detach(), 1)))
+    _reference(head, target[:CHECK_ROWS], options, denominator, counted.sum()).backward()
+    capped = _capped(head.detach(), options)
+    losses = max(_relative_error(loss.detach(), expected), _relative_error(alone, expected),
+                 _relative_error(lse[:CHECK_ROWS], torch.logsumexp(capped, 1)))
     return losses, _relative_error(leaf.grad[:CHECK_ROWS], head.grad)
+
+
+def _capped(z, options: dict[str, Any]):
+    """The logits after the softcap (``softcap * tanh(z / softcap)``), as the package takes them."""
+    import torch
+
+    softcap = options.get("softcap")
+    return softcap * torch.tanh(z / softcap) if softcap else z
+
+
+def _reference(z, target, options: dict[str, Any], denominator, count):
+    """The float64 composite of the package's 'mean' over rows ``z`` (torch's cross-entropy with
+    its weight and smoothing, the softcap before it, the z-loss over the counted rows), as this
+    block's share of the whole batch's: divided by the batch's ``denominator`` (summed weights of
+    the counted targets) and ``count`` (counted targets, the z-loss's)."""
+    import torch
+    import torch.nn.functional as F
+
+    weight = options.get("weight")
+    capped = _capped(z, options)
+    loss = F.cross_entropy(capped, target, weight=None if weight is None else weight.double(), reduction="sum",
+                           label_smoothing=options.get("label_smoothing", 0.0)) / denominator
+    if options.get("z_loss"):
+        lse = torch.logsumexp(capped, 1)[target != -100]
+        loss = loss + options["z_loss"] * (lse * lse).sum() / count
+    return loss
 
 
 def _check_rows(x, target) -> tuple[float, float]:
@@ -258,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
                              "some rounds (NOTES v49)")
     parser.add_argument("--reduction", default="mean", choices=("mean", "sum", "none"),
                         help="the loss's reduction ('none': the backward takes a ones gradient)")
+    parser.add_argument("--weight", action="store_true", help="class weights (uniform in [0.5, 1.5])")
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument("--z-loss", type=float, default=0.0)
+    parser.add_argument("--softcap", type=float, default=None)
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
 
@@ -270,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     failed = False
     print(f"cross_entropy sweep on {torch.cuda.get_device_name(device)} (torch {torch.__version__}); fraction of "
-          f"the copy floor (fwd+bwd: 2NVb, fwd: NVb); reduction={args.reduction!r}; errors against torch in float64")
+          f"the copy floor (fwd+bwd: 2NVb, fwd: NVb); reduction={args.reduction!r}; options "
+          f"{dict(weight=args.weight, label_smoothing=args.label_smoothing, z_loss=args.z_loss, softcap=args.softcap)}; "
+          f"errors against torch in float64")
     print(f"{'dtype':9s} {'N x V':>13s} {'setting':18s} {'fwd+bwd ms':>10s} {'floor':>6s} {'fwd ms':>8s} "
           f"{'floor':>6s} {'loss err':>9s} {'grad err':>9s}  plans", flush=True)
     runs = _runs(args)
@@ -284,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         x = x0.clone().requires_grad_()
         # The backward's incoming gradient: none for a reduced loss, ones for each row's ('none').
         incoming = torch.ones(n_rows, device=device, dtype=dtype) if args.reduction == "none" else None
+        options: dict[str, Any] = {k: v for k, v in (("label_smoothing", args.label_smoothing),
+                                                     ("z_loss", args.z_loss), ("softcap", args.softcap)) if v}
+        if args.weight:
+            options["weight"] = torch.rand(n_cols, device=device) + 0.5
         copy_ms = [triton.testing.do_bench(lambda: x0.clone(), return_mode="median")]
         shape_rows = []
         for _, _, name in (run for run in runs if run[:2] == (dtype_name, (n_rows, n_cols))):
@@ -294,17 +335,17 @@ def main(argv: list[str] | None = None) -> int:
                                       for k, v in SETTINGS[name].items()}}
             try:
                 if not args.no_check:
-                    row["loss_err"], row["grad_err"] = _check(x0, target, args.reduction)
+                    row["loss_err"], row["grad_err"] = _check(x0, target, args.reduction, options)
                     if not max(row["loss_err"], row["grad_err"]) <= TOLERANCE[dtype_name]:
                         failed = True
 
                 def step() -> None:
                     x.grad = None
-                    portable_softmax.cross_entropy(x, target, reduction=args.reduction).backward(incoming)
+                    portable_softmax.cross_entropy(x, target, reduction=args.reduction, **options).backward(incoming)
 
                 def forward() -> None:
                     with torch.no_grad():
-                        portable_softmax.cross_entropy(x0, target, reduction=args.reduction)
+                        portable_softmax.cross_entropy(x0, target, reduction=args.reduction, **options)
 
                 if args.graph:
                     row["fwdbwd_ms"] = triton.testing.do_bench_cudagraph(step, return_mode="median")

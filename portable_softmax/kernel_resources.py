@@ -47,6 +47,12 @@ FORM_CONSTEXPRS = frozenset({"LOG", "SCALE", "MASK", "CAUSAL", "WEIGHT", "PROB_T
 # nearer guess than an estimate, whose register count grows with the elements a thread holds and
 # spills under every cap.
 CHUNK_CONSTEXPRS = frozenset({"CHUNKS", "CHUNKS_P2"})
+# The loss's options among the forms: each adds work an element (a weight's load, the smoothing's
+# sum, the z-loss, the tanh) and holds registers by it, so a variant without a row takes a
+# neighbour with its options (the 'mean''s row for a 'sum') before one of its shape class with
+# others (the every-option form's, 80 spilled words at 2 warps where a 'sum''s binary spills none:
+# H200, bf16 4096x50257, 4 programs an SM where the 'mean' runs 10, 0.430 ms against 0.252, NOTES v52).
+OPTION_CONSTEXPRS = frozenset({"WEIGHT", "PROB_TARGET", "SMOOTHING", "Z_LOSS", "SOFTCAP"})
 # Options a launch may leave to Triton's default, as the value that default has (Triton 3.2 to 3.9
 # fuse multiply-adds unless told not to): the same binary either way.
 OPTION_DEFAULTS = {"enable_fp_fusion": True}
@@ -121,6 +127,11 @@ def _form(key: str) -> frozenset[str]:
     return frozenset(c for c in key.partition(" | ")[0].split(" ") if c.partition("=")[0] in FORM_CONSTEXPRS)
 
 
+def _options(form: frozenset[str]) -> frozenset[str]:
+    """The ``OPTION_CONSTEXPRS`` a ``_form`` takes (those not 0)."""
+    return frozenset(c for c in form if c.partition("=")[0] in OPTION_CONSTEXPRS and c.partition("=")[2] != "0")
+
+
 @dataclass(frozen=True)
 class ResourceTable:
     """The known variants of one target and Triton version, by ``variant_key``.
@@ -145,19 +156,20 @@ class ResourceTable:
         return self.rows.get(key)
 
     def nearest(self, key: str) -> Optional[KernelResources]:
-        """The row of ``key``, else of its nearest neighbours (``_near_keys``) the one whose form
-        differs from ``key``'s in the fewest ``FORM_CONSTEXPRS`` and, among those, holds the most
-        registers; else None. (By registers alone, the loss's 'sum' took the every-option form's
-        row, 80 spilled words at 2 warps where its own binary spills none: twice the warps, 4
-        programs an SM where 'mean' runs 10, 0.430 ms against 0.252, H200 bf16 4096x50257, NOTES v52.)"""
+        """The row of ``key``, else among its neighbours (``_near_keys``) that take none of the
+        ``OPTION_CONSTEXPRS`` it leaves off (a guess too gloomy costs the grid, one too hopeful
+        a compile: ``launch_plan.plan_checked``) the one whose options differ least from ``key``'s,
+        then the nearest, then the one whose other forms differ least, then the one that holds the
+        most registers; else None (an estimate)."""
         found = self.rows.get(key)
         if found is not None:
             return found
         form = _form(key)
-        for level, near in zip(self._neighbours, _near_keys(key)):
-            if near in level:
-                return min(level[near], key=lambda row: (len(form ^ row[0]), -row[1].registers))[1]
-        return None
+        options = _options(form)
+        ranked = [((len(options - _options(other)), rank, len(form ^ other), -row.registers), row)
+                  for rank, (level, near) in enumerate(zip(self._neighbours, _near_keys(key)))
+                  for other, row in level.get(near, ()) if _options(other) <= options]
+        return min(ranked, key=lambda found: found[0])[1] if ranked else None
 
     @functools.cached_property
     def _neighbours(self) -> tuple[dict[str, list[tuple[frozenset[str], KernelResources]]], ...]:

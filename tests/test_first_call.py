@@ -571,3 +571,25 @@ def test_a_sum_the_table_lacks_is_planned_as_the_mean_not_as_every_option(table)
         total, _ = _h200_loss_plan(table, rows, cols, counted=False, align=align)
         assert (total.regime, total.num_warps, total.occupancy, total.programs) == (
             mean.regime, mean.num_warps, mean.occupancy, mean.programs), (total.reason, mean.reason)
+
+
+def test_a_variant_the_table_lacks_takes_no_neighbour_with_options_it_leaves_off():
+    """A neighbour row is a guess: one with more of the loss's options (weights, smoothing,
+    z-loss, softcap) holds more registers and spills, and a plan from it refuses grids its own
+    binary fits (H200, bf16 4096x50257 smoothing under the cap of 6 an SM: the every-option
+    form's row spills 204 words, its binary none, NOTES v52); one with fewer is checked by the
+    compile (``plan_checked``). So a key takes the nearest neighbour whose options are among its
+    own, and an estimate (None here) where there is none."""
+    def key(**constexprs):
+        flags = {"WEIGHT": 0, "SMOOTHING": 0, "Z_LOSS": 0, "SOFTCAP": 0, "COUNTED": 1, "SUMMED": 1, **constexprs}
+        listed = " ".join(f"{name}={value}" for name, value in sorted(flags.items()))
+        return f"cross_entropy_forward_split *bf16 args=iiD BLOCK_N=4096 {listed} | maxnreg=168 num_warps=2"
+    every = KernelResources(168, 32, 2, 204)
+    mean = KernelResources(160, 32, 2, 0)
+    table = ResourceTable("cuda", "sm_90", "3.6.0", {key(WEIGHT=1, SMOOTHING=1, Z_LOSS=1, SOFTCAP=1, COUNTED=0): every})
+    assert table.nearest(key(SMOOTHING=1)) is None
+    assert table.nearest(key(WEIGHT=1, SMOOTHING=1, Z_LOSS=1, SOFTCAP=1)) == every
+    table = ResourceTable("cuda", "sm_90", "3.6.0", {key(WEIGHT=1, SMOOTHING=1, Z_LOSS=1, SOFTCAP=1, COUNTED=0): every,
+                                                    key(): mean})
+    assert table.nearest(key(SMOOTHING=1)) == mean
+    assert table.nearest(key(COUNTED=0)) == mean  # a 'sum'
