@@ -450,13 +450,19 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     key = (ps.device_info(device)["backend"], "*")
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(tuning.TUNING[key],
                                                            split_windows=frozenset({"forward", "backward"})))
-    fn = torch.log_softmax if log else torch.softmax
     rows, cols = (9, min(cols, 257)) if interpreted(device) else (24, cols)
     x = torch.randn(rows, cols, device=device, dtype=dtype) * 3
     x[5], x[6, -1], x[7, 0], x[8, :] = float("nan"), float("inf"), 1e4, -float("inf")
+    for plan in _round_trip(x, log, dtype):
+        assert plan.regime == "split" and plan.align == 16 // x.element_size()
+
+
+def _round_trip(x: torch.Tensor, log: bool, dtype: torch.dtype) -> tuple:
+    """The forward of ``x`` and the backward of its finite rows, each into a poisoned output and
+    against torch in float64 (NaN and inf where torch's are): the two launches' plans."""
+    fn = torch.log_softmax if log else torch.softmax
     y = torch.full_like(x, float("nan"))
-    plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
-    assert plan.regime == "split" and plan.align == 16 // x.element_size()
+    forward = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
     reference = fn(x.double(), -1)
     assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
     finite = reference.isfinite().all(-1)
@@ -464,12 +470,12 @@ def test_split_rows_off_alignment_through_windows(device, monkeypatch, dtype, co
     yd = fn(x[finite].double(), -1).to(dtype)
     dy = torch.randn_like(yd)
     dx = torch.full_like(yd, float("nan"))
-    plan = launch.run_backward(yd, dy, dx, row_layout.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
-    assert plan.regime == "split" and plan.align == 16 // x.element_size()
+    backward = launch.run_backward(yd, dy, dx, row_layout.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
     xd = x[finite].double().requires_grad_()
     grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
     theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
+    return forward, backward
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -491,8 +497,6 @@ def test_tile_rows_off_alignment_through_windows(device, monkeypatch, dtype, col
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
         tuning.TUNING[key], tile_windows=frozenset(forms), window_split_cols={},
         reread_cols={form: frozenset({256, 4096}) for form in forms} if reread else {}))
-    fn = torch.log_softmax if log else torch.softmax
-    theirs = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
     if interpreted(device) and cols > 256:
         pytest.skip("the interpreter's tiles hold 256 columns: rows of 201 stand for both")
     align = 16 // torch.tensor([], dtype=dtype).element_size()
@@ -500,21 +504,10 @@ def test_tile_rows_off_alignment_through_windows(device, monkeypatch, dtype, col
         padded = torch.randn(rows, width + 5, device=device, dtype=dtype) * 3
         x = padded[:, :width] if sliced else padded[:, :width].contiguous()
         x[1], x[2, -1], x[3, 0], x[4, :] = float("nan"), float("inf"), 1e4, -float("inf")
-        y = torch.full_like(x, float("nan"))
-        plan = launch.run_forward(x, y, row_layout.row_view(tuple(x.shape), 1, x, y), log)
-        assert (plan.regime, plan.block_m, plan.align) == ("tile", 1, align), plan.reason
-        reference = fn(x.double(), -1)
-        assert torch.equal(y.isnan(), reference.isnan()) and torch.equal(y.isinf(), reference.isinf())
-        finite = reference.isfinite().all(-1)
-        _check(y[finite], fn(x, -1)[finite], reference[finite], dtype)
-        yd = fn(x[finite].double(), -1).to(dtype)
-        dy = torch.randn_like(yd)
-        dx = torch.full_like(yd, float("nan"))
-        plan = launch.run_backward(yd, dy, dx, row_layout.row_view(tuple(yd.shape), 1, yd, dy, dx), log)
-        assert (plan.regime, plan.block_m, plan.align, plan.reread) == ("tile", 1, align, reread), plan.reason
-        xd = x[finite].double().requires_grad_()
-        grad = torch.autograd.grad(fn(xd, -1), xd, dy.double())[0]
-        _check(dx, theirs(dy, yd, -1, dtype), grad, dtype)
+        forward, backward = _round_trip(x, log, dtype)
+        assert (forward.regime, forward.block_m, forward.align) == ("tile", 1, align), forward.reason
+        assert (backward.regime, backward.block_m, backward.align, backward.reread) == ("tile", 1, align, reread), \
+            backward.reason
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
