@@ -22,6 +22,7 @@ Exits non-zero if any lowering fails; ``--out`` keeps every ``.ttir`` / ``.ttada
 import argparse
 import hashlib
 import importlib.util
+import inspect
 import itertools
 import re
 import subprocess
@@ -230,7 +231,11 @@ def source_for(fn, kernel, dtype, constexprs):
             hints[i] = 16
         else:
             signature[param.name] = "i32"
-    constants = {name: constexprs[name] for name, ty in signature.items() if ty == "constexpr"}
+    # A constexpr the variant leaves out takes its default, as ``kernel[grid](...)`` binds it (the
+    # tiles' windows: ``variants.constexprs``).
+    defaults = inspect.signature(fn.fn).parameters
+    constants = {name: constexprs[name] if name in constexprs else defaults[name].default
+                 for name, ty in signature.items() if ty == "constexpr"}
     from triton.backends.compiler import AttrsDescriptor
 
     return ASTSource(fn, signature, constants=constants, attrs=AttrsDescriptor.from_hints(hints))
