@@ -50,10 +50,10 @@ VARIANTS = {
     # v52: odd rows of 2049-8191 columns (held or twice-read tiles, no windows) split through windows.
     "odd_split_2k": dict(split_min_cols=2048),
     # v52: tiles of one row read element by element, as before their windows.
-    "tile_win_off": dict(tile_windows=frozenset()),
+    "tile_win_off": dict(tile_windows={}),
     # v52: fewer warps a tile of one row (and a twice-read one), windows on and off.
     "ept32_rr32": dict(elements_per_thread=32, reread_elements_per_thread=32),
-    "win_off_ept32_rr32": dict(tile_windows=frozenset(), elements_per_thread=32, reread_elements_per_thread=32),
+    "win_off_ept32_rr32": dict(tile_windows={}, elements_per_thread=32, reread_elements_per_thread=32),
     "win_none": dict(split_windows=frozenset()),
     "win_fwd": dict(split_windows=frozenset({"forward"})),
     "win_bwd": dict(split_windows=frozenset({"backward"})),

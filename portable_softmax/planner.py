@@ -116,7 +116,7 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
                           causal)
     tuning = target.tuning
     if align == 1 or _direction(backward) not in tuning.split_windows:
-        return _tile_window(target, plain, align, dtype, backward, causal, input_bytes)
+        return _tile_window(target, plain, n_cols, align, dtype, backward, causal, input_bytes)
     shortest = tuning.window_split_cols.get((_direction(backward), input_bytes), tuning.split_min_cols)
     if plain.regime == "tile" and n_cols >= shortest and _can_split(target, dtype, allow_split, n_cols):
         # Rows long enough to split read through the split path's windows, not a tile's (H200,
@@ -125,7 +125,7 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
         # forward 8192x9000 0.52 -> 0.80, 16384x16383 0.66 -> 0.81; ``Tuning.window_split_cols``).
         plain = _split_config(target, tuning, n_rows, n_cols, backward)
     elif plain.regime != "split":
-        return _tile_window(target, plain, align, dtype, backward, causal, input_bytes)
+        return _tile_window(target, plain, n_cols, align, dtype, backward, causal, input_bytes)
     # The window's row, up to align - 1 columns longer, in chunks its padding halves no narrower
     # than ``Tuning.window_min_chunk``; where it needs more chunks than the row alone, nearly all
     # padding, halved by ``Tuning.window_max_padding`` for its element's bytes.
@@ -137,16 +137,17 @@ def select_config(target: Target, n_rows: int, n_cols: int, dtype: str, *, backw
     return _windowed(plain, windowed, align)
 
 
-def _tile_window(target: Target, plain: KernelConfig, align: int, dtype: str, backward: bool, causal: bool,
-                 input_bytes: int) -> KernelConfig:
-    """``plain`` read through aligned windows of ``align`` where it is a tile of one row that the
-    tuning's ``tile_windows`` names for its direction and the bytes a column reads (float32
+def _tile_window(target: Target, plain: KernelConfig, n_cols: int, align: int, dtype: str, backward: bool,
+                 causal: bool, input_bytes: int) -> KernelConfig:
+    """``plain`` read through aligned windows of ``align`` where it is a tile of one row at least as long as
+    the tuning's ``tile_windows`` asks for its direction and the bytes a column reads (float32
     accumulation, not causal: ``kernels/tile_windows.py``), at ``Tuning.window_tile_elements_per_thread``:
     else its rows off 16-byte boundaries are read an element an instruction (H200, NOTES v52, bf16
     forward of copy: 4096x4095 0.79, 16384x3001 0.74, 4096x8191 0.68, where 4096x4096 reads 0.97)."""
     tuning = target.tuning
+    shortest = tuning.tile_windows.get((_direction(backward), input_bytes))
     if (align == 1 or plain.regime != "tile" or plain.block_m != 1 or dtype == "float64" or causal
-            or (_direction(backward), input_bytes) not in tuning.tile_windows):
+            or shortest is None or n_cols < shortest):
         return plain
     per_thread = tuning.window_tile_elements_per_thread
     warps = _warps(plain.block_n, per_thread, target.record, tuning.max_warps) if per_thread else plain.num_warps

@@ -229,10 +229,10 @@ class Tuning:
         split_windows: the directions ("forward", "backward") whose split path reads rows off
             16-byte boundaries through aligned windows (``kernels/windows.py``) rather than one element
             per instruction.
-        tile_windows: per (direction, bytes a column reads, as ``reread_cols``), whether tiles of
-            one row read rows off 16-byte boundaries through aligned windows
-            (``kernels/tile_windows.py``) rather than one element per instruction (float32
-            accumulation, not causal); off where absent.
+        tile_windows: per (direction, bytes a column reads, as ``reread_cols``), the shortest
+            rows whose tiles of one row read them, where they lie off 16-byte boundaries, through
+            aligned windows (``kernels/tile_windows.py``) rather than one element per instruction
+            (float32 accumulation, not causal); off where absent.
         window_tile_elements_per_thread: sets num_warps for such a tile (held or read twice);
             0: the tile's own.
         window_split_cols: per (direction, bytes a column reads, as ``reread_cols``), the
@@ -355,7 +355,7 @@ class Tuning:
     loss_max_padding: float = 0.0
     max_programs: int = 2**31 - 1
     split_windows: frozenset[str] = frozenset({"forward", "backward"})
-    tile_windows: frozenset[tuple[str, int]] = frozenset()
+    tile_windows: Mapping[tuple[str, int], int] = field(default_factory=dict)
     window_tile_elements_per_thread: int = 0
     window_split_cols: Mapping[tuple[str, int], int] = field(default_factory=dict)
     split_tickets: frozenset[str] = frozenset({"forward", "backward"})

@@ -419,11 +419,13 @@ _CUDA_WINDOW_MIN_CHUNK = 2048
 # by element -> windows: 4096x4095 0.79 / 0.70 -> 0.96 / 0.86, 16384x3001 0.74 / 0.53 -> 0.90 /
 # 0.91, 8192x2049 0.58 / 0.53 -> 0.71 / 0.78, 4096x6001 0.62 / 0.82 -> 0.81 / 0.94, 4096x8191 0.68
 # / 0.80 -> 0.90 / 0.90, 4096x1025 0.67 / 0.91 -> 0.78 / 1.05, 32768x1023 0.81 / 0.89 -> 0.97 /
-# 1.01, 8192x2047 0.80 / 0.90 -> 0.95 / 1.01; aligned rows level. At the tiles' own warps the
-# windows' edges (two reductions more across 8-16 warps) lost forward (16384x3001 0.64), and
-# windowed twice-read backward tiles read 0.46-0.77. float32 rows level or lower through windows
-# (4096x781 1.01 -> 0.94): not taken. The H100 takes it unmeasured.
-_CUDA_TILE_WINDOWS = dict(tile_windows=frozenset({("forward", 2), ("backward", 4)}),
+# 1.01, 8192x2047 0.80 / 0.90 -> 0.95 / 1.01; aligned rows level. float32 forward rows of more
+# than 2048 columns too: 8192x2049 0.84 -> 0.96, 4096x6001 0.80 -> 0.94, 4096x8191 0.87 -> 0.96,
+# 16384x3001 0.98 -> 0.96; shorter ones and the backward lost or held level (4096x781 1.01 / 1.08
+# -> 0.94 / 1.03, 4096x1025 0.94 / 1.07 -> 0.89 / 1.02). At the tiles' own warps the windows'
+# edges (two reductions more across 8-16 warps) lost forward (bf16 16384x3001 0.64), and windowed
+# twice-read backward tiles read 0.46-0.77. The H100 takes it unmeasured.
+_CUDA_TILE_WINDOWS = dict(tile_windows={("forward", 2): 0, ("backward", 4): 0, ("forward", 4): 2049},
                           window_tile_elements_per_thread=32, window_split_cols={("backward", 4): 2048})
 # The backward's masked one-group tiles in the flat form (no group division, int32 offsets;
 # NOTES v33, v37, H200, profiler, bf16 rows of 781): 1823 rows 3.2 -> 3.0 us a kernel, FlagGems'

@@ -418,7 +418,8 @@ def test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form(m
     H200 4096x4095 0.79 of copy forward unwindowed, 0.96 through them, NOTES v52) at the tuning's
     elements a thread (CUDA: 32, 4 warps a row of 4096), held and twice-read, where the tuning
     names their direction and the bytes a column reads (CUDA: not float32's, level or lower
-    there). Tiles of several rows, float64 (its edges would be float32) and causal rows (their
+    there, but for forward rows of more than 2048 columns). Tiles of several rows, float64 (its
+    edges would be float32) and causal rows (their
     tiles' ladder) read element by element. Windowed tiles keep one row: the wave fill's taller
     tiles would have none. CUDA's bf16 backward rows of 2048 or more split through windows
     (``Tuning.window_split_cols``)."""
@@ -430,7 +431,9 @@ def test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form(m
     assert (split.regime, split.align) == ("split", 8), split.reason
     short = plan_launch(record, 4096, 2047, "bfloat16", backward=True, align=8)
     assert (short.regime, short.align, short.num_warps) == ("tile", 8, 2), short.reason
-    assert plan_launch(record, 4096, 4095, "float32", align=4).align == 1
+    fp32 = plan_launch(record, 4096, 4095, "float32", align=4)
+    assert (fp32.regime, fp32.align, fp32.num_warps) == ("tile", 4, 4), fp32.reason
+    assert plan_launch(record, 4096, 2047, "float32", align=4).align == 1
     assert plan_launch(record, 4096, 4095, "float32", backward=True, align=4).align == 1
     assert plan_launch(record, 32768, 255, "bfloat16", align=8).align == 1  # tiles of several rows
     assert plan_launch(record, 4096, 4095, "float64", align=2).align == 1
@@ -443,7 +446,7 @@ def test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form(m
     monkeypatch.setitem(TUNING, key, replace(TUNING[key], reread_cols={("forward", 2): frozenset({4096})}))
     reread = plan_launch(record, 4096, 4095, "bfloat16", align=8)
     assert (reread.regime, reread.align, reread.reread, reread.num_warps) == ("tile", 8, True, 4), reread.reason
-    monkeypatch.setitem(TUNING, key, replace(TUNING[key], reread_cols={}, tile_windows=frozenset({("backward", 4)})))
+    monkeypatch.setitem(TUNING, key, replace(TUNING[key], reread_cols={}, tile_windows={("backward", 4): 0}))
     assert plan_launch(record, 4096, 4095, "bfloat16", align=8).align == 1
     assert plan_launch(record, 4096, 2047, "bfloat16", backward=True, align=8).align == 8
 

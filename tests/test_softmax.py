@@ -495,7 +495,7 @@ def test_tile_rows_off_alignment_through_windows(device, monkeypatch, dtype, col
     forms = [(direction, size) for direction in ("forward", "backward") for size in (2, 4, 8)]
     # Tiles, not CUDA's split rows (``window_split_cols``), at the tuning's warps and at 32 a thread.
     monkeypatch.setitem(tuning.TUNING, key, tuning.replace(
-        tuning.TUNING[key], tile_windows=frozenset(forms), window_split_cols={},
+        tuning.TUNING[key], tile_windows=dict.fromkeys(forms, 0), window_split_cols={},
         reread_cols={form: frozenset({256, 4096}) for form in forms} if reread else {}))
     if interpreted(device) and cols > 256:
         pytest.skip("the interpreter's tiles hold 256 columns: rows of 201 stand for both")
