@@ -498,19 +498,19 @@ MUTANTS = [
     # A variant the table lacks takes the neighbour with the most registers (before v52): the
     # loss's 'sum' planned as the every-option form, 4 programs an SM (H200: 0.430 ms, 'mean' 0.252).
     Mutant("nearest_by_registers_alone", "portable_softmax/kernel_resources.py",
-           "        ranked = [((len(options - _options(other)), rank, len(form ^ other), -row.registers), row)\n"
+           "        ranked = [((len(options - taken), rank, len(form ^ other), -row.registers), row)\n"
            "                  for rank, (level, near) in enumerate(zip(self._neighbours, _near_keys(key)))\n"
-           "                  for other, row in level.get(near, ()) if _options(other) <= options]\n",
+           "                  for other, taken, row in level.get(near, ()) if taken <= options]\n",
            "        ranked = [((rank, -row.registers), row)\n"
            "                  for rank, (level, near) in enumerate(zip(self._neighbours, _near_keys(key)))\n"
-           "                  for other, row in level.get(near, ())]\n",
+           "                  for other, taken, row in level.get(near, ())]\n",
            ("tests/test_first_call.py::test_a_sum_the_table_lacks_is_planned_as_the_mean_not_as_every_option",)),
     # A neighbour with options the variant leaves off taken as its guess (v52: bf16 4096x50257
     # with smoothing planned from the every-option form's 204 spilled words, 4 programs an SM, 0.473
     # ms forward + backward against 0.348 at the 6 its binary fits).
     Mutant("nearest_takes_more_options", "portable_softmax/kernel_resources.py",
-           "                  for other, row in level.get(near, ()) if _options(other) <= options]\n",
-           "                  for other, row in level.get(near, ())]\n",
+           "                  for other, taken, row in level.get(near, ()) if taken <= options]\n",
+           "                  for other, taken, row in level.get(near, ())]\n",
            ("tests/test_first_call.py::test_a_variant_the_table_lacks_takes_no_neighbour_with_options_it_leaves_off",)),
     # float32 tiles of any length through windows (v52: 4096x781 forward 1.01 of copy -> 0.94; only
     # rows of more than 2048 columns gain, 4096x6001 0.80 -> 0.94).

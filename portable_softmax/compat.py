@@ -146,7 +146,8 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
     aligned to 16 bytes, integers divisible by 16; without, the unaligned, unvectorised binary)."""
     # Constexprs left out at their defaults, in ``fn``'s parameter order (``attrs`` are positional).
     constexprs = {**{k: v for k, v in constexpr_defaults(fn).items() if k not in signature}, **constexprs}
-    signature = {p.name: signature.get(p.name, "constexpr") for p in fn.params if p.name in {**signature, **constexprs}}
+    named = signature.keys() | constexprs.keys()
+    signature = {p.name: signature.get(p.name, "constexpr") for p in fn.params if p.name in named}
     names = list(signature)
     if AST_SOURCE_CONSTEXPRS:
         attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}

@@ -132,6 +132,10 @@ def _options(form: frozenset[str]) -> frozenset[str]:
     return frozenset(c for c in form if c.partition("=")[0] in OPTION_CONSTEXPRS and c.partition("=")[2] != "0")
 
 
+# A table row as a neighbour: its key's ``_form``, the options it takes (``_options``), the row.
+_Neighbour = tuple[frozenset[str], frozenset[str], KernelResources]
+
+
 @dataclass(frozen=True)
 class ResourceTable:
     """The known variants of one target and Triton version, by ``variant_key``.
@@ -166,17 +170,19 @@ class ResourceTable:
             return found
         form = _form(key)
         options = _options(form)
-        ranked = [((len(options - _options(other)), rank, len(form ^ other), -row.registers), row)
+        ranked = [((len(options - taken), rank, len(form ^ other), -row.registers), row)
                   for rank, (level, near) in enumerate(zip(self._neighbours, _near_keys(key)))
-                  for other, row in level.get(near, ()) if _options(other) <= options]
+                  for other, taken, row in level.get(near, ()) if taken <= options]
         return min(ranked, key=lambda found: found[0])[1] if ranked else None
 
     @functools.cached_property
-    def _neighbours(self) -> tuple[dict[str, list[tuple[frozenset[str], KernelResources]]], ...]:
-        levels: tuple[dict[str, list[tuple[frozenset[str], KernelResources]]], ...] = ({}, {}, {}, {}, {})
+    def _neighbours(self) -> tuple[dict[str, list[_Neighbour]], ...]:
+        """Each level's rows by near key (``_near_keys``), with their forms and the options they take."""
+        levels: tuple[dict[str, list[_Neighbour]], ...] = ({}, {}, {}, {}, {})
         for key, row in self.rows.items():
+            form = _form(key)
             for level, near in zip(levels, _near_keys(key)):
-                level.setdefault(near, []).append((_form(key), row))
+                level.setdefault(near, []).append((form, _options(form), row))
         return levels
 
     def to_json(self) -> str:
