@@ -121,9 +121,11 @@ def lowering_jobs():
                        variants.sharded_constexprs(phase, config, log, False, 2))
     for (direction, regime, write_grad), shapes in LOSS_PLANS.items():
         for (block_m, block_n), (form, flags) in itertools.product(shapes, LOSS_FORMS.items()):
-            # The forward alone of class targets streams rows off 16-byte boundaries through
-            # aligned windows (``kernels/loss.py``: bf16 rows of 50257, ALIGN 8).
-            windowed = (direction, regime, write_grad) == ("forward", "loop", False) and not flags.get("prob_target")
+            # The forward alone and the backward of class targets stream rows off 16-byte
+            # boundaries through aligned windows (``kernels/loss.py``: bf16 rows of 50257, ALIGN 8),
+            # a row a tile.
+            windowed = ((direction, regime, write_grad) in (("forward", "loop", False), ("backward", "loop", False))
+                        and block_m == 1 and not flags.get("prob_target"))
             for align in (1, LOSS_WINDOW_ALIGN) if windowed else (1,):
                 config = types.SimpleNamespace(regime=regime, block_m=block_m, block_n=block_n, align=align)
                 facts = variants.LossFacts(write_grad=write_grad, **flags)

@@ -518,6 +518,19 @@ MUTANTS = [
            "            or shortest is None or n_cols < shortest):\n",
            "            or shortest is None):\n",
            ("tests/test_device_layer.py::test_tiles_of_one_row_take_windows_where_the_tuning_table_names_their_form",)),
+    # The loss backward's window edges left unwritten (v53: 'none''s backward through windows).
+    Mutant("loss_backward_window_edges_unwritten", f"{KERNELS}/loss.py",
+           "                     _cast(g_edge * dloss[:, None], grad_ptr.dtype.element_ty), mask=edge_mask[None, :])\n",
+           "                     _cast(g_edge * dloss[:, None], grad_ptr.dtype.element_ty), mask=edge[None, :] < 0)\n",
+           _ids("tests/test_loss.py::test_streamed_backward_reads_and_writes_aligned_windows",
+                "cpu-bf16-contiguous-plain", "cpu-fp32-odd-stride-inplace-every-option")),
+    # The backward's windows taken where its gradient's rows lie elsewhere past their windows than
+    # the logits' (rows sliced from a padded vocabulary, a contiguous gradient).
+    Mutant("loss_backward_shifted_windows", "portable_softmax/loss_launch.py",
+           "    if shifted and direction == \"backward\":\n",
+           "    if shifted and direction == \"forward-only\":\n",
+           _ids("tests/test_loss.py::test_streamed_backward_reads_and_writes_aligned_windows",
+                "cpu-bf16-sliced-plain", "cpu-fp32-sliced-every-option")),
 ]
 
 

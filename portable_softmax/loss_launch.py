@@ -65,15 +65,20 @@ def _signature(tensors: Sequence[torch.Tensor]) -> tuple:
     return tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
 
 
-def _windows(tensors: tuple[torch.Tensor, ...], view: RowView) -> tuple[int, bool]:
-    """The forward's ``ALIGN`` and the split kernel's ``SHIFTED`` for its tensors: windows over the two
-    tensors walked along their classes, the logits and the gradient (the gradient written at the
-    logits' windows where only they share them: ``planner.call_windows``)."""
-    names = variants.loss_row_tensors("forward")
+def _windows(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView) -> tuple[int, bool]:
+    """``ALIGN`` and the split kernel's ``SHIFTED`` for a call's tensors: windows over the two
+    tensors walked along their classes, the logits and the gradient. The forward's split kernel
+    writes the gradient at the logits' windows where only they share them
+    (``planner.call_windows``); the backward takes windows only where both share them."""
+    names = variants.loss_row_tensors(direction)
     walked = (names.index("x"), names.index("grad"))
-    x, grad = tensors[0], tensors[variants.LOSS_TENSORS["forward"].index("grad")]
-    return call_windows(view.n_outer, view.rows_per_outer, view.n_cols, [view.strides[i] for i in walked],
-                        [x.element_size(), grad.element_size()], x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
+    x, grad = tensors[0], tensors[variants.LOSS_TENSORS[direction].index("grad")]
+    align, shifted = call_windows(view.n_outer, view.rows_per_outer, view.n_cols, [view.strides[i] for i in walked],
+                                  [x.element_size(), grad.element_size()],
+                                  x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
+    if shifted and direction == "backward":
+        return 1, False
+    return align, shifted
 
 
 def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,
@@ -87,11 +92,10 @@ def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, fa
     # The bytes a column reads: the logits, and probability targets (input-shaped).
     input_bytes = tensors[0].element_size() + (tensors[names.index("target")].element_size()
                                                if facts.prob_target else 0)
-    # Windows for the forward of class targets: its split kernel, and its loop that writes no
-    # gradient (probability targets' loads take none).
-    windowed = direction == "forward" and not facts.prob_target
-    splittable = windowed
-    align, shifted = _windows(tensors, view) if windowed else (1, False)
+    # Windows for class targets: the forward's split kernel, its loop that writes no gradient, and
+    # the backward (probability targets' loads take none).
+    splittable = direction == "forward" and not facts.prob_target
+    align, shifted = (1, False) if facts.prob_target else _windows(direction, tensors, view)
     # The forward launched to overlap the kernel before it where the device offers it
     # (``kernels/dependency.py``).
     facts = dataclasses.replace(facts, wait_atomic=target.tuning.split_wait_atomic, shifted=shifted,

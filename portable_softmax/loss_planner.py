@@ -145,9 +145,10 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             its grid is cut so that the rows in flight fit the L2 (``_l2_fit``).
         splittable: the forward of class targets, which has a split kernel.
         align: ``planner.window_align`` of the logits and the gradient (the logits' alone for
-            the forward alone; 1 for probability targets): split rows, and the forward alone's
-            streamed rows, off 16-byte boundaries are read through aligned windows (one row a
-            tile, as the loop's is).
+            the forward alone; 1 for probability targets): split rows, and the streamed rows of
+            the forward alone and the backward, off 16-byte boundaries are read (and the
+            backward's gradient written) through aligned windows (one row a tile, as the loop's
+            is).
 
     Returns:
         The plan (regime ``tile``, ``split`` or ``loop``).
@@ -189,7 +190,9 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         # which the streamed loops do not (a launch's num_stages of 3 left them as they were, so
         # the stages once measured here measured nothing); a loop that named them cost 44% more
         # instructions a block through shared memory (sm_90, NOTES v45).
-        config = KernelConfig("loop", 1, chunk, 1, warps, 1, align=1 if writes_gradient else align)
+        # Windows where each row is streamed once (the forward alone, the backward), not where the
+        # forward that writes the gradient streams it twice.
+        config = KernelConfig("loop", 1, chunk, 1, warps, 1, align=1 if rereads else align)
     kernel = _resources(resources, target, config, writes_gradient, input_bytes)
     plan = _size(target, config, kernel, n_rows, rows_per_group, None, writes_gradient, note=note)
     assert plan is not None  # tiles and loops always have a grid

@@ -446,6 +446,10 @@ def loss_constexprs(direction: str, config: Config, facts: LossFacts, phase: Opt
         if config.regime == "loop":
             # The forward alone's streamed rows read through aligned windows (``kernels/loss.py``).
             values["ALIGN"] = config.align
+    elif config.align > 1:
+        # The backward's too; named only there, so that its other variants (and their resource
+        # table keys) stay as they were.
+        values["ALIGN"] = config.align
     if config.regime == "split":
         values.update(split_constexprs(config, facts.wait_atomic, facts.shifted, phase))
     return values

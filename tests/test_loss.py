@@ -229,6 +229,53 @@ def test_streamed_forward_alone_reads_aligned_windows(device, monkeypatch, dtype
     assert plans == {("loop", 16 // x.element_size())}, plans
 
 
+@pytest.mark.parametrize("options", [{}, dict(weight=True, label_smoothing=0.15, z_loss=0.02, softcap=6.0)],
+                         ids=["plain", "every-option"])
+@pytest.mark.parametrize("layout", ["contiguous", "odd-stride-inplace", "sliced"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=["bf16", "fp32", "fp64"])
+def test_streamed_backward_reads_and_writes_aligned_windows(device, monkeypatch, dtype, layout, options):
+    # reduction='none''s backward streams each row once, from the saved lse: rows off 16-byte
+    # boundaries are read and their gradient written through aligned windows (kernels.loss:
+    # ALIGN), the edges (in the groups shared with the neighbouring rows) apart, where the
+    # gradient's rows lie as far past their windows as the logits' rows: a contiguous gradient
+    # of contiguous logits (301 columns: leads 0, 5, 2, 7, ... in bf16), or the logits themselves
+    # (``inplace_backward``, rows 307 apart). Rows sliced from a padded vocabulary (320) start
+    # aligned, their new gradient does not: element by element. New buffers are poisoned (NaN):
+    # an element the windows miss fails. Targets on a row's first and last column (its edges),
+    # a row's largest logit in its head edge, a row of -inf but its target.
+    force_regime(monkeypatch, "loop", device)
+    loss_launch._records.clear()
+    real_empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real_empty_like(t, **kw).fill_(float("nan")))
+    n_rows, n_cols = 9, 301
+    stride = {"contiguous": n_cols, "odd-stride-inplace": 307, "sliced": 320}[layout]
+    base = logits((n_rows * stride,), dtype, device)
+    x = base.view(n_rows, stride)[:, :n_cols]
+    target = class_targets((n_rows,), n_cols, device, ignored=0.2)
+    target[1], target[2] = 0, n_cols - 1
+    x[3, 0] = 40.0
+    x[4] = -float("inf")
+    x[4, 7] = 0.0
+    target[4] = 7
+    options = dict(options)
+    if options.pop("weight", False):
+        options["weight"] = torch.rand(n_cols, device=device, dtype=dtype) + 0.5
+    inplace = layout == "odd-stride-inplace"
+    source = base.clone().requires_grad_()
+    # In place, the gradient goes into a buffer of its own (``source * 1.0``), not into a leaf's.
+    given = ((source * 1.0) if inplace else source).view(n_rows, stride)[:, :n_cols]
+    upstream = torch.randn(n_rows, device=device, dtype=dtype)
+    ps.cross_entropy(given, target, reduction="none", inplace_backward=inplace, **options).backward(upstream)
+    expected, reference_leaf = reference(x, target, reduction="none", **options)
+    expected.backward(upstream.double())
+    grad = source.grad.view(n_rows, stride)[:, :n_cols]
+    assert torch.equal(grad.isnan(), reference_leaf.grad.isnan())
+    finite = ~reference_leaf.grad.isnan()
+    assert relative_error(grad[finite], reference_leaf.grad[finite]) <= TOLERANCE[dtype]
+    windowed = {record.plan.align for key, record in loss_launch._records.items() if key[0] == "backward"}
+    assert windowed == {1 if layout == "sliced" else 16 // x.element_size()}, windowed
+
+
 def _forward_regimes() -> set:
     """The regimes (``regimes.regime_of``'s names) of the forward records the calls so far planned."""
     from regimes import regime_of
@@ -1083,7 +1130,8 @@ def test_plans_for_recorded_chips(profile):
 def test_streamed_forward_alone_plans_windows():
     # The H200 streams the forward alone (loss_split: the gradient's form only): bf16 rows of
     # 50257 (every other row start off 16-byte boundaries) through windows of 8 elements, a row a
-    # tile; the forward that writes the gradient streams without them (its second pass has none).
+    # tile; the forward that writes the gradient streams without them (its second pass has none);
+    # the backward ('none': one read, one write a row) reads and writes through them.
     from portable_softmax import loss_planner, planner, profiles, targets
 
     target = targets.target_for(profiles.profile_record("h200"))
@@ -1093,8 +1141,10 @@ def test_streamed_forward_alone_plans_windows():
                                    splittable=True, align=align)
     assert (alone.regime, alone.align, alone.block_m) == ("loop", 8, 1), alone.reason
     assert "aligned windows of 8" in alone.reason
-    streamed = dict(writes_gradient=True, input_bytes=2, splittable=False, align=align)
-    assert loss_planner.plan_loss(target, 4096, 50257, "float32", **streamed).align == 1
+    streamed = dict(writes_gradient=True, input_bytes=2, align=align)
+    assert loss_planner.plan_loss(target, 4096, 50257, "float32", rereads=True, **streamed).align == 1
+    backward = loss_planner.plan_loss(target, 4096, 50257, "float32", **streamed)
+    assert (backward.regime, backward.align, backward.block_m) == ("loop", 8, 1), backward.reason
     # Aligned rows (50256) take none.
     assert loss_planner.plan_loss(target, 4096, 50256, "float32", writes_gradient=False, input_bytes=2,
                                   splittable=True, align=planner.contiguous_align(4096, 50256, 2)).align == 1

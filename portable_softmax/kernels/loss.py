@@ -102,24 +102,35 @@ def cross_entropy_forward_tile(
 @_jit
 def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
                      grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored,
-                     valid, factor, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N: tl.constexpr,
-                     ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr, PROB_TARGET: tl.constexpr,
-                     SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, EVICT: tl.constexpr):
+                     valid, factor, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, lead, inner, tail, span,
+                     BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr, PROB_TARGET: tl.constexpr,
+                     SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, EVICT: tl.constexpr,
+                     ALIGN: tl.constexpr):
     """Stream rows once more, writing their gradient (``_grad``) times ``factor`` per row: x read
-    again (``EVICT``: its cache policy), the gradient written once."""
-    for start in tl.range(0, n_cols, BLOCK_N):
+    again (``EVICT``: its cache policy), the gradient written once. With ``ALIGN`` > 1 (one row, read
+    and written through the aligned windows at ``x_base`` and ``grad_base``: ``windows.py``), the
+    window's columns [0, ``span``), of which the row's whole groups [``inner``, ``tail``) move as
+    vectors; the caller writes the row's edges."""
+    for start in tl.range(0, span, BLOCK_N):
         cols = start + chunk_cols
-        col_mask = cols < n_cols
-        mask = row_mask[:, None] & col_mask
+        if ALIGN > 1:
+            # Constant over each group (its bounds are multiples of ALIGN): vector loads and stores.
+            mask = (cols >= inner) & (cols < tail)
+            col_mask = mask
+            row_cols = cols - lead[:, None]
+        else:
+            col_mask = cols < n_cols
+            mask = row_mask[:, None] & col_mask
+            row_cols = cols
         x = _load(x_ptr, x_base, cols, x_col_stride, mask, -float("inf"), x_ptr.dtype.element_ty, ACC_FP64, EVICT)
         z, t = _capped(x, mask, softcap, SOFTCAP)
-        w = _weights(weight_ptr, cols, col_mask, WEIGHT, ACC_FP64)
+        w = _weights(weight_ptr, row_cols, col_mask, WEIGHT, ACC_FP64)
         if PROB_TARGET:
             q = _smoothed(_load(target_ptr, target_base, cols, target_col_stride, mask, 0.0,
                                 target_ptr.dtype.element_ty, ACC_FP64, ""), mask, smoothing, n_cols, SMOOTHING)
         else:
             q = w
-        g = _grad(z, t, lse, cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
+        g = _grad(z, t, lse, row_cols == target[:, None], w_t, w, q, prob_sum, ignored, valid, ce_scale, z_scale,
                   weight_sum, smoothing, z_loss, n_cols, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
         _store(grad_ptr, grad_base, cols, grad_col_stride, mask, g * factor[:, None])
 
@@ -294,8 +305,8 @@ def cross_entropy_forward_loop(
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
                              grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
                              prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64), ce_scale,
-                             z_scale, weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET,
-                             SMOOTHING, Z_LOSS, SOFTCAP, "evict_first")
+                             z_scale, weight_sum, smoothing, z_loss, softcap, lead, inner, tail, n_cols, BLOCK_N, ACC_FP64,
+                             WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first", 1)
 
 
 @_jit
@@ -308,13 +319,23 @@ def cross_entropy_backward(
     ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC_FP64: tl.constexpr, WEIGHT: tl.constexpr,
     PROB_TARGET: tl.constexpr, SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
 ):
     # dloss: the incoming gradient, one value (strides 0) or one per position ('none').
+    # ALIGN > 1 (rows off 16-byte boundaries, their gradient's rows equally far past them: the
+    # planner's ``window_align`` of both): each row is read and written through its aligned window
+    # (``windows.py``), as the forward alone reads it; element by element, bf16 rows of 50257 took
+    # 0.440 ms forward + backward against 0.316 at 50304 (H200, NOTES v53). One row a tile, class
+    # targets (a probability target's loads take none). The row's edges: before its stream.
+    # (One condition each: triton-ascend's front end refuses a chain of three.)
+    tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "windows: one row a tile")
+    tl.static_assert(ALIGN == 1 or not PROB_TARGET, "windows: class targets")
     chunk_cols = tl.arange(0, BLOCK_N)[None, :]
     ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap = _constants(stats_ptr, ACC_FP64)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         outer, rows, row_mask = _tile_rows(tile, tiles_per_outer, rows_per_outer, BLOCK_M, False)
         x_base = _row_starts(outer, rows, x_outer_stride, x_row_stride, False)
+        grad_base = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
         target_base = _row_starts(outer, rows, target_outer_stride, target_row_stride, False)
         lse = _wide(tl.load(lse_ptr + _row_starts(outer, rows, lse_outer_stride, lse_row_stride, False), mask=row_mask,
                             other=0.0), ACC_FP64)
@@ -339,11 +360,44 @@ def cross_entropy_backward(
             target, ignored, valid, no_hit, w_t = _class_terms(target_ptr, target_base, row_mask, chunk_cols,
                                                                weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
             prob_sum = w_t
-        _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
-                         _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False), grad_col_stride, row_mask,
-                         chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored, valid, dloss, ce_scale, z_scale,
-                         weight_sum, smoothing, z_loss, softcap, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING,
-                         Z_LOSS, SOFTCAP, "")
+        if ALIGN > 1:
+            x_window = _window_start(x_base, ALIGN)
+            lead = (x_base - x_window).to(tl.int32)
+            # As far past its window as x's row (the planner's windows: both tensors' rows alike).
+            grad_window = grad_base - lead
+            # The window columns of the row's whole groups: [inner, tail) (none for a missing row).
+            inner = ((lead + ALIGN - 1) // ALIGN * ALIGN)[:, None]
+            tail = tl.where(row_mask, (lead + n_cols) // ALIGN * ALIGN, 0)[:, None]
+            span = n_cols + (ALIGN - 1)
+            # The edges ([2 * ALIGN], one element a thread; ``windows._row_edges``), at the row's
+            # own columns for the target and the weights (the stream's stores take the others).
+            edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+            z_edge, t_edge = _capped(_wide(_cast(tl.load(x_ptr + tl.sum(x_window, 0) + edge, mask=edge_mask,
+                                                         other=-float("inf")), x_ptr.dtype.element_ty), ACC_FP64),
+                                     edge_mask, softcap, SOFTCAP)
+            edge_cols = (edge - tl.sum(lead, 0))[None, :]
+            w_edge = _weights(weight_ptr, edge_cols, edge_mask[None, :], WEIGHT, ACC_FP64)
+            g_edge = _grad(z_edge[None, :], t_edge[None, :], lse, edge_cols == target[:, None], w_t, w_edge, w_edge,
+                           prob_sum, ignored, valid, ce_scale, z_scale, weight_sum, smoothing, z_loss, n_cols,
+                           PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP)
+            # Stored as a block of the row ([1, 2 * ALIGN]) from the stream's own base: from a
+            # scalar taken of it (as the load's), triton-ascend's adapter left a conversion
+            # unresolved.
+            tl.store(grad_ptr + grad_window[:, None] + edge[None, :],
+                     _cast(g_edge * dloss[:, None], grad_ptr.dtype.element_ty), mask=edge_mask[None, :])
+        else:
+            # No windows: the row itself (the window names stand for nothing under ALIGN 1).
+            x_window = x_base
+            grad_window = grad_base
+            lead = rows * 0
+            inner = lead[:, None]
+            tail = inner
+            span = n_cols
+        _stream_gradient(x_ptr, x_window, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
+                         grad_ptr, grad_window, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
+                         prob_sum, ignored, valid, dloss, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap,
+                         lead, inner, tail, span, BLOCK_N, ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP,
+                         "", ALIGN)
 
 
 @_jit
