@@ -524,6 +524,18 @@ MUTANTS = [
            "                     _cast(g_edge * dloss[:, None], grad_ptr.dtype.element_ty), mask=edge[None, :] < 0)\n",
            _ids("tests/test_loss.py::test_streamed_backward_reads_and_writes_aligned_windows",
                 "cpu-bf16-contiguous-plain", "cpu-fp32-odd-stride-inplace-every-option")),
+    # Class weights under smoothing staged by the split form's pipeline (v53: bf16 8192x32000 at 1
+    # program an SM, 0.870 ms against 0.389 unpipelined).
+    Mutant("weighted_smoothing_pipelined", "portable_softmax/loss_planner.py",
+           "    if writes_gradient and (column_loads or not tuning.loss_gradient_pipelined):\n",
+           "    if writes_gradient and not tuning.loss_gradient_pipelined:\n",
+           ("tests/test_loss.py::test_weighted_smoothing_split_rows_run_unpipelined",)),
+    # Weighted smoothing with a softcap unpipelined at the plain form's warps (v53: fp32 8192x32000
+    # 1.621 ms against 1.109 at twice the warps).
+    Mutant("weighted_smoothing_softcap_warps", "portable_softmax/loss_planner.py",
+           "    if column_loads and softcap:\n",
+           "    if column_loads and softcap and False:\n",
+           ("tests/test_loss.py::test_weighted_smoothing_split_rows_run_unpipelined",)),
     # The backward's windows taken where its gradient's rows lie elsewhere past their windows than
     # the logits' (rows sliced from a padded vocabulary, a contiguous gradient).
     Mutant("loss_backward_shifted_windows", "portable_softmax/loss_launch.py",

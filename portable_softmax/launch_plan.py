@@ -354,7 +354,8 @@ def plan_cross_entropy(target: Target, call: LossCall, known: Lookup,
                          writes_gradient=call.writes_gradient, rows_per_group=view.rows_per_outer,
                          resources=lambda config: lookup(loss_variant(target, call, config, lookup)),
                          input_bytes=call.input_bytes, rereads=call.facts.write_grad and call.direction == "forward",
-                         splittable=call.splittable, align=call.align)
+                         splittable=call.splittable, align=call.align,
+                         column_loads=call.facts.weight and call.facts.smoothing, softcap=call.facts.softcap)
     return plan_checked(plan, lambda found, lookup: [loss_variant(target, call, found.config, lookup)], known,
                         compile)
 

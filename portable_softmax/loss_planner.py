@@ -10,7 +10,7 @@ from typing import Any, Optional
 from portable_softmax.plan_grid import (KernelConfig, LaunchPlan, ResourceSource, Target, _cdiv, _resources, _row_limit,
                                         _size, _warps, next_power_of_2)
 from portable_softmax.planner import DTYPE_BYTES
-from portable_softmax.record import KernelResources
+from portable_softmax.record import KernelResources, Tuning
 from portable_softmax.split_planner import _can_split, _no_split_note, plan_split, split_config
 
 
@@ -50,10 +50,13 @@ def _row_programs(target: Target, plan: LaunchPlan) -> LaunchPlan:
 
 
 def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
-               per_thread: Optional[int]) -> KernelConfig:
+               per_thread: Optional[int], column_loads: bool = False) -> KernelConfig:
     """The loss's split configuration as launched uncapped: the softmax forward's (``split_config``)
     by arrival (a program per item, unpipelined), or with the gradient unpipelined where the
-    Triton in use does not build the pipelined form; with the gradient, its whole chunks through
+    Triton in use does not build the pipelined form or the kernel loads a value a column beside
+    the logits (``column_loads``: class weights under label smoothing, which the pipeline would
+    stage too: bf16 8192x32000 on the H200, 1 program an SM and 0.870 ms forward + backward
+    against 4 and 0.389 unpipelined, NOTES v53); with the gradient, its whole chunks through
     their own loop in rows of up to ``Tuning.loss_whole_chunks`` (``KernelConfig.whole``),
     rows read through windows in chunks of up to ``Tuning.loss_window_chunk``, and chunks halved
     only where their padding passes ``Tuning.loss_max_padding``."""
@@ -72,13 +75,28 @@ def split_form(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     config = dataclasses.replace(config, whole=whole)
     if arrival:
         return dataclasses.replace(config, arrival=True, phased=False, num_stages=1)
-    if writes_gradient and not tuning.loss_gradient_pipelined:
+    if writes_gradient and (column_loads or not tuning.loss_gradient_pipelined):
         return dataclasses.replace(config, num_stages=1)
     return config
 
 
+def split_elements_per_thread(tuning: Tuning, column_loads: bool, softcap: bool) -> Optional[int]:
+    """The elements a thread holds in the loss's split form (None: the softmax's,
+    ``Tuning.split_elements_per_thread``): ``Tuning.loss_split_elements_per_thread``, or half
+    as many where the form loads class weights under smoothing (unpipelined, ``split_form``)
+    and holds each element's tanh across the exchange beside its exponential (``softcap``):
+    H200, fp32 8192x32000 with weights, smoothing and a softcap, 1.109 ms forward + backward at
+    8 warps against 1.621 at 4 (bf16 0.829 against 1.063); without the softcap 4 warps win (bf16
+    0.388 against 0.554), NOTES v53."""
+    per_thread = tuning.loss_split_elements_per_thread or None
+    if column_loads and softcap:
+        per_thread = (per_thread or tuning.split_elements_per_thread) // 2
+    return per_thread
+
+
 def _unspilled(target: Target, n_rows: int, n_cols: int, align: int, arrival: bool, writes_gradient: bool,
-               resources: ResourceSource, input_bytes: int) -> tuple[Optional[int], KernelConfig]:
+               resources: ResourceSource, input_bytes: int, column_loads: bool,
+               softcap: bool) -> tuple[Optional[int], KernelConfig]:
     """The elements a thread holds (None: the tuning's) and the split configuration: the tuning's,
     or, where the compiled kernel spills more than ``Tuning.split_fit_max_spills`` words a thread,
     half as many elements a thread (twice the warps) until it does not or the warps stop growing.
@@ -87,13 +105,13 @@ def _unspilled(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
     spilled words a thread; none under 3.9). Estimates spill nothing: only compiled resources
     (the tables' rows, a first launch's binary) move it."""
     tuning = target.tuning
-    per_thread = tuning.loss_split_elements_per_thread or None
-    config = split_form(target, n_rows, n_cols, align, arrival, writes_gradient, per_thread)
+    per_thread = split_elements_per_thread(tuning, column_loads, softcap)
+    config = split_form(target, n_rows, n_cols, align, arrival, writes_gradient, per_thread, column_loads)
     if resources is None or isinstance(resources, KernelResources):
         return per_thread, config
     elements = per_thread or tuning.split_elements_per_thread
     while _resources(resources, target, config, False, input_bytes).spills > tuning.split_fit_max_spills:
-        wider = split_form(target, n_rows, n_cols, align, arrival, writes_gradient, elements // 2)
+        wider = split_form(target, n_rows, n_cols, align, arrival, writes_gradient, elements // 2, column_loads)
         if elements <= 1 or wider.num_warps <= config.num_warps:
             break
         elements, per_thread, config = elements // 2, elements // 2, wider
@@ -103,7 +121,7 @@ def _unspilled(target: Target, n_rows: int, n_cols: int, align: int, arrival: bo
 def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gradient: bool,
               rows_per_group: Optional[int] = None, resources: ResourceSource = None,
               input_bytes: Optional[int] = None, rereads: bool = False, splittable: bool = False,
-              align: int = 1) -> LaunchPlan:
+              align: int = 1, column_loads: bool = False, softcap: bool = False) -> LaunchPlan:
     """Plan a cross-entropy kernel: ``tile`` where a tile of whole rows fits a program
     (``_row_limit``; where the gradient is formed from the same registers, rows half as long, as
     the softmax backward's); else for a ``splittable`` forward (class targets:
@@ -149,6 +167,10 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
             the forward alone and the backward, off 16-byte boundaries are read (and the
             backward's gradient written) through aligned windows (one row a tile, as the loop's
             is).
+        column_loads: the kernel loads a value a column beside the logits (class weights under
+            label smoothing): its split form that writes the gradient is unpipelined
+            (``split_form``), and with ``softcap`` (each element's tanh held too) spread over
+            twice the warps.
 
     Returns:
         The plan (regime ``tile``, ``split`` or ``loop``).
@@ -172,7 +194,7 @@ def plan_loss(target: Target, n_rows: int, n_cols: int, dtype: str, *, writes_gr
         if splittable and form in tuning.loss_split and _can_split(target, dtype, True, n_cols, arrival):
             # One row a chunk's item: a tile of several rows would need them adjacent in memory.
             per_thread, config = _unspilled(target, n_rows, n_cols, align, arrival, writes_gradient, resources,
-                                            input_bytes)
+                                            input_bytes, column_loads, softcap)
             if arrival:
                 # Nothing held across the exchange: a program per item, none waiting, one launch.
                 kernel = _resources(resources, target, config, False, input_bytes)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import portable_softmax as ps
-from portable_softmax import launch, loss_launch, loss_ops, tuning
+from portable_softmax import launch, loss_launch, loss_ops, tuning, variants
 from portable_softmax.selfcheck import relative_error
 from regimes import SPLIT_REGIMES, force_regime, interpreted
 
@@ -323,9 +323,12 @@ SPLIT_CASES = [
                                                           label_smoothing=0.05), {"split_chunk": 8192},
                  id="fp32-32001-none"),
     # The gradient form pipelined (a persistent grid whose next chunks load while it waits; its
-    # target's column stored behind a called barrier), every option, in windows.
-    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(weight=True, label_smoothing=0.1, ignored=0.3, z_loss=0.01,
-                                                            softcap=3.0), {}, id="pipelined-bf16-grad"),
+    # target's column stored behind a called barrier), every option the pipelined form is planned
+    # with (class weights under smoothing are not: ``loss_planner.split_form``), in windows.
+    pytest.param("pipelined", (3, 300), torch.bfloat16, dict(label_smoothing=0.1, ignored=0.3, z_loss=0.01, softcap=3.0),
+                 {}, id="pipelined-bf16-grad"),
+    pytest.param("pipelined", (3, 300), torch.float32, dict(weight=True, ignored=0.3, softcap=3.0), {},
+                 id="pipelined-fp32-weight-grad"),
     pytest.param("pipelined", (2, 50257), torch.float32, dict(reduction="sum"), {"split_chunk": 8192},
                  id="pipelined-fp32-50257-grad"),
     # 16-bit logits: negative rows, fp16 with a softcap, in windows.
@@ -1125,6 +1128,44 @@ def test_plans_for_recorded_chips(profile):
             assert plan.regime == ("tile" if held else "loop"), (n_cols, writes, plan.reason)
             assert plan.block_n >= (plan_grid.next_power_of_2(n_cols) if held else 1)
             assert 1 <= plan.programs <= min(plan.tiles, target.record.grid_limit)
+
+
+def test_weighted_smoothing_split_rows_run_unpipelined():
+    # Class weights under label smoothing are loaded a column beside the logits, and a pipelined
+    # split form would stage them too (H200, bf16 8192x32000: 1 program an SM, 0.870 ms forward +
+    # backward against 4 and 0.389 unpipelined, NOTES v53): that form runs unpipelined; weights
+    # alone (the target's weight only) and smoothing alone keep the pipeline, as a softcap alone
+    # keeps its warps. Through the call's
+    # planning too, from its facts, on the shipped tables.
+    from portable_softmax import launch_plan, loss_planner, profiles, targets
+    from portable_softmax.kernel_resources import table_for
+    from portable_softmax.row_layout import RowView
+
+    record = profiles.profile_record("h200")
+    target = targets.target_for(record)
+    options = dict(writes_gradient=True, input_bytes=2, rereads=True, splittable=True)
+    plain = loss_planner.plan_loss(target, 8192, 32000, "float32", **options)
+    weighted = loss_planner.plan_loss(target, 8192, 32000, "float32", column_loads=True, **options)
+    assert (plain.regime, weighted.regime) == ("split", "split")
+    assert plain.num_stages > 1 and weighted.num_stages == 1, (plain.reason, weighted.reason)
+    # With a softcap too (each element's tanh held across the exchange), over twice the warps
+    # (fp32 1.109 ms at 8 warps against 1.621 at 4).
+    capped = loss_planner.plan_loss(target, 8192, 32000, "float32", column_loads=True, softcap=True, **options)
+    assert (capped.num_stages, capped.num_warps) == (1, 2 * weighted.num_warps), capped.reason
+    assert loss_planner.plan_loss(target, 8192, 32000, "float32", softcap=True, **options).num_warps == plain.num_warps
+    strides = tuple((0, 32000, 1) if name in ("x", "grad") else (0, 1, 0)
+                    for name in variants.loss_row_tensors("forward"))
+    table = table_for(record.backend, record.arch, "3.6.0")
+    known = launch_plan.known_resources(target, table, "bfloat16", True, 2)
+    stages = {}
+    for name, facts in (("weight", dict(weight=True, summed=True)), ("smoothing", dict(smoothing=True, summed=True)),
+                        ("both", dict(weight=True, smoothing=True, summed=True))):
+        facts = variants.LossFacts(write_grad=True, wait_atomic=target.tuning.split_wait_atomic, **facts)
+        call = launch_plan.LossCall("forward", RowView(1, 8192, 32000, strides), facts, (-100,), 2, True, 1,
+                                    record.cooperative_launch)
+        plan, _ = launch_plan.plan_cross_entropy(target, call, known, known)
+        stages[name] = (plan.regime, plan.num_stages)
+    assert stages["both"] == ("split", 1) and stages["weight"][1] > 1 and stages["smoothing"][1] > 1, stages
 
 
 def test_streamed_forward_alone_plans_windows():

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from portable_softmax import variants
+from portable_softmax.loss_planner import split_elements_per_thread
 from portable_softmax.plan_grid import KernelConfig, next_power_of_2
 from portable_softmax.planner import (DTYPE_BYTES, TALLER_TILES, contiguous_align, plan_sharded, call_windows,
                                       input_bytes_per_column)
@@ -229,7 +230,9 @@ def loss_plan_options(case: Case, form: str) -> dict[str, Any]:
     flags = LOSS_FORMS[case.direction][form]
     writes = flags.get("write_grad", False)
     return dict(writes_gradient=writes or case.backward, rows_per_group=case.rows, input_bytes=case.input_bytes,
-                rereads=writes and not case.backward, splittable=not case.backward, align=case.align)
+                rereads=writes and not case.backward, splittable=not case.backward, align=case.align,
+                column_loads=flags.get("weight", False) and flags.get("smoothing", False),
+                softcap=flags.get("softcap", False))
 
 
 def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConfig]]:
@@ -251,11 +254,13 @@ def loss_configs(record: DeviceRecord, case: Case) -> list[tuple[str, KernelConf
         split = plan_loss(resident, case.rows, case.cols, case.plan_dtype, **options).config
         if split.regime != "split":
             continue
-        per_thread = tuning_for(resident).loss_split_elements_per_thread or None
+        per_thread = split_elements_per_thread(tuning_for(resident), options["column_loads"], options["softcap"])
         # As the loss planner forms it: unpipelined where this Triton does not build the gradient's
-        # pipelined form, the whole loop where its rows take it (``KernelConfig.whole``).
+        # pipelined form or the form loads class weights under smoothing, the whole loop where its
+        # rows take it (``KernelConfig.whole``).
         primary = loss_split_form(resident, case.rows, case.cols, align=case.align, arrival=False,
-                                  writes_gradient=options["writes_gradient"], per_thread=per_thread)
+                                  writes_gradient=options["writes_gradient"], per_thread=per_thread,
+                                  column_loads=options["column_loads"])
         others = [("split", primary)]
         if "forward" in tuning_for(resident).split_tickets:
             others += [("ticketed", ticketed) for ticketed in ticketed_forms(resident, primary, case.cols, False,

@@ -185,6 +185,21 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
                 _, _, z_edge, _ = _edge_values(x_ptr, x_base, lead, n_cols, row_mask, softcap, ALIGN, SOFTCAP)
                 edge_max = tl.maximum(edge_max, tl.max(z_edge, 0))
             chunk_max = tl.maximum(chunk_max, edge_max)
+        if SMOOTHING:
+            # This chunk's sum_c w_c z_c (padding is -inf: kept out of the product), before the
+            # exponentials: after them, z was held beside them, a register an element (sm_90, bf16
+            # chunks of 4096 at 2 warps: 227 registers against 168 without smoothing, NOTES v53).
+            w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
+            smooth_sum = tl.sum(w * tl.where(mask, z, 0.0), 1)
+            if ALIGN > 1:
+                smooth_edge = tl.zeros([BLOCK_M], tl.float32)
+                if edged:
+                    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+                    w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, False)
+                    smooth_edge += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
+                smooth_sum += smooth_edge
+        else:
+            smooth_sum = tl.full([BLOCK_M], 0.0, tl.float32)
         # A chunk with no finite value must not turn its exponentials into NaN: -inf - -inf; one
         # holding +inf sums to +inf (``_lse_reference``), as the exchange takes it (``MAXIMA_LSE``).
         ref = _lse_reference(chunk_max)
@@ -197,19 +212,6 @@ def _split_loop(x_ptr, target_ptr, weight_ptr, loss_ptr, lse_ptr, grad_ptr, slot
             if edged:
                 edge_total += tl.sum(tl.exp2(z_edge * LOG2E - tl.sum(ref, 0) * LOG2E), 0)
             total += edge_total
-        if SMOOTHING:
-            # This chunk's sum_c w_c z_c (padding is -inf: kept out of the product).
-            w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
-            smooth_sum = tl.sum(w * tl.where(mask, z, 0.0), 1)
-            if ALIGN > 1:
-                smooth_edge = tl.zeros([BLOCK_M], tl.float32)
-                if edged:
-                    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
-                    w_edge = _weights(weight_ptr, edge - tl.sum(lead, 0), edge_mask, WEIGHT, False)
-                    smooth_edge += tl.sum(w_edge * tl.where(edge_mask, z_edge, 0.0), 0)
-                smooth_sum += smooth_edge
-        else:
-            smooth_sum = tl.full([BLOCK_M], 0.0, tl.float32)
         # The row's target and its weight, loads issued before the exchange, whose round trips
         # they overlap. The row's own terms go to the chunk whose columns hold the target (chunk 0
         # where it names no class), which loads its logit there: a logit of its own columns,
@@ -308,7 +310,13 @@ def _write_gradient(e, t, x_ptr, x_base, cols, mask, row_cols, lead, chunk_max, 
     # A chunk of -inf only scales its zeros by exp(row maximum - lse): 0, or NaN for a row of
     # -inf only, as the tile kernel's p.
     scale = tl.exp2((tl.where(chunk_max == -float("inf"), row_max, chunk_max) - lse) * LOG2E)
-    w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
+    if WEIGHT:
+        w = _weights(weight_ptr, row_cols, mask, WEIGHT, False)
+    else:
+        # 1 at every column: the stores' masks leave the padding out, so the smoothing's term
+        # needs no select of 1 or 0 an element (sm_90, bf16 chunks of 4096 at 2 warps: 21
+        # instructions an item and 2 spilled words fewer under a cap of 96, NOTES v53).
+        w = 1.0
     grad_row = _row_starts(outer, rows, grad_outer_stride, grad_row_stride, False)
     grad_base = _output_window(grad_row, lead, ALIGN, SHIFTED)
     # An ignored row's gradient is 0 whatever its logits. A 16-bit gradient stores those zeros
