@@ -1147,7 +1147,9 @@ def test_weighted_smoothing_split_rows_run_unpipelined():
     plain = loss_planner.plan_loss(target, 8192, 32000, "float32", **options)
     weighted = loss_planner.plan_loss(target, 8192, 32000, "float32", column_loads=True, **options)
     assert (plain.regime, weighted.regime) == ("split", "split")
-    assert plain.num_stages > 1 and weighted.num_stages == 1, (plain.reason, weighted.reason)
+    # (Triton 3.2 builds no pipelined form: there the plain form is unpipelined too.)
+    pipelines = target.tuning.loss_gradient_pipelined
+    assert (plain.num_stages > 1) == pipelines and weighted.num_stages == 1, (plain.reason, weighted.reason)
     # With a softcap too (each element's tanh held across the exchange), over twice the warps
     # (fp32 1.109 ms at 8 warps against 1.621 at 4).
     capped = loss_planner.plan_loss(target, 8192, 32000, "float32", column_loads=True, softcap=True, **options)
@@ -1165,7 +1167,8 @@ def test_weighted_smoothing_split_rows_run_unpipelined():
                                     record.cooperative_launch)
         plan, _ = launch_plan.plan_cross_entropy(target, call, known, known)
         stages[name] = (plan.regime, plan.num_stages)
-    assert stages["both"] == ("split", 1) and stages["weight"][1] > 1 and stages["smoothing"][1] > 1, stages
+    assert stages["both"] == ("split", 1), stages
+    assert (stages["weight"][1] > 1) == pipelines and (stages["smoothing"][1] > 1) == pipelines, stages
 
 
 def test_streamed_forward_alone_plans_windows():
