@@ -539,8 +539,8 @@ MUTANTS = [
     # The backward's windows taken where its gradient's rows lie elsewhere past their windows than
     # the logits' (rows sliced from a padded vocabulary, a contiguous gradient).
     Mutant("loss_backward_shifted_windows", "portable_softmax/loss_launch.py",
-           "    if shifted and direction == \"backward\":\n",
-           "    if shifted and direction == \"forward-only\":\n",
+           "        return window_align(*window), False\n",
+           "        return call_windows(*window)\n",
            _ids("tests/test_loss.py::test_streamed_backward_reads_and_writes_aligned_windows",
                 "cpu-bf16-sliced-plain", "cpu-fp32-sliced-every-option")),
 ]

@@ -25,7 +25,7 @@ from portable_softmax.launch_compile import compile_ahead
 from portable_softmax.launch_plan import LossCall, Variant, plan_cross_entropy
 from portable_softmax.loss_planner import plan_elementwise, plan_stats, plan_sum
 from portable_softmax.plan_grid import LaunchPlan
-from portable_softmax.planner import call_windows
+from portable_softmax.planner import call_windows, window_align
 from portable_softmax.record import KernelResources
 from portable_softmax.targets import target_for
 from portable_softmax.tuning import TUNING
@@ -73,12 +73,11 @@ def _windows(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView) -
     names = variants.loss_row_tensors(direction)
     walked = (names.index("x"), names.index("grad"))
     x, grad = tensors[0], tensors[variants.LOSS_TENSORS[direction].index("grad")]
-    align, shifted = call_windows(view.n_outer, view.rows_per_outer, view.n_cols, [view.strides[i] for i in walked],
-                                  [x.element_size(), grad.element_size()],
-                                  x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
-    if shifted and direction == "backward":
-        return 1, False
-    return align, shifted
+    window = (view.n_outer, view.rows_per_outer, view.n_cols, [view.strides[i] for i in walked],
+              [x.element_size(), grad.element_size()], x.data_ptr() % 16 == 0 and grad.data_ptr() % 16 == 0)
+    if direction == "backward":
+        return window_align(*window), False
+    return call_windows(*window)
 
 
 def _record(direction: str, tensors: tuple[torch.Tensor, ...], view: RowView, facts: variants.LossFacts,

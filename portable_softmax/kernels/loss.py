@@ -100,6 +100,27 @@ def cross_entropy_forward_tile(
 
 
 @_jit
+def _streamed_window(x_base, row_mask, n_cols, ALIGN: tl.constexpr):
+    """A streamed row's aligned window (``windows.py``): its start, the row's first column in it,
+    and the columns of its whole groups [inner, tail) (none for a missing row)."""
+    x_window = _window_start(x_base, ALIGN)
+    lead = (x_base - x_window).to(tl.int32)
+    return x_window, lead, (lead + ALIGN - 1) // ALIGN * ALIGN, tl.where(row_mask, (lead + n_cols) // ALIGN * ALIGN, 0)
+
+
+@_jit
+def _streamed_edges(x_ptr, x_window, lead, row_mask, n_cols, softcap, ACC_FP64: tl.constexpr, ALIGN: tl.constexpr,
+                    SOFTCAP: tl.constexpr):
+    """The window's edges (``_row_edges``; one element a thread: as [1, 2 * ALIGN] every thread
+    computed them all, sm_90 bf16 rows of 50257 48 instructions more): columns, mask, logits, tanh."""
+    edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
+    z_edge, t_edge = _capped(_wide(_cast(tl.load(x_ptr + tl.sum(x_window, 0) + edge, mask=edge_mask,
+                                                 other=-float("inf")), x_ptr.dtype.element_ty), ACC_FP64),
+                             edge_mask, softcap, SOFTCAP)
+    return edge, edge_mask, z_edge, t_edge
+
+
+@_jit
 def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr, grad_ptr,
                      grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t, prob_sum, ignored,
                      valid, factor, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap, lead, inner, tail, span,
@@ -107,10 +128,9 @@ def _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, targe
                      SMOOTHING: tl.constexpr, Z_LOSS: tl.constexpr, SOFTCAP: tl.constexpr, EVICT: tl.constexpr,
                      ALIGN: tl.constexpr):
     """Stream rows once more, writing their gradient (``_grad``) times ``factor`` per row: x read
-    again (``EVICT``: its cache policy), the gradient written once. With ``ALIGN`` > 1 (one row, read
-    and written through the aligned windows at ``x_base`` and ``grad_base``: ``windows.py``), the
-    window's columns [0, ``span``), of which the row's whole groups [``inner``, ``tail``) move as
-    vectors; the caller writes the row's edges."""
+    again (``EVICT``: its cache policy), the gradient written once. ``ALIGN`` > 1: one row through
+    the windows at ``x_base`` and ``grad_base``, columns [0, ``span``), the whole groups [``inner``,
+    ``tail``) as vectors (``_streamed_window``); the caller writes the row's edges."""
     for start in tl.range(0, span, BLOCK_N):
         cols = start + chunk_cols
         if ALIGN > 1:
@@ -230,26 +250,15 @@ def cross_entropy_forward_loop(
         if not PROB_TARGET:
             target_index = _target_index(target_ptr, target_base, row_mask, ignore_index)
         if ALIGN > 1:
-            x_window = _window_start(x_base, ALIGN)
-            lead = (x_base - x_window).to(tl.int32)
-            # The window columns of the row's whole groups: [inner, tail) (none for a missing row).
-            inner = ((lead + ALIGN - 1) // ALIGN * ALIGN)[:, None, None]
-            tail = tl.where(row_mask, (lead + n_cols) // ALIGN * ALIGN, 0)[:, None, None]
+            x_window, lead, inner, tail = _streamed_window(x_base, row_mask, n_cols, ALIGN)
+            inner, tail = inner[:, None, None], tail[:, None, None]
             span = n_cols + (ALIGN - 1)
-            # The edges a block of their own ([2 * ALIGN]; a row's values as scalars), one element a
-            # thread: as [1, 2 * ALIGN], every thread computed them all (sm_90, bf16 rows of 50257:
-            # 48 more instructions a row).
-            edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
-            z_edge, _ = _capped(_wide(_cast(tl.load(x_ptr + tl.sum(x_window, 0) + edge, mask=edge_mask,
-                                                    other=-float("inf")), x_ptr.dtype.element_ty), ACC_FP64),
-                                edge_mask, softcap, SOFTCAP)
+            edge, edge_mask, z_edge, _ = _streamed_edges(x_ptr, x_window, lead, row_mask, n_cols, softcap, ACC_FP64,
+                                                         ALIGN, SOFTCAP)
         else:
             # No windows: the row itself; the edge names stand for nothing (used under ALIGN > 1).
-            x_window = x_base
-            lead = rows * 0
-            inner = lead[:, None, None]
-            tail = inner
-            span = n_cols
+            x_window, lead, span = x_base, rows * 0, n_cols
+            inner, tail = lead[:, None, None], lead[:, None, None]
             edge, edge_mask, z_edge = lead, row_mask, lead
         lane_max = _wide(tl.full([BLOCK_M, block_cols.shape[2] // VEC], -float("inf"), tl.float32), ACC_FP64)
         lane_sum = _wide(tl.zeros([BLOCK_M, block_cols.shape[2] // VEC], tl.float32), ACC_FP64)
@@ -305,8 +314,8 @@ def cross_entropy_forward_loop(
             _stream_gradient(x_ptr, x_base, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
                              grad_ptr, grad_base, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
                              prob_sum, ignored, valid, _wide(tl.full([BLOCK_M], 1.0, tl.float32), ACC_FP64), ce_scale,
-                             z_scale, weight_sum, smoothing, z_loss, softcap, lead, inner, tail, n_cols, BLOCK_N, ACC_FP64,
-                             WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first", 1)
+                             z_scale, weight_sum, smoothing, z_loss, softcap, lead, inner, tail, n_cols, BLOCK_N,
+                             ACC_FP64, WEIGHT, PROB_TARGET, SMOOTHING, Z_LOSS, SOFTCAP, "evict_first", 1)
 
 
 @_jit
@@ -322,11 +331,10 @@ def cross_entropy_backward(
     ALIGN: tl.constexpr = 1,
 ):
     # dloss: the incoming gradient, one value (strides 0) or one per position ('none').
-    # ALIGN > 1 (rows off 16-byte boundaries, their gradient's rows equally far past them: the
-    # planner's ``window_align`` of both): each row is read and written through its aligned window
-    # (``windows.py``), as the forward alone reads it; element by element, bf16 rows of 50257 took
-    # 0.440 ms forward + backward against 0.316 at 50304 (H200, NOTES v53). One row a tile, class
-    # targets (a probability target's loads take none). The row's edges: before its stream.
+    # ALIGN > 1 (rows off 16-byte boundaries, the gradient's equally far: ``window_align`` of both):
+    # each row read and written through its aligned window, as the forward alone reads it (element
+    # by element, bf16 rows of 50257 took 0.440 ms forward + backward against 0.316 at 50304, H200,
+    # NOTES v53); a row a tile, class targets; the row's edges before its stream.
     # (One condition each: triton-ascend's front end refuses a chain of three.)
     tl.static_assert(ALIGN == 1 or BLOCK_M == 1, "windows: one row a tile")
     tl.static_assert(ALIGN == 1 or not PROB_TARGET, "windows: class targets")
@@ -361,20 +369,14 @@ def cross_entropy_backward(
                                                                weight_ptr, ignore_index, n_cols, WEIGHT, ACC_FP64)
             prob_sum = w_t
         if ALIGN > 1:
-            x_window = _window_start(x_base, ALIGN)
-            lead = (x_base - x_window).to(tl.int32)
+            x_window, lead, inner, tail = _streamed_window(x_base, row_mask, n_cols, ALIGN)
             # As far past its window as x's row (the planner's windows: both tensors' rows alike).
             grad_window = grad_base - lead
-            # The window columns of the row's whole groups: [inner, tail) (none for a missing row).
-            inner = ((lead + ALIGN - 1) // ALIGN * ALIGN)[:, None]
-            tail = tl.where(row_mask, (lead + n_cols) // ALIGN * ALIGN, 0)[:, None]
+            inner, tail = inner[:, None], tail[:, None]
             span = n_cols + (ALIGN - 1)
-            # The edges ([2 * ALIGN], one element a thread; ``windows._row_edges``), at the row's
-            # own columns for the target and the weights (the stream's stores take the others).
-            edge, edge_mask = _row_edges(lead, n_cols, row_mask, ALIGN)
-            z_edge, t_edge = _capped(_wide(_cast(tl.load(x_ptr + tl.sum(x_window, 0) + edge, mask=edge_mask,
-                                                         other=-float("inf")), x_ptr.dtype.element_ty), ACC_FP64),
-                                     edge_mask, softcap, SOFTCAP)
+            edge, edge_mask, z_edge, t_edge = _streamed_edges(x_ptr, x_window, lead, row_mask, n_cols, softcap,
+                                                              ACC_FP64, ALIGN, SOFTCAP)
+            # The edges' gradient, at the row's own columns (the stream's stores take the others).
             edge_cols = (edge - tl.sum(lead, 0))[None, :]
             w_edge = _weights(weight_ptr, edge_cols, edge_mask[None, :], WEIGHT, ACC_FP64)
             g_edge = _grad(z_edge[None, :], t_edge[None, :], lse, edge_cols == target[:, None], w_t, w_edge, w_edge,
@@ -387,12 +389,8 @@ def cross_entropy_backward(
                      _cast(g_edge * dloss[:, None], grad_ptr.dtype.element_ty), mask=edge_mask[None, :])
         else:
             # No windows: the row itself (the window names stand for nothing under ALIGN 1).
-            x_window = x_base
-            grad_window = grad_base
-            lead = rows * 0
-            inner = lead[:, None]
-            tail = inner
-            span = n_cols
+            x_window, grad_window, lead, span = x_base, grad_base, rows * 0, n_cols
+            inner, tail = lead[:, None], lead[:, None]
         _stream_gradient(x_ptr, x_window, x_col_stride, target_ptr, target_base, target_col_stride, weight_ptr,
                          grad_ptr, grad_window, grad_col_stride, row_mask, chunk_cols, n_cols, lse, target, w_t,
                          prob_sum, ignored, valid, dloss, ce_scale, z_scale, weight_sum, smoothing, z_loss, softcap,
